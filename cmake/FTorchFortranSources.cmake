@@ -1,0 +1,29 @@
+# The Fortran sources we ship: hand-written ones plus those generated from fypp templates.
+# FTORCH_FORTRAN_SOURCES lists them in compilation (module dependency) order.
+set(_src "${CMAKE_CURRENT_SOURCE_DIR}/src/fortran")
+set(_gen "${CMAKE_CURRENT_BINARY_DIR}/fortran")
+file(MAKE_DIRECTORY "${_gen}")
+
+set(FTORCH_FORTRAN_SOURCES)
+foreach(_name IN ITEMS ftorch_types ftorch_devices ftorch_errors ftorch_runtime ftorch_tensor
+                       ftorch_model ftorch_test_utils ftorch)
+  if(EXISTS "${_src}/${_name}.fypp")
+    add_custom_command(
+      OUTPUT "${_gen}/${_name}.f90"
+      COMMAND "${Python_EXECUTABLE}" -m fypp -I "${_src}" "${_src}/${_name}.fypp" "${_gen}/${_name}.f90"
+      DEPENDS "${_src}/${_name}.fypp" "${_src}/ftorch_common.fypp"
+      COMMENT "fypp ${_name}.fypp"
+      VERBATIM)
+    list(APPEND FTORCH_FORTRAN_SOURCES "${_gen}/${_name}.f90")
+  else()
+    list(APPEND FTORCH_FORTRAN_SOURCES "${_src}/${_name}.f90")
+  endif()
+endforeach()
+add_custom_target(ftorch_fortran_sources ALL DEPENDS ${FTORCH_FORTRAN_SOURCES})
+
+# File names (no directories), in order, for the CMake config and the pkg-config file.
+set(FTORCH_FORTRAN_SOURCE_NAMES)
+foreach(_f IN LISTS FTORCH_FORTRAN_SOURCES)
+  get_filename_component(_n "${_f}" NAME)
+  list(APPEND FTORCH_FORTRAN_SOURCE_NAMES "${_n}")
+endforeach()

@@ -1,0 +1,22 @@
+# Locate the torch Python package the C++ layer is built against and its LibTorch CMake package.
+# Sets FTORCH_TORCH_VERSION (e.g. 2.13.0+cpu) and FTORCH_TORCH_ROOT (the torch package dir).
+find_package(Python COMPONENTS Interpreter REQUIRED)
+execute_process(
+  COMMAND "${Python_EXECUTABLE}" -c
+    "import os, torch; print(torch.__version__); print(os.path.dirname(torch.__file__))"
+  OUTPUT_VARIABLE _torch_info
+  RESULT_VARIABLE _torch_rc
+  ERROR_VARIABLE _torch_err
+  OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT _torch_rc EQUAL 0)
+  message(FATAL_ERROR "FTorch needs the torch Python package in the build environment "
+    "(${Python_EXECUTABLE}): ${_torch_err}\nInstall it (pip install torch==2.13.0) and build with "
+    "pip install --no-build-isolation .")
+endif()
+string(REPLACE "\n" ";" _torch_info "${_torch_info}")
+list(GET _torch_info 0 FTORCH_TORCH_VERSION)
+list(GET _torch_info 1 FTORCH_TORCH_ROOT)
+file(TO_CMAKE_PATH "${FTORCH_TORCH_ROOT}" FTORCH_TORCH_ROOT)
+message(STATUS "FTorch: building against torch ${FTORCH_TORCH_VERSION} at ${FTORCH_TORCH_ROOT}")
+
+find_package(Torch CONFIG REQUIRED PATHS "${FTORCH_TORCH_ROOT}/share/cmake/Torch" NO_DEFAULT_PATH)

@@ -1,0 +1,9 @@
+/* ftorch_c.h - the C API of FTorch: umbrella header, includes one header per concern. */
+#ifndef FTORCH_C_H
+#define FTORCH_C_H
+
+#include "ftorch_c_runtime.h"
+#include "ftorch_c_tensor.h"
+#include "ftorch_c_model.h"
+
+#endif

@@ -1,0 +1,39 @@
+/* ftorch_c_model.h - TorchScript models: load, forward, save, parameters. */
+#ifndef FTORCH_C_MODEL_H
+#define FTORCH_C_MODEL_H
+
+#include <stdint.h>
+#include "ftorch_c_runtime.h"
+#include "ftorch_c_tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ftc_model_s *ftc_model;
+
+/* Load a TorchScript file onto a device; is_training selects train() or eval().
+ * If *out is not null it is deleted first. */
+FTC_API int ftc_model_load(ftc_model *out, const char *filename, int device_type, int device_index,
+                   int requires_grad, int is_training);
+FTC_API int ftc_model_delete(ftc_model *m);
+
+/* Run forward(inputs...). A Tensor result fills outputs[0]; a tuple fills outputs[0..n_out).
+ * Without requires_grad the results are copied into the outputs' existing storage (so aliased
+ * Fortran arrays receive them) and no graph is recorded; with it, each output handle is rebound
+ * to the result so that the graph back to inputs and parameters is kept. */
+FTC_API int ftc_model_forward(ftc_model m, const ftc_tensor *inputs, int n_inputs, const ftc_tensor *outputs,
+                      int n_outputs, int requires_grad);
+
+FTC_API int ftc_model_save(ftc_model m, const char *filename);
+FTC_API int ftc_model_is_training(ftc_model m, int *is_training);
+FTC_API int ftc_model_print_parameters(ftc_model m);
+FTC_API int ftc_model_parameter_count(ftc_model m, int64_t *count);
+/* New handles sharing storage with the model's parameters, in parameters() order; n must equal
+ * the parameter count and every outputs[i] must be null. */
+FTC_API int ftc_model_parameters(ftc_model m, ftc_tensor *outputs, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

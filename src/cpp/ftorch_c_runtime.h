@@ -1,0 +1,60 @@
+/* ftorch_c_runtime.h - status codes, the thread-local last error, versions, devices, handle count.
+ *
+ * Conventions for the whole C API (prefix ftc_):
+ *  - every fallible function returns an int status, FTC_OK (0) on success;
+ *  - on failure the reason is kept in a thread-local buffer read with ftc_last_error();
+ *  - no C++ exception ever leaves a function of this API;
+ *  - handles are opaque; *_delete(&h) frees and nulls h, and deleting a null handle is a no-op.
+ */
+#ifndef FTORCH_C_RUNTIME_H
+#define FTORCH_C_RUNTIME_H
+
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define FTC_API __attribute__((visibility("default")))
+#else
+#define FTC_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum ftc_status {
+  FTC_OK = 0,
+  FTC_ERR_INVALID_ARGUMENT = 1, /* bad argument value (shape, rank, layout, count, ...) */
+  FTC_ERR_NULL_HANDLE = 2,      /* object was never constructed (or already deleted) */
+  FTC_ERR_DTYPE = 3,            /* unsupported or mismatched data type */
+  FTC_ERR_DEVICE = 4,           /* device unknown or not available */
+  FTC_ERR_IO = 5,               /* file missing, unreadable, corrupt or unwritable */
+  FTC_ERR_TORCH = 6,            /* LibTorch raised an error (message carries its reason) */
+  FTC_ERR_VERSION = 7,          /* LibTorch at run time differs from the one we were built with */
+  FTC_ERR_INTERNAL = 99         /* anything else */
+};
+
+/* Message of the last failure on this thread ("" when the last call succeeded). */
+FTC_API const char *ftc_last_error(void);
+/* Length in bytes of ftc_last_error(), and a copy of it (not NUL-terminated) into buf. */
+FTC_API int64_t ftc_last_error_length(void);
+FTC_API void ftc_last_error_copy(char *buf, int64_t buflen);
+
+/* Version of this library, and of the torch release it was compiled against. */
+FTC_API const char *ftc_version(void);
+FTC_API const char *ftc_torch_version_built(void);
+/* Version of the LibTorch actually loaded ("" if it cannot be determined). */
+FTC_API const char *ftc_torch_version_runtime(void);
+/* FTC_OK when the loaded LibTorch is the one we were built with, FTC_ERR_VERSION otherwise.
+ * Every other entry point runs this check once per process before doing anything. */
+FTC_API int ftc_check_runtime(void);
+
+/* 1 if a device of that type (FTorch enumerator) and index can be used, else 0. */
+FTC_API int ftc_device_available(int device_type, int device_index);
+
+/* Number of live tensor and model handles created by this library (leak checks). */
+FTC_API int64_t ftc_live_handles(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

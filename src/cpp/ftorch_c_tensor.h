@@ -1,0 +1,55 @@
+/* ftorch_c_tensor.h - tensors: construction, wrapping foreign memory, queries, copies. */
+#ifndef FTORCH_C_TENSOR_H
+#define FTORCH_C_TENSOR_H
+
+#include <stdint.h>
+#include "ftorch_c_runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ftc_tensor_s *ftc_tensor;
+
+/* Fill of ftc_tensor_new. */
+enum ftc_fill { FTC_FILL_EMPTY = 0, FTC_FILL_ZEROS = 1, FTC_FILL_ONES = 2 };
+
+/* New row-major tensor owned by LibTorch. device_index < 0 means the default for the type.
+ * If *out is not null it is deleted first (constructing into a live tensor frees it). */
+FTC_API int ftc_tensor_new(ftc_tensor *out, int fill, int ndims, const int64_t *shape, int dtype,
+                   int device_type, int device_index, int requires_grad);
+
+/* Tensor over caller-owned memory, never copied on the CPU (the memory must outlive it).
+ * layout (1-based, may be NULL = 1..ndims) lists dimensions from fastest to slowest varying.
+ * permute (1-based, may be NULL) then reorders the dimensions as torch.permute does.
+ * On a device other than the CPU the data are copied there. */
+FTC_API int ftc_tensor_from_blob(ftc_tensor *out, void *data, int ndims, const int64_t *shape,
+                         const int32_t *layout, const int32_t *permute, int dtype,
+                         int device_type, int device_index, int requires_grad);
+
+FTC_API int ftc_tensor_delete(ftc_tensor *t);
+
+FTC_API int ftc_tensor_rank(ftc_tensor t, int *rank);
+/* Pointers into the tensor's own size/stride storage, valid while the tensor lives. */
+FTC_API int ftc_tensor_shape(ftc_tensor t, const int64_t **sizes, int *ndims);
+FTC_API int ftc_tensor_strides(ftc_tensor t, const int64_t **strides, int *ndims);
+FTC_API int ftc_tensor_dtype(ftc_tensor t, int *dtype);
+FTC_API int ftc_tensor_device(ftc_tensor t, int *device_type, int *device_index);
+FTC_API int ftc_tensor_requires_grad(ftc_tensor t, int *requires_grad);
+FTC_API int ftc_tensor_print(ftc_tensor t);
+FTC_API int ftc_tensor_zero(ftc_tensor t);
+
+/* Copy src into the existing storage of dst (same shape), converting dtype and device. */
+FTC_API int ftc_tensor_copy_into(ftc_tensor src, ftc_tensor dst, int non_blocking);
+
+/* Address and shape (out) of the data of a CPU tensor of this dtype and rank laid out column-major
+ * (Fortran order), for a no-copy view; an error otherwise. */
+FTC_API int ftc_tensor_data_view(ftc_tensor t, int dtype, int ndims, int64_t *shape, void **data);
+
+/* Copy the tensor (any layout, device or dtype) into column-major memory of this dtype/shape. */
+FTC_API int ftc_tensor_copy_to_blob(ftc_tensor t, void *data, int dtype, int ndims, const int64_t *shape);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

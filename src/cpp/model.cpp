@@ -1,0 +1,172 @@
+// model.cpp - C API for TorchScript models: load, forward, save, parameters.
+#include <fstream>
+#include <iostream>
+#include <vector>
+
+#include "internal.hpp"
+
+namespace {
+
+std::string checked_filename(const char *filename) {
+  if (filename == nullptr || filename[0] == '\0') ftc::fail(FTC_ERR_INVALID_ARGUMENT, "file name is empty");
+  return filename;
+}
+
+void store_output(ftc_tensor out, int index, const c10::IValue &value, bool keep_graph) {
+  if (!value.isTensor()) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "model output " + std::to_string(index + 1) + " is a " +
+                                            value.tagKind() + ", not a Tensor");
+  }
+  const at::Tensor &result = value.toTensor();
+  at::Tensor &target = ftc::tensor_of(out, ("output tensor " + std::to_string(index + 1)).c_str());
+  if (keep_graph) {
+    target = result;  // rebind: the output handle now holds the graph back to inputs and weights
+    return;
+  }
+  if (target.sizes() != result.sizes()) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output tensor " + std::to_string(index + 1) + " has shape " +
+                                            ftc::shape_string(target.sizes()) + " but the model returned shape " +
+                                            ftc::shape_string(result.sizes()));
+  }
+  target.copy_(result);  // into the existing storage, so an aliased Fortran array receives it
+}
+
+}  // namespace
+
+extern "C" {
+
+int ftc_model_load(ftc_model *out, const char *filename, int device_type, int device_index, int requires_grad,
+                   int is_training) {
+  return ftc::guard([&] {
+    if (out == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
+    const std::string file = checked_filename(filename);
+    const auto dev = ftc::device(device_type, device_index);
+    if (!std::ifstream(file).good()) {
+      ftc::fail(FTC_ERR_IO, "cannot open model file '" + file + "' (missing or unreadable)");
+    }
+    torch::AutoGradMode grad_mode(requires_grad != 0);
+    torch::jit::Module module;
+    try {
+      module = torch::jit::load(file, dev);
+    } catch (const c10::Error &e) {
+      ftc::fail(FTC_ERR_IO, "'" + file + "' is not a loadable TorchScript model: " + e.what_without_backtrace());
+    }
+    if (is_training != 0) {
+      module.train();
+    } else {
+      module.eval();
+    }
+    ftc_model fresh = ftc::new_handle(new ftc_model_s{std::move(module)});
+    ftc_model old = *out;
+    *out = fresh;
+    ftc::delete_handle(old);
+  });
+}
+
+int ftc_model_delete(ftc_model *m) {
+  if (m != nullptr) ftc::delete_handle(*m);
+  return FTC_OK;
+}
+
+int ftc_model_forward(ftc_model m, const ftc_tensor *inputs, int n_inputs, const ftc_tensor *outputs, int n_outputs,
+                      int requires_grad) {
+  return ftc::guard([&] {
+    auto &module = ftc::model_of(m);
+    if (n_inputs < 0 || n_outputs < 1) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "need at least one output tensor (got " + std::to_string(n_outputs) + ")");
+    }
+    std::vector<c10::IValue> args;
+    args.reserve(static_cast<size_t>(n_inputs));
+    for (int i = 0; i < n_inputs; ++i) {
+      args.emplace_back(ftc::tensor_of(inputs[i], ("input tensor " + std::to_string(i + 1)).c_str()));
+    }
+    for (int i = 0; i < n_outputs; ++i) ftc::tensor_of(outputs[i], ("output tensor " + std::to_string(i + 1)).c_str());
+
+    const bool keep_graph = requires_grad != 0;
+    torch::AutoGradMode grad_mode(keep_graph);
+    c10::IValue result;
+    try {
+      result = module.forward(std::move(args));
+    } catch (const c10::Error &e) {
+      ftc::fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what_without_backtrace());
+    } catch (const std::exception &e) {
+      ftc::fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what());
+    }
+
+    torch::NoGradGuard no_grad_for_copies;
+    if (result.isTensor()) {
+      if (n_outputs != 1) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the model returned 1 tensor but " + std::to_string(n_outputs) +
+                                                " output tensors were given");
+      }
+      store_output(outputs[0], 0, result, keep_graph);
+      return;
+    }
+    std::vector<c10::IValue> items;
+    if (result.isTuple()) {
+      const auto &elems = result.toTupleRef().elements();
+      items.assign(elems.begin(), elems.end());
+    } else if (result.isList()) {
+      const auto list = result.toListRef();
+      items.assign(list.begin(), list.end());
+    } else {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("the model returned a ") + result.tagKind() +
+                                              "; only a Tensor, a tuple or a list of Tensors is supported");
+    }
+    if (static_cast<int>(items.size()) != n_outputs) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the model returned " + std::to_string(items.size()) + " tensors but " +
+                                              std::to_string(n_outputs) + " output tensors were given");
+    }
+    for (int i = 0; i < n_outputs; ++i) store_output(outputs[i], i, items[static_cast<size_t>(i)], keep_graph);
+  });
+}
+
+int ftc_model_save(ftc_model m, const char *filename) {
+  return ftc::guard([&] {
+    auto &module = ftc::model_of(m);
+    const std::string file = checked_filename(filename);
+    try {
+      module.save(file);
+    } catch (const c10::Error &e) {
+      ftc::fail(FTC_ERR_IO, "cannot write model to '" + file + "': " + e.what_without_backtrace());
+    }
+  });
+}
+
+int ftc_model_is_training(ftc_model m, int *is_training) {
+  return ftc::guard([&] { *is_training = ftc::model_of(m).is_training() ? 1 : 0; });
+}
+
+int ftc_model_print_parameters(ftc_model m) {
+  return ftc::guard([&] {
+    for (const auto &p : ftc::model_of(m).named_parameters()) {
+      std::cout << p.name << ":\n" << p.value << "\n";
+    }
+    std::cout << std::flush;
+  });
+}
+
+int ftc_model_parameter_count(ftc_model m, int64_t *count) {
+  return ftc::guard([&] { *count = static_cast<int64_t>(ftc::model_of(m).parameters().size()); });
+}
+
+int ftc_model_parameters(ftc_model m, ftc_tensor *outputs, int64_t n) {
+  return ftc::guard([&] {
+    const auto params = ftc::model_of(m).parameters();
+    const auto count = static_cast<int64_t>(params.size());
+    if (n != count) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the model has " + std::to_string(count) + " parameters but " +
+                                              std::to_string(n) + " tensors were given");
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (outputs[i] != nullptr) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter tensor " + std::to_string(i + 1) +
+                                                " is already constructed; pass unconstructed tensors");
+      }
+    }
+    int64_t i = 0;
+    for (const auto &p : params) outputs[i++] = ftc::new_handle(new ftc_tensor_s{p});
+  });
+}
+
+}  // extern "C"

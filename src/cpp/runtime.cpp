@@ -1,0 +1,193 @@
+// runtime.cpp - errors, versions, device availability and live-handle count of the C layer.
+#include <dlfcn.h>
+
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <regex>
+#include <sstream>
+
+#include <c10/core/CPUAllocator.h>
+#include <torch/cuda.h>
+
+#include "internal.hpp"
+
+namespace ftc {
+namespace {
+
+thread_local std::string last_error;
+
+std::string public_version(const std::string &v) { return v.substr(0, v.find('+')); }
+
+// The version of the LibTorch loaded in this process: found next to the shared library that
+// defines a c10 symbol (torch/lib/libc10.so -> torch/version.py, or libtorch's build-version).
+std::string detect_runtime_version() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void *>(&c10::GetCPUAllocator), &info) == 0 || info.dli_fname == nullptr) {
+    return "";
+  }
+  std::string lib(info.dli_fname);
+  std::string dir = lib.substr(0, lib.rfind('/'));  // .../torch/lib
+  std::string root = dir.substr(0, dir.rfind('/'));  // .../torch
+  {
+    std::ifstream py(root + "/version.py");
+    std::string line;
+    std::regex re("^__version__\\s*=\\s*['\"]([^'\"]+)['\"]");
+    std::smatch m;
+    while (py && std::getline(py, line)) {
+      if (std::regex_search(line, m, re)) return m[1];
+    }
+  }
+  std::ifstream bv(root + "/build-version");
+  std::string v;
+  if (bv && std::getline(bv, v)) return v;
+  return "";
+}
+
+struct RuntimeState {
+  std::string runtime_version;
+  std::string problem;  // empty when the runtime matches
+};
+
+const RuntimeState &runtime_state() {
+  static const RuntimeState state = [] {
+    RuntimeState s;
+    s.runtime_version = detect_runtime_version();
+    const std::string built = FTORCH_TORCH_VERSION;
+    if (!s.runtime_version.empty() && public_version(s.runtime_version) != public_version(built)) {
+      s.problem = "torch version mismatch: this FTorch was built against torch " + built +
+                  " but the LibTorch loaded at run time is torch " + s.runtime_version +
+                  "; reinstall FTorch against the installed torch (pip install --force-reinstall "
+                  "--no-build-isolation ftorch) or install torch==" + public_version(built);
+    }
+    return s;
+  }();
+  return state;
+}
+
+}  // namespace
+
+void set_last_error(std::string msg) noexcept {
+  try {
+    last_error = std::move(msg);
+  } catch (...) {
+  }
+}
+
+void clear_last_error() noexcept { last_error.clear(); }
+
+void require_runtime() {
+  const RuntimeState &s = runtime_state();
+  if (!s.problem.empty()) fail(FTC_ERR_VERSION, s.problem);
+}
+
+std::atomic<int64_t> &live_handles() {
+  static std::atomic<int64_t> count{0};
+  return count;
+}
+
+c10::ScalarType scalar_type(int dtype) {
+  switch (dtype) {
+    case 1: return c10::ScalarType::Char;
+    case 2: return c10::ScalarType::Short;
+    case 3: return c10::ScalarType::Int;
+    case 4: return c10::ScalarType::Long;
+    case 6: return c10::ScalarType::Float;
+    case 7: return c10::ScalarType::Double;
+    default:
+      fail(FTC_ERR_DTYPE, "unsupported dtype " + std::to_string(dtype) +
+                              " (supported: torch_kInt8=1, torch_kInt16=2, torch_kInt32=3, "
+                              "torch_kInt64=4, torch_kFloat32=6, torch_kFloat64=7)");
+  }
+}
+
+c10::Device device(int device_type, int device_index) {
+  switch (device_type) {
+    case 0:
+      if (device_index > 0) {
+        fail(FTC_ERR_DEVICE, "CPU device index must be -1 or 0, got " + std::to_string(device_index));
+      }
+      return c10::Device(c10::DeviceType::CPU);
+    case 1: {
+      const int idx = device_index < 0 ? 0 : device_index;
+      if (!torch::cuda::is_available()) {
+        fail(FTC_ERR_DEVICE, "CUDA/HIP device " + std::to_string(idx) +
+                                 " requested but no CUDA/HIP device is available to this LibTorch");
+      }
+      const auto n = static_cast<int>(torch::cuda::device_count());
+      if (idx >= n) {
+        fail(FTC_ERR_DEVICE, "CUDA/HIP device index " + std::to_string(idx) + " out of range (" +
+                                 std::to_string(n) + " devices)");
+      }
+      return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(idx));
+    }
+    case 12: {
+      const int idx = device_index < 0 ? 0 : device_index;
+      if (!at::hasXPU()) fail(FTC_ERR_DEVICE, "XPU device requested but no XPU is available to this LibTorch");
+      return c10::Device(c10::DeviceType::XPU, static_cast<c10::DeviceIndex>(idx));
+    }
+    case 13: {
+      if (!at::hasMPS()) fail(FTC_ERR_DEVICE, "MPS device requested but MPS is not available to this LibTorch");
+      return c10::Device(c10::DeviceType::MPS, 0);
+    }
+    default:
+      fail(FTC_ERR_DEVICE, "unknown device type " + std::to_string(device_type) +
+                               " (torch_kCPU=0, torch_kCUDA=torch_kHIP=1, torch_kXPU=12, torch_kMPS=13)");
+  }
+}
+
+int device_type_code(c10::DeviceType type) {
+  switch (type) {
+    case c10::DeviceType::CPU: return 0;
+    case c10::DeviceType::CUDA: return 1;
+    case c10::DeviceType::HIP: return 1;
+    case c10::DeviceType::XPU: return 12;
+    case c10::DeviceType::MPS: return 13;
+    default: return static_cast<int>(type);
+  }
+}
+
+std::string shape_string(c10::IntArrayRef sizes) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < sizes.size(); ++i) os << (i ? ", " : "") << sizes[i];
+  os << ']';
+  return os.str();
+}
+
+}  // namespace ftc
+
+extern "C" {
+
+const char *ftc_last_error(void) { return ftc::last_error.c_str(); }
+
+int64_t ftc_last_error_length(void) { return static_cast<int64_t>(ftc::last_error.size()); }
+
+void ftc_last_error_copy(char *buf, int64_t buflen) {
+  if (buf == nullptr || buflen <= 0) return;
+  const auto n = std::min<int64_t>(buflen, static_cast<int64_t>(ftc::last_error.size()));
+  std::memcpy(buf, ftc::last_error.data(), static_cast<size_t>(n));
+}
+
+const char *ftc_version(void) { return FTORCH_VERSION; }
+
+const char *ftc_torch_version_built(void) { return FTORCH_TORCH_VERSION; }
+
+const char *ftc_torch_version_runtime(void) { return ftc::runtime_state().runtime_version.c_str(); }
+
+int ftc_check_runtime(void) {
+  return ftc::guard([] {});
+}
+
+int ftc_device_available(int device_type, int device_index) {
+  try {
+    ftc::device(device_type, device_index);
+    return 1;
+  } catch (...) {
+    return 0;
+  }
+}
+
+int64_t ftc_live_handles(void) { return ftc::live_handles().load(); }
+
+}  // extern "C"

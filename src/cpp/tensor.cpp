@@ -1,0 +1,228 @@
+// tensor.cpp - C API for tensors: construction, wrapping foreign memory, queries and copies.
+#include <iostream>
+#include <vector>
+
+#include "internal.hpp"
+
+namespace {
+
+constexpr int kMaxRank = 64;
+
+std::vector<int64_t> checked_shape(int ndims, const int64_t *shape) {
+  if (ndims < 0 || ndims > kMaxRank) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "rank must be between 0 and 64, got " + std::to_string(ndims));
+  }
+  if (ndims > 0 && shape == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "shape is missing");
+  std::vector<int64_t> s(shape, shape + ndims);
+  for (int i = 0; i < ndims; ++i) {
+    if (s[i] < 0) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "extent " + std::to_string(i + 1) + " of the shape is negative (" +
+                                              std::to_string(s[i]) + ")");
+    }
+  }
+  return s;
+}
+
+// 1-based permutation of 1..n, or an error naming the argument.
+std::vector<int64_t> checked_permutation(const int32_t *perm, int n, const char *what) {
+  std::vector<int64_t> p(static_cast<size_t>(n));
+  std::vector<bool> seen(static_cast<size_t>(n), false);
+  for (int i = 0; i < n; ++i) {
+    const int v = perm[i];
+    if (v < 1 || v > n || seen[v - 1]) {
+      std::string list;
+      for (int j = 0; j < n; ++j) list += (j ? "," : "") + std::to_string(perm[j]);
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string(what) + " = [" + list +
+                                              "] is not a permutation of 1.." + std::to_string(n));
+    }
+    seen[v - 1] = true;
+    p[i] = v - 1;
+  }
+  return p;
+}
+
+// Strides (in elements) of memory where dimensions layout[0], layout[1], ... vary fastest first.
+std::vector<int64_t> layout_strides(const std::vector<int64_t> &shape, const int32_t *layout) {
+  const int n = static_cast<int>(shape.size());
+  std::vector<int64_t> strides(shape.size(), 1);
+  if (layout == nullptr) {  // column-major: dimension 1 fastest
+    for (int i = 1; i < n; ++i) strides[i] = strides[i - 1] * shape[i - 1];
+    return strides;
+  }
+  const auto order = checked_permutation(layout, n, "layout");
+  for (int i = 1; i < n; ++i) strides[order[i]] = strides[order[i - 1]] * shape[order[i - 1]];
+  return strides;
+}
+
+bool is_column_major(const at::Tensor &t) {
+  int64_t expected = 1;
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    if (t.size(i) != 1 && t.stride(i) != expected) return false;
+    expected *= t.size(i);
+  }
+  return true;
+}
+
+void require_shape(const at::Tensor &t, const std::vector<int64_t> &shape, const char *what) {
+  if (t.sizes() != c10::IntArrayRef(shape)) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string(what) + " has shape " + ftc::shape_string(shape) +
+                                            " but the tensor has shape " + ftc::shape_string(t.sizes()));
+  }
+}
+
+// Replace *out by a new handle holding t; the old handle (if any) is freed only on success.
+void install(ftc_tensor *out, at::Tensor t) {
+  if (out == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
+  ftc_tensor fresh = ftc::new_handle(new ftc_tensor_s{std::move(t)});
+  ftc_tensor old = *out;
+  *out = fresh;
+  ftc::delete_handle(old);
+}
+
+}  // namespace
+
+extern "C" {
+
+int ftc_tensor_new(ftc_tensor *out, int fill, int ndims, const int64_t *shape, int dtype, int device_type,
+                   int device_index, int requires_grad) {
+  return ftc::guard([&] {
+    const auto sizes = checked_shape(ndims, shape);
+    const auto opts = at::TensorOptions()
+                          .dtype(ftc::scalar_type(dtype))
+                          .device(ftc::device(device_type, device_index))
+                          .requires_grad(requires_grad != 0);
+    at::Tensor t;
+    switch (fill) {
+      case FTC_FILL_EMPTY: t = torch::empty(sizes, opts); break;
+      case FTC_FILL_ZEROS: t = torch::zeros(sizes, opts); break;
+      case FTC_FILL_ONES: t = torch::ones(sizes, opts); break;
+      default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown fill " + std::to_string(fill));
+    }
+    install(out, std::move(t));
+  });
+}
+
+int ftc_tensor_from_blob(ftc_tensor *out, void *data, int ndims, const int64_t *shape, const int32_t *layout,
+                         const int32_t *permute, int dtype, int device_type, int device_index,
+                         int requires_grad) {
+  return ftc::guard([&] {
+    const auto sizes = checked_shape(ndims, shape);
+    const auto strides = layout_strides(sizes, layout);
+    const auto type = ftc::scalar_type(dtype);
+    const auto dev = ftc::device(device_type, device_index);
+    if (data == nullptr && c10::multiply_integers(sizes) > 0) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "data pointer is null");
+    }
+    // No deleter: the memory belongs to the caller (a Fortran array), LibTorch never frees it.
+    at::Tensor t = torch::from_blob(data, sizes, strides, at::TensorOptions().dtype(type));
+    if (permute != nullptr) t = t.permute(checked_permutation(permute, ndims, "permute_dims"));
+    if (dev.type() != c10::DeviceType::CPU) t = t.to(dev);
+    if (requires_grad != 0) t.requires_grad_(true);
+    install(out, std::move(t));
+  });
+}
+
+int ftc_tensor_delete(ftc_tensor *t) {
+  if (t != nullptr) ftc::delete_handle(*t);
+  return FTC_OK;
+}
+
+int ftc_tensor_rank(ftc_tensor t, int *rank) {
+  return ftc::guard([&] { *rank = static_cast<int>(ftc::tensor_of(t).dim()); });
+}
+
+int ftc_tensor_shape(ftc_tensor t, const int64_t **sizes, int *ndims) {
+  return ftc::guard([&] {
+    const auto &x = ftc::tensor_of(t);
+    *sizes = x.sizes().data();
+    *ndims = static_cast<int>(x.dim());
+  });
+}
+
+int ftc_tensor_strides(ftc_tensor t, const int64_t **strides, int *ndims) {
+  return ftc::guard([&] {
+    const auto &x = ftc::tensor_of(t);
+    *strides = x.strides().data();
+    *ndims = static_cast<int>(x.dim());
+  });
+}
+
+int ftc_tensor_dtype(ftc_tensor t, int *dtype) {
+  return ftc::guard([&] { *dtype = static_cast<int>(ftc::tensor_of(t).scalar_type()); });
+}
+
+int ftc_tensor_device(ftc_tensor t, int *device_type, int *device_index) {
+  return ftc::guard([&] {
+    const auto dev = ftc::tensor_of(t).device();
+    *device_type = ftc::device_type_code(dev.type());
+    *device_index = dev.is_cpu() ? -1 : static_cast<int>(dev.index());
+  });
+}
+
+int ftc_tensor_requires_grad(ftc_tensor t, int *requires_grad) {
+  return ftc::guard([&] { *requires_grad = ftc::tensor_of(t).requires_grad() ? 1 : 0; });
+}
+
+int ftc_tensor_print(ftc_tensor t) {
+  return ftc::guard([&] { std::cout << ftc::tensor_of(t) << std::endl; });
+}
+
+int ftc_tensor_zero(ftc_tensor t) {
+  return ftc::guard([&] {
+    torch::NoGradGuard no_grad;
+    ftc::tensor_of(t).zero_();
+  });
+}
+
+int ftc_tensor_copy_into(ftc_tensor src, ftc_tensor dst, int non_blocking) {
+  return ftc::guard([&] {
+    const auto &s = ftc::tensor_of(src, "source tensor");
+    auto &d = ftc::tensor_of(dst, "target tensor");
+    if (s.sizes() != d.sizes()) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "source shape " + ftc::shape_string(s.sizes()) +
+                                              " differs from target shape " + ftc::shape_string(d.sizes()));
+    }
+    torch::NoGradGuard no_grad;
+    d.copy_(s, non_blocking != 0);
+  });
+}
+
+int ftc_tensor_data_view(ftc_tensor t, int dtype, int ndims, int64_t *shape, void **data) {
+  return ftc::guard([&] {
+    const auto &x = ftc::tensor_of(t);
+    if (!x.device().is_cpu()) {
+      ftc::fail(FTC_ERR_DEVICE, "a no-copy view needs a CPU tensor; copy it to a Fortran array instead");
+    }
+    if (x.scalar_type() != ftc::scalar_type(dtype)) {
+      ftc::fail(FTC_ERR_DTYPE, std::string("tensor dtype ") + c10::toString(x.scalar_type()) +
+                                   " does not match the pointer's kind (" + c10::toString(ftc::scalar_type(dtype)) + ")");
+    }
+    if (x.dim() != ndims) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "tensor has rank " + std::to_string(x.dim()) + ", pointer has rank " +
+                                              std::to_string(ndims));
+    }
+    if (!is_column_major(x)) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "tensor with shape " + ftc::shape_string(x.sizes()) + " and strides " +
+                                              ftc::shape_string(x.strides()) +
+                                              " is not laid out in Fortran (column-major) order; copy it with "
+                                              "torch_tensor_to_array instead");
+    }
+    for (int i = 0; i < ndims; ++i) shape[i] = x.size(i);
+    *data = x.data_ptr();
+  });
+}
+
+int ftc_tensor_copy_to_blob(ftc_tensor t, void *data, int dtype, int ndims, const int64_t *shape) {
+  return ftc::guard([&] {
+    const auto &x = ftc::tensor_of(t);
+    const auto sizes = checked_shape(ndims, shape);
+    require_shape(x, sizes, "the Fortran array");
+    if (data == nullptr && x.numel() > 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "data pointer is null");
+    at::Tensor dst = torch::from_blob(data, sizes, layout_strides(sizes, nullptr),
+                                      at::TensorOptions().dtype(ftc::scalar_type(dtype)));
+    torch::NoGradGuard no_grad;
+    dst.copy_(x);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,42 @@
+!> Umbrella module: `use ftorch` gives the whole FTorch interface. It only re-exports.
+module ftorch
+  use ftorch_types, only: ftorch_int, torch_kInt8, torch_kInt16, torch_kInt32, torch_kInt64, &
+                          torch_kFloat32, torch_kFloat64, torch_kNone, torch_kMean, torch_kSum
+  use ftorch_devices, only: torch_kCPU, torch_kCUDA, torch_kHIP, torch_kXPU, torch_kMPS
+  use ftorch_errors, only: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, &
+                           FTORCH_ERR_DEVICE, FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, &
+                           FTORCH_ERR_INTERNAL
+  use ftorch_runtime, only: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, &
+                            ftorch_check_runtime, torch_device_available, ftorch_live_handles
+  use ftorch_tensor, only: torch_tensor, torch_tensor_from_array, torch_tensor_from_blob, torch_tensor_empty, &
+                           torch_tensor_zeros, torch_tensor_ones, torch_tensor_delete, torch_tensor_get_rank, &
+                           torch_tensor_get_shape, torch_tensor_get_stride, torch_tensor_get_dtype, &
+                           torch_tensor_get_device_type, torch_tensor_get_device_index, &
+                           torch_tensor_requires_grad, torch_tensor_print, torch_tensor_zero, torch_tensor_to, &
+                           torch_tensor_data_pointer, torch_tensor_to_array
+  use ftorch_model, only: torch_model, torch_model_load, torch_model_forward, torch_model_save, &
+                          torch_model_is_training, torch_model_print_parameters, torch_model_delete, &
+                          torch_model_parameters, torch_model_parameter_count
+  implicit none
+  private
+  public :: ftorch_int, torch_kInt8, torch_kInt16, torch_kInt32, torch_kInt64, torch_kFloat32, torch_kFloat64, &
+            torch_kNone, torch_kMean, torch_kSum
+  public :: torch_kCPU, torch_kCUDA, torch_kHIP, torch_kXPU, torch_kMPS
+  public :: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, FTORCH_ERR_DEVICE, &
+            FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, FTORCH_ERR_INTERNAL
+  public :: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, ftorch_check_runtime, &
+            torch_device_available, ftorch_live_handles
+  public :: torch_tensor, torch_tensor_from_array, torch_tensor_from_blob, torch_tensor_empty, torch_tensor_zeros, &
+            torch_tensor_ones, torch_tensor_delete, torch_tensor_get_rank, torch_tensor_get_shape, &
+            torch_tensor_get_stride, torch_tensor_get_dtype, torch_tensor_get_device_type, &
+            torch_tensor_get_device_index, torch_tensor_requires_grad, torch_tensor_print, torch_tensor_zero, &
+            torch_tensor_to, torch_tensor_data_pointer, torch_tensor_to_array
+  public :: torch_model, torch_model_load, torch_model_forward, torch_model_save, torch_model_is_training, &
+            torch_model_print_parameters, torch_model_delete, torch_model_parameters, torch_model_parameter_count
+  public :: torch_delete
+
+  !> Free any FTorch object.
+  interface torch_delete
+    module procedure torch_tensor_delete, torch_model_delete
+  end interface torch_delete
+end module ftorch

@@ -1,0 +1,203 @@
+!> `torch_model`: TorchScript models loaded from file, run on tensors, saved, inspected.
+module ftorch_model
+  use, intrinsic :: iso_c_binding, only: c_char, c_int, c_int64_t, c_null_char, c_null_ptr, c_ptr
+  use, intrinsic :: iso_fortran_env, only: output_unit
+  use ftorch_errors, only: ftorch_check
+  use ftorch_tensor, only: torch_tensor
+  implicit none
+  private
+
+  public :: torch_model, torch_model_load, torch_model_forward, torch_model_save, &
+            torch_model_is_training, torch_model_print_parameters, torch_model_delete, &
+            torch_model_parameters, torch_model_parameter_count
+
+  !> A TorchScript model handle; `p` is null until loaded.
+  type :: torch_model
+    type(c_ptr) :: p = c_null_ptr
+  contains
+    procedure :: print_parameters => torch_model_print_parameters
+    procedure :: is_training => torch_model_is_training
+    final :: torch_model_delete
+  end type torch_model
+
+  interface
+    function ftc_model_load(out, filename, device_type, device_index, requires_grad, is_training) &
+        result(status) bind(c, name="ftc_model_load")
+      import :: c_ptr, c_char, c_int
+      type(c_ptr), intent(inout) :: out
+      character(kind=c_char), intent(in) :: filename(*)
+      integer(c_int), value :: device_type, device_index, requires_grad, is_training
+      integer(c_int) :: status
+    end function ftc_model_load
+    function ftc_model_delete(m) result(status) bind(c, name="ftc_model_delete")
+      import :: c_ptr, c_int
+      type(c_ptr), intent(inout) :: m
+      integer(c_int) :: status
+    end function ftc_model_delete
+    function ftc_model_forward(m, inputs, n_inputs, outputs, n_outputs, requires_grad) result(status) &
+        bind(c, name="ftc_model_forward")
+      import :: c_ptr, c_int
+      type(c_ptr), value :: m
+      type(c_ptr), intent(in) :: inputs(*), outputs(*)
+      integer(c_int), value :: n_inputs, n_outputs, requires_grad
+      integer(c_int) :: status
+    end function ftc_model_forward
+    function ftc_model_save(m, filename) result(status) bind(c, name="ftc_model_save")
+      import :: c_ptr, c_char, c_int
+      type(c_ptr), value :: m
+      character(kind=c_char), intent(in) :: filename(*)
+      integer(c_int) :: status
+    end function ftc_model_save
+    function ftc_model_is_training(m, is_training) result(status) bind(c, name="ftc_model_is_training")
+      import :: c_ptr, c_int
+      type(c_ptr), value :: m
+      integer(c_int), intent(out) :: is_training
+      integer(c_int) :: status
+    end function ftc_model_is_training
+    function ftc_model_print_parameters(m) result(status) bind(c, name="ftc_model_print_parameters")
+      import :: c_ptr, c_int
+      type(c_ptr), value :: m
+      integer(c_int) :: status
+    end function ftc_model_print_parameters
+    function ftc_model_parameter_count(m, count) result(status) bind(c, name="ftc_model_parameter_count")
+      import :: c_ptr, c_int, c_int64_t
+      type(c_ptr), value :: m
+      integer(c_int64_t), intent(out) :: count
+      integer(c_int) :: status
+    end function ftc_model_parameter_count
+    function ftc_model_parameters(m, outputs, n) result(status) bind(c, name="ftc_model_parameters")
+      import :: c_ptr, c_int, c_int64_t
+      type(c_ptr), value :: m
+      type(c_ptr), intent(inout) :: outputs(*)
+      integer(c_int64_t), value :: n
+      integer(c_int) :: status
+    end function ftc_model_parameters
+  end interface
+
+contains
+
+  !> Load a TorchScript model from `filename` onto a device (leading/trailing blanks ignored).
+  subroutine torch_model_load(model, filename, device_type, device_index, requires_grad, is_training, &
+                              stat, errmsg)
+    type(torch_model), intent(inout) :: model  !< replaced (a loaded model is freed first)
+    character(len=*), intent(in) :: filename
+    integer(c_int), intent(in) :: device_type            !< torch_kCPU, torch_kCUDA, ...
+    integer(c_int), intent(in), optional :: device_index  !< default: -1 on the CPU, 0 otherwise
+    logical, intent(in), optional :: requires_grad        !< autograd mode while loading (default .false.)
+    logical, intent(in), optional :: is_training          !< train() if .true., eval() otherwise (default)
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    integer(c_int) :: idx
+    idx = -1
+    if (present(device_index)) idx = device_index
+    call ftorch_check(ftc_model_load(model%p, c_string(filename), device_type, idx, flag(requires_grad), &
+                                     flag(is_training)), "torch_model_load", stat, errmsg)
+  end subroutine torch_model_load
+
+  !> Run the model's forward method. Without requires_grad the results are copied into the output
+  !> tensors' storage (aliased Fortran arrays receive them); with it, the outputs are rebound to the
+  !> results so that gradients can flow back to inputs and parameters.
+  subroutine torch_model_forward(model, input_tensors, output_tensors, requires_grad, stat, errmsg)
+    type(torch_model), intent(in) :: model
+    type(torch_tensor), intent(in) :: input_tensors(:)
+    type(torch_tensor), intent(in) :: output_tensors(:)
+    logical, intent(in), optional :: requires_grad
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    type(c_ptr) :: inputs(size(input_tensors)), outputs(size(output_tensors))
+    integer :: i
+    do i = 1, size(input_tensors)
+      inputs(i) = input_tensors(i)%p
+    end do
+    do i = 1, size(output_tensors)
+      outputs(i) = output_tensors(i)%p
+    end do
+    call ftorch_check(ftc_model_forward(model%p, inputs, size(inputs, kind=c_int), outputs, &
+                                        size(outputs, kind=c_int), flag(requires_grad)), &
+                      "torch_model_forward", stat, errmsg)
+  end subroutine torch_model_forward
+
+  !> Save the model as TorchScript (loadable by torch.jit.load).
+  subroutine torch_model_save(model, filename, stat, errmsg)
+    type(torch_model), intent(in) :: model
+    character(len=*), intent(in) :: filename
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_model_save(model%p, c_string(filename)), "torch_model_save", stat, errmsg)
+  end subroutine torch_model_save
+
+  !> Whether the model is in training mode.
+  function torch_model_is_training(self, stat, errmsg) result(is_training)
+    class(torch_model), intent(in) :: self
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    logical :: is_training
+    integer(c_int) :: value
+    value = 0
+    call ftorch_check(ftc_model_is_training(self%p, value), "torch_model_is_training", stat, errmsg)
+    is_training = value /= 0
+  end function torch_model_is_training
+
+  !> Print every named parameter and its values.
+  subroutine torch_model_print_parameters(self, stat, errmsg)
+    class(torch_model), intent(in) :: self
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    flush(output_unit)
+    call ftorch_check(ftc_model_print_parameters(self%p), "torch_model_print_parameters", stat, errmsg)
+  end subroutine torch_model_print_parameters
+
+  !> Number of parameter tensors of the model.
+  function torch_model_parameter_count(model, stat, errmsg) result(count)
+    type(torch_model), intent(in) :: model
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    integer :: count
+    integer(c_int64_t) :: n
+    n = 0
+    call ftorch_check(ftc_model_parameter_count(model%p, n), "torch_model_parameter_count", stat, errmsg)
+    count = int(n)
+  end function torch_model_parameter_count
+
+  !> Tensors sharing storage with the model's parameters, in parameters() order. The array size
+  !> must equal the parameter count and its elements must not be constructed.
+  subroutine torch_model_parameters(model, output_tensors, stat, errmsg)
+    type(torch_model), intent(in) :: model
+    type(torch_tensor), intent(inout) :: output_tensors(:)
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    type(c_ptr) :: handles(size(output_tensors))
+    integer :: i, status
+    do i = 1, size(output_tensors)
+      handles(i) = output_tensors(i)%p
+    end do
+    status = ftc_model_parameters(model%p, handles, size(handles, kind=c_int64_t))
+    if (status == 0) then
+      do i = 1, size(output_tensors)
+        output_tensors(i)%p = handles(i)
+      end do
+    end if
+    call ftorch_check(status, "torch_model_parameters", stat, errmsg)
+  end subroutine torch_model_parameters
+
+  !> Free the model (a no-op if not loaded); also the finalizer.
+  subroutine torch_model_delete(model)
+    type(torch_model), intent(inout) :: model
+    integer(c_int) :: status
+    status = ftc_model_delete(model%p)
+  end subroutine torch_model_delete
+
+  function c_string(text) result(s)
+    character(len=*), intent(in) :: text
+    character(kind=c_char, len=:), allocatable :: s
+    s = trim(adjustl(text)) // c_null_char
+  end function c_string
+
+  integer(c_int) function flag(value)
+    logical, intent(in), optional :: value
+    flag = 0
+    if (present(value)) then
+      if (value) flag = 1
+    end if
+  end function flag
+end module ftorch_model

@@ -1,0 +1,100 @@
+!> Versions, device availability and the live-handle count (for leak checks).
+module ftorch_runtime
+  use, intrinsic :: iso_c_binding, only: c_int, c_int64_t, c_ptr, c_char, c_f_pointer, c_associated
+  use ftorch_errors, only: ftorch_check
+  implicit none
+  private
+  public :: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, &
+            ftorch_check_runtime, torch_device_available, ftorch_live_handles
+
+  interface
+    function ftc_version() result(p) bind(c, name="ftc_version")
+      import :: c_ptr
+      type(c_ptr) :: p
+    end function ftc_version
+    function ftc_torch_version_built() result(p) bind(c, name="ftc_torch_version_built")
+      import :: c_ptr
+      type(c_ptr) :: p
+    end function ftc_torch_version_built
+    function ftc_torch_version_runtime() result(p) bind(c, name="ftc_torch_version_runtime")
+      import :: c_ptr
+      type(c_ptr) :: p
+    end function ftc_torch_version_runtime
+    function ftc_check_runtime() result(status) bind(c, name="ftc_check_runtime")
+      import :: c_int
+      integer(c_int) :: status
+    end function ftc_check_runtime
+    function ftc_device_available(device_type, device_index) result(ok) bind(c, name="ftc_device_available")
+      import :: c_int
+      integer(c_int), value :: device_type, device_index
+      integer(c_int) :: ok
+    end function ftc_device_available
+    function ftc_live_handles() result(n) bind(c, name="ftc_live_handles")
+      import :: c_int64_t
+      integer(c_int64_t) :: n
+    end function ftc_live_handles
+  end interface
+
+contains
+
+  !> Version of this FTorch.
+  function ftorch_version() result(v)
+    character(len=:), allocatable :: v
+    v = c_string(ftc_version())
+  end function ftorch_version
+
+  !> The torch release the C++ layer was built against.
+  function ftorch_torch_version() result(v)
+    character(len=:), allocatable :: v
+    v = c_string(ftc_torch_version_built())
+  end function ftorch_torch_version
+
+  !> The torch release whose LibTorch is loaded in this process ("" if unknown).
+  function ftorch_runtime_torch_version() result(v)
+    character(len=:), allocatable :: v
+    v = c_string(ftc_torch_version_runtime())
+  end function ftorch_runtime_torch_version
+
+  !> Check that the loaded LibTorch is the one FTorch was built against.
+  subroutine ftorch_check_runtime(stat, errmsg)
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_check_runtime(), "ftorch_check_runtime", stat, errmsg)
+  end subroutine ftorch_check_runtime
+
+  !> Whether a device of this type (torch_kCPU, torch_kCUDA, ...) and index can be used.
+  logical function torch_device_available(device_type, device_index)
+    integer(c_int), intent(in) :: device_type
+    integer, intent(in), optional :: device_index
+    integer(c_int) :: idx
+    idx = -1
+    if (present(device_index)) idx = int(device_index, c_int)
+    torch_device_available = ftc_device_available(device_type, idx) /= 0
+  end function torch_device_available
+
+  !> Number of tensor and model handles currently alive.
+  function ftorch_live_handles() result(n)
+    integer(c_int64_t) :: n
+    n = ftc_live_handles()
+  end function ftorch_live_handles
+
+  function c_string(p) result(s)
+    type(c_ptr), intent(in) :: p
+    character(len=:), allocatable :: s
+    character(kind=c_char), pointer :: chars(:)
+    integer :: n, i
+    if (.not. c_associated(p)) then
+      s = ""
+      return
+    end if
+    call c_f_pointer(p, chars, [huge(0)])
+    n = 0
+    do while (chars(n + 1) /= achar(0))
+      n = n + 1
+    end do
+    allocate(character(len=n) :: s)
+    do i = 1, n
+      s(i:i) = chars(i)
+    end do
+  end function c_string
+end module ftorch_runtime
