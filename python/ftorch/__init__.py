@@ -1,0 +1,112 @@
+"""FTorch helper: where an installed FTorch keeps its files and how to build against them.
+
+Importing this package does not import torch (it is fast); only ``doctor`` loads LibTorch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import _build_info
+
+__all__ = [
+    "__version__",
+    "torch_version",
+    "installed_torch_version",
+    "get_package_dir",
+    "get_cmake_prefix_path",
+    "get_cmake_dir",
+    "get_include",
+    "get_libdir",
+    "get_library",
+    "get_fortran_source_dir",
+    "get_fortran_sources",
+    "get_pkgconfig_dir",
+    "fpm_dependency",
+    "fpm_flags",
+    "link_flags",
+]
+
+__version__: str = _build_info.version
+#: The torch release the C++ layer was compiled against (e.g. "2.13.0+cpu").
+torch_version: str = _build_info.torch_version
+
+# The built files (library, CMake package, sources) sit next to _build_info.py, also in an
+# editable install where the Python sources are redirected to the source tree.
+_ROOT = Path(_build_info.__file__).resolve().parent
+
+
+def installed_torch_version() -> str | None:
+    """Version of the torch distribution installed in this environment (None if absent)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def get_package_dir() -> Path:
+    """Root of the installed FTorch files."""
+    return _ROOT
+
+
+def get_cmake_prefix_path() -> Path:
+    """Directory to add to CMAKE_PREFIX_PATH for ``find_package(FTorch)``."""
+    return _ROOT
+
+
+def get_cmake_dir() -> Path:
+    """Directory holding FTorchConfig.cmake (a value for ``FTorch_DIR``)."""
+    return _ROOT / "share" / "cmake" / "FTorch"
+
+
+def get_include() -> Path:
+    """Directory of the C API headers (ftorch_c.h)."""
+    return _ROOT / "include"
+
+
+def get_libdir() -> Path:
+    """Directory of the C++ library libftorch_c.so."""
+    return _ROOT / "lib"
+
+
+def get_library() -> Path:
+    """Path of the C++ library."""
+    return get_libdir() / "libftorch_c.so"
+
+
+def get_fortran_source_dir() -> Path:
+    """Directory of the Fortran module sources."""
+    return _ROOT / "src" / "fortran"
+
+
+def get_fortran_sources() -> list[Path]:
+    """Fortran sources in compilation order (each module after those it uses)."""
+    return [get_fortran_source_dir() / name for name in _build_info.fortran_sources]
+
+
+def get_pkgconfig_dir() -> Path:
+    """Directory to add to PKG_CONFIG_PATH for ``pkg-config ftorch``."""
+    return get_libdir() / "pkgconfig"
+
+
+def link_flags() -> str:
+    """Linker flags for a program using FTorch (library path, run path, library)."""
+    libdir = get_libdir()
+    return f"-L{libdir} -Wl,-rpath,{libdir} -lftorch_c"
+
+
+def fpm_dependency(project_dir: str | os.PathLike[str] = ".") -> str:
+    """The ``[dependencies]`` line of an fpm.toml in ``project_dir``.
+
+    fpm 0.12 only accepts relative paths, so the path is relative to the project directory.
+    """
+    rel = os.path.relpath(_ROOT, Path(project_dir).resolve())
+    return f'ftorch = {{ path = "{Path(rel).as_posix()}" }}'
+
+
+def fpm_flags() -> str:
+    """Flags for fpm's FPM_LDFLAGS (or ``--link-flag``): fpm cannot set -L from a manifest."""
+    return link_flags()

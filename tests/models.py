@@ -1,0 +1,91 @@
+"""Models and reference data for the Fortran tests, written by PyTorch at test time.
+
+Each reference file holds numbers one per line in Fortran (column-major) order, preceded by a
+line with their count, so Fortran reads them with list-directed input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def write_values(path: Path, tensor: torch.Tensor) -> None:
+    """Values of ``tensor`` in Fortran order: element (i, j, ...) <-> array(i+1, j+1, ...)."""
+    t = tensor.detach().cpu()
+    flat = t.permute(*reversed(range(t.dim()))).reshape(-1) if t.dim() > 1 else t.reshape(-1)
+    lines = [str(flat.numel())] + [repr(v) for v in flat.double().tolist()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+class SimpleNet(torch.nn.Module):
+    def __init__(self, n: int = 5):
+        super().__init__()
+        self.fc = torch.nn.Linear(n, n)
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x)) * 2.0
+
+
+class TwoInputs(torch.nn.Module):
+    def forward(self, a, b):
+        return a * b + a
+
+
+class TupleNet(torch.nn.Module):
+    def forward(self, x):
+        return 2.0 * x, x + 1.0
+
+
+class DictNet(torch.nn.Module):
+    def forward(self, x):
+        return {"y": x}
+
+
+class Batched(torch.nn.Module):
+    """Acts on [batch, features] inputs: a Linear layer then a per-row sum appended as a column."""
+
+    def __init__(self, features: int = 4, out: int = 3):
+        super().__init__()
+        self.lin = torch.nn.Linear(features, out)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return torch.cat([y, x.sum(dim=1, keepdim=True)], dim=1)
+
+
+def build(directory: Path) -> Path:
+    """Write every model and reference file into ``directory`` and return it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(1234)
+
+    for dtype, tag in ((torch.float32, "f32"), (torch.float64, "f64")):
+        net = SimpleNet().to(dtype).eval()
+        scripted = torch.jit.script(net)
+        scripted.save(str(directory / f"simplenet_{tag}.pt"))
+        x = torch.linspace(-1.0, 1.0, 5, dtype=dtype)
+        write_values(directory / f"simplenet_{tag}_in.txt", x)
+        with torch.no_grad():
+            write_values(directory / f"simplenet_{tag}_out.txt", net(x))
+
+    torch.jit.script(TwoInputs()).save(str(directory / "two_inputs.pt"))
+    torch.jit.script(TupleNet()).save(str(directory / "tuple_net.pt"))
+    torch.jit.script(DictNet()).save(str(directory / "dict_net.pt"))
+
+    batched = Batched().double().eval()
+    torch.jit.script(batched).save(str(directory / "batched.pt"))
+    xb = torch.arange(1, 6 * 4 + 1, dtype=torch.float64).reshape(6, 4) / 10.0
+    write_values(directory / "batched_in.txt", xb)
+    with torch.no_grad():
+        write_values(directory / "batched_out.txt", batched(xb))
+
+    # A model file that exists but is not TorchScript.
+    (directory / "corrupt.pt").write_bytes(b"PK\x03\x04 this is not a TorchScript archive" * 10)
+    return directory
+
+
+if __name__ == "__main__":
+    import sys
+
+    build(Path(sys.argv[1]))
