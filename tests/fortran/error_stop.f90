@@ -1,0 +1,51 @@
+!> Failures without stat: each case must end the program with `error stop` and a message naming
+!> the procedure and LibTorch's reason (pytest checks the exit status and the message).
+!> Usage: error_stop <data dir> <case>
+program error_stop
+  use, intrinsic :: iso_c_binding, only: c_int64_t
+  use, intrinsic :: iso_fortran_env, only: real64
+  use ftorch
+  use ftorch_types, only: torch_kFloat16
+  use testing, only: data_path
+  implicit none
+  character(len=64) :: which
+  type(torch_model) :: model
+  type(torch_tensor) :: t(2), out(1), never
+  real(real64), target :: x(5), x4(4), y(5)
+  integer :: rank
+
+  x = 1.0d0
+  call get_command_argument(2, which)
+  select case (trim(which))
+  case ("missing_file")
+    call torch_model_load(model, data_path("does_not_exist.pt"), torch_kCPU)
+  case ("corrupt_file")
+    call torch_model_load(model, data_path("corrupt.pt"), torch_kCPU)
+  case ("wrong_shape")
+    call torch_model_load(model, data_path("simplenet_f64.pt"), torch_kCPU)
+    call torch_tensor_from_array(t(1), x4, torch_kCPU)
+    call torch_tensor_from_array(out(1), y, torch_kCPU)
+    call torch_model_forward(model, t(1:1), out)
+  case ("wrong_inputs")
+    call torch_model_load(model, data_path("simplenet_f64.pt"), torch_kCPU)
+    call torch_tensor_from_array(t(1), x, torch_kCPU)
+    call torch_tensor_from_array(t(2), x, torch_kCPU)
+    call torch_tensor_from_array(out(1), y, torch_kCPU)
+    call torch_model_forward(model, t, out)
+  case ("cuda_tensor")
+    call torch_tensor_from_array(t(1), x, torch_kCUDA)
+  case ("cuda_model")
+    call torch_model_load(model, data_path("simplenet_f64.pt"), torch_kCUDA)
+  case ("dtype")
+    call torch_tensor_zeros(t(1), 1, [2_c_int64_t], torch_kFloat16, torch_kCPU)
+  case ("unconstructed")
+    rank = never%get_rank()
+    print *, rank
+  case ("version")
+    call torch_tensor_zeros(t(1), 1, [2_c_int64_t], torch_kFloat64, torch_kCPU)
+  case default
+    print '(a)', "unknown case " // trim(which)
+    stop 2
+  end select
+  print '(a)', "not reached: the call above should have stopped the program"
+end program error_stop
