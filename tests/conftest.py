@@ -1,0 +1,140 @@
+"""Session fixtures: build and install the package once, write the models, build consumers.
+
+The wheel is built from this checkout (incrementally, in build/) and installed into the running
+Python environment, so that every downstream project below uses FTorch as a user would.
+Set FTORCH_TEST_USE_INSTALLED=1 to test the already installed package instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+COMPILERS = ["gfortran", "flang-new-19"]
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def run(cmd, *, cwd=None, env=None, check=True, timeout=1800):
+    """Run a command, returning the completed process; on failure show its output."""
+    proc = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n"
+            f"--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def helper(*args: str) -> str:
+    """Output of the installed helper CLI (python -m ftorch ...)."""
+    return run([sys.executable, "-m", "ftorch", *args]).stdout.strip()
+
+
+def require_compiler(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        if IN_CI:
+            pytest.fail(f"{name} is required in CI but not installed")
+        pytest.skip(f"{name} not installed")
+    return path
+
+
+def tool_env() -> dict[str, str]:
+    """Environment whose PATH starts with this interpreter's bin dir (cmake, ninja, fpm)."""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel built from this checkout, installed into the running environment."""
+    if os.environ.get("FTORCH_TEST_USE_INSTALLED") == "1":
+        return Path()
+    out = tmp_path_factory.mktemp("wheel")
+    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", out, REPO],
+        env=tool_env())
+    (whl,) = out.glob("ftorch-*.whl")
+    run([sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", whl])
+    return whl
+
+
+@pytest.fixture(scope="session")
+def installed(wheel) -> dict[str, str]:
+    """Paths reported by the installed helper."""
+    return {
+        "prefix": helper("--cmake-prefix-path"),
+        "cmake_dir": helper("--cmake-dir"),
+        "libdir": helper("--libdir"),
+        "pkgconfig": helper("--pkg-config-path"),
+        "fpm_flags": helper("--fpm-flags"),
+    }
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> Path:
+    """TorchScript models and PyTorch reference outputs, written now by tests/models.py."""
+    sys.path.insert(0, str(TESTS))
+    import models
+
+    return models.build(tmp_path_factory.mktemp("data"))
+
+
+_cmake_builds: dict[str, Path] = {}
+
+
+@pytest.fixture(scope="session")
+def cmake_consumer(installed, data_dir, tmp_path_factory):
+    """Build tests/projects/cmake with a given Fortran compiler (once per compiler)."""
+
+    def build(compiler: str) -> Path:
+        fc = require_compiler(compiler)
+        if compiler not in _cmake_builds:
+            bdir = tmp_path_factory.mktemp(f"cmake-{compiler}")
+            run(["cmake", "-S", TESTS / "projects" / "cmake", "-B", bdir, "-G", "Ninja",
+                 f"-DCMAKE_Fortran_COMPILER={fc}", f"-DCMAKE_PREFIX_PATH={installed['prefix']}",
+                 f"-DFTORCH_TEST_DATA={data_dir}", "-DCMAKE_BUILD_TYPE=Debug"], env=tool_env())
+            run(["cmake", "--build", bdir], env=tool_env())
+            _cmake_builds[compiler] = bdir
+        return _cmake_builds[compiler]
+
+    return build
+
+
+def assert_all_passed(proc) -> int:
+    """The Fortran program's last line is 'N passed, 0 failed' with N > 0; returns N."""
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"no output\n{proc.stderr}"
+    last = lines[-1].strip()
+    failures = [ln for ln in lines if ln.startswith("FAIL")]
+    assert last.endswith(" passed, 0 failed") and proc.returncode == 0, (
+        f"{last}\n" + "\n".join(failures) + f"\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+    )
+    n = int(last.split()[0])
+    assert n > 0
+    return n
+
+
+@pytest.fixture(scope="session")
+def fake_torch(tmp_path_factory) -> Path:
+    """A torch/lib directory of links to the real LibTorch whose version.py claims another
+    release: loading it through LD_LIBRARY_PATH simulates a torch upgrade after installing FTorch."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    real = Path(spec.origin).parent
+    root = tmp_path_factory.mktemp("faketorch") / "torch"
+    (root / "lib").mkdir(parents=True)
+    for lib in (real / "lib").iterdir():
+        (root / "lib" / lib.name).symlink_to(lib)
+    (root / "version.py").write_text("__version__ = '2.12.0+cpu'\n")
+    return root
