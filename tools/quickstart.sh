@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Set up everything on a fresh Debian/Ubuntu machine and run the demo:
+#   - a Fortran compiler (gfortran; flang-19 too when available) and pkg-config, via apt if missing
+#   - a virtual environment .venv with torch==2.13.0 and the build/test tools
+#   - FTorch itself, built against that torch
+#   - the demo: a TorchScript model run on Fortran arrays (examples/02_inference)
+# Usage: bash tools/quickstart.sh            (FTORCH_SKIP_DEMO=1 to only install)
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+venv="${FTORCH_VENV:-$repo/.venv}"
+cd "$repo"
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+need=()
+command -v gfortran >/dev/null || need+=(gfortran)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v make >/dev/null || need+=(make)
+if [ "${FTORCH_WITH_FLANG:-1}" = 1 ] && ! command -v flang-new-19 >/dev/null; then
+  need+=(flang-19)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  echo "==> installing system packages: ${need[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "==> creating $venv"
+  python3 -m venv "$venv"
+fi
+py="$venv/bin/python"
+echo "==> installing torch==2.13.0 and build tools into $venv"
+"$py" -m pip install -q --upgrade pip
+"$py" -m pip install -q "torch==2.13.0" "scikit-build-core==1.1.2" "cmake>=3.21" ninja "fpm==0.12.0" fypp \
+  pytest numpy
+
+echo "==> building and installing FTorch"
+PATH="$venv/bin:$PATH" "$py" -m pip install -q --no-build-isolation "$repo"
+PATH="$venv/bin:$PATH" "$py" -m ftorch doctor
+
+if [ "${FTORCH_SKIP_DEMO:-0}" != 1 ]; then
+  echo "==> demo: a TorchScript model run on Fortran arrays"
+  PATH="$venv/bin:$PATH" bash "$repo/examples/02_inference/run.sh" "$py"
+fi
