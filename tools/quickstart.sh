@@ -31,7 +31,6 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 py="$venv/bin/python"
 echo "==> installing torch==2.13.0 and build tools into $venv"
-"$py" -m pip install -q --upgrade pip
 "$py" -m pip install -q "torch==2.13.0" "scikit-build-core==1.1.2" "cmake>=3.21" ninja "fpm==0.12.0" fypp \
   pytest numpy
 
