@@ -80,6 +80,8 @@ def build(directory: Path) -> Path:
     with torch.no_grad():
         write_values(directory / "batched_out.txt", batched(xb))
 
+    write_math_inputs(directory)
+
     # A model file that exists but is not TorchScript.
     (directory / "corrupt.pt").write_bytes(b"PK\x03\x04 this is not a TorchScript archive" * 10)
     return directory
@@ -89,3 +91,23 @@ if __name__ == "__main__":
     import sys
 
     build(Path(sys.argv[1]))
+
+
+# ----------------------------------------------------------------------------- tensor math
+# Inputs of tests/fortran/test_math.f90 (written to math_inputs.txt) and the PyTorch reference
+# for every case it records (compared by tests/test_math.py).
+
+def math_inputs() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return {
+        "a": torch.rand(2, 3, generator=g, dtype=torch.float64) + 0.5,
+        "b": torch.rand(2, 3, generator=g, dtype=torch.float64) + 0.5,
+        "c": torch.rand(3, generator=g, dtype=torch.float64) + 0.5,
+        "a32": (torch.rand(2, 3, generator=g, dtype=torch.float64) + 0.5).float(),
+        "i32": torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.int32),
+    }
+
+
+def write_math_inputs(directory: Path) -> None:
+    for name, t in math_inputs().items():
+        write_values(directory / f"math_{name}.txt", t)

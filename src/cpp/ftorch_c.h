@@ -5,5 +5,7 @@
 #include "ftorch_c_runtime.h"
 #include "ftorch_c_tensor.h"
 #include "ftorch_c_model.h"
+#include "ftorch_c_math.h"
+#include "ftorch_c_autograd.h"
 
 #endif

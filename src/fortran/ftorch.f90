@@ -8,12 +8,20 @@ module ftorch
                            FTORCH_ERR_INTERNAL
   use ftorch_runtime, only: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, &
                             ftorch_check_runtime, torch_device_available, ftorch_live_handles
-  use ftorch_tensor, only: torch_tensor, torch_tensor_from_array, torch_tensor_from_blob, torch_tensor_empty, &
-                           torch_tensor_zeros, torch_tensor_ones, torch_tensor_delete, torch_tensor_get_rank, &
-                           torch_tensor_get_shape, torch_tensor_get_stride, torch_tensor_get_dtype, &
-                           torch_tensor_get_device_type, torch_tensor_get_device_index, &
-                           torch_tensor_requires_grad, torch_tensor_print, torch_tensor_zero, torch_tensor_to, &
-                           torch_tensor_data_pointer, torch_tensor_to_array
+  use ftorch_tensor_type, only: torch_tensor, torch_tensor_from_array, torch_tensor_from_blob, torch_tensor_empty, &
+                                torch_tensor_zeros, torch_tensor_ones, torch_tensor_delete, torch_tensor_get_rank, &
+                                torch_tensor_get_shape, torch_tensor_get_stride, torch_tensor_get_dtype, &
+                                torch_tensor_get_device_type, torch_tensor_get_device_index, &
+                                torch_tensor_requires_grad, torch_tensor_print, torch_tensor_zero, torch_tensor_to, &
+                                torch_tensor_data_pointer, torch_tensor_to_array, torch_tensor_zero_grad
+  use ftorch_math, only: assignment(=), operator(+), operator(-), operator(*), operator(/), operator(**), &
+                         torch_tensor_sum, torch_tensor_mean, torch_sum, torch_mean, torch_matmul, torch_reshape, &
+                         torch_permute, torch_transpose, torch_exp, torch_log, torch_sqrt, torch_abs, torch_sin, &
+                         torch_cos, torch_tanh, torch_sigmoid, torch_relu, torch_clone, torch_detach
+  use ftorch_autograd, only: torch_tensor_backward, torch_tensor_get_gradient, torch_tensor_set_requires_grad, &
+                             torch_tensor_is_leaf, torch_no_grad_begin, torch_no_grad_end, torch_enable_grad_begin, &
+                             torch_enable_grad_end, torch_inference_mode_begin, torch_inference_mode_end, &
+                             torch_grad_enabled, torch_inference_mode_enabled
   use ftorch_model, only: torch_model, torch_model_load, torch_model_forward, torch_model_save, &
                           torch_model_is_training, torch_model_print_parameters, torch_model_delete, &
                           torch_model_parameters, torch_model_parameter_count
@@ -30,7 +38,14 @@ module ftorch
             torch_tensor_ones, torch_tensor_delete, torch_tensor_get_rank, torch_tensor_get_shape, &
             torch_tensor_get_stride, torch_tensor_get_dtype, torch_tensor_get_device_type, &
             torch_tensor_get_device_index, torch_tensor_requires_grad, torch_tensor_print, torch_tensor_zero, &
-            torch_tensor_to, torch_tensor_data_pointer, torch_tensor_to_array
+            torch_tensor_to, torch_tensor_data_pointer, torch_tensor_to_array, torch_tensor_zero_grad
+  public :: assignment(=), operator(+), operator(-), operator(*), operator(/), operator(**), &
+            torch_tensor_sum, torch_tensor_mean, torch_sum, torch_mean, torch_matmul, torch_reshape, torch_permute, &
+            torch_transpose, torch_exp, torch_log, torch_sqrt, torch_abs, torch_sin, torch_cos, torch_tanh, &
+            torch_sigmoid, torch_relu, torch_clone, torch_detach
+  public :: torch_tensor_backward, torch_tensor_get_gradient, torch_tensor_set_requires_grad, torch_tensor_is_leaf, &
+            torch_no_grad_begin, torch_no_grad_end, torch_enable_grad_begin, torch_enable_grad_end, &
+            torch_inference_mode_begin, torch_inference_mode_end, torch_grad_enabled, torch_inference_mode_enabled
   public :: torch_model, torch_model_load, torch_model_forward, torch_model_save, torch_model_is_training, &
             torch_model_print_parameters, torch_model_delete, torch_model_parameters, torch_model_parameter_count
   public :: torch_delete

@@ -3,7 +3,7 @@ module ftorch_model
   use, intrinsic :: iso_c_binding, only: c_char, c_int, c_int64_t, c_null_char, c_null_ptr, c_ptr
   use, intrinsic :: iso_fortran_env, only: output_unit
   use ftorch_errors, only: ftorch_check
-  use ftorch_tensor, only: torch_tensor
+  use ftorch_tensor_type, only: torch_tensor
   implicit none
   private
 

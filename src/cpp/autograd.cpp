@@ -1,0 +1,129 @@
+// autograd.cpp - C API for gradients: backward, reading and zeroing gradients, grad-mode scopes.
+#include <memory>
+#include <vector>
+
+#include "internal.hpp"
+
+namespace {
+
+// One entry per open scope of this thread; popping destroys the guard, restoring the mode.
+struct Scope {
+  int kind;
+  std::unique_ptr<at::NoGradGuard> no_grad;
+  std::unique_ptr<at::AutoGradMode> enable_grad;
+  std::unique_ptr<c10::InferenceMode> inference;
+};
+
+thread_local std::vector<Scope> scopes;
+
+const char *scope_name(int kind) {
+  switch (kind) {
+    case FTC_SCOPE_NO_GRAD: return "no-grad";
+    case FTC_SCOPE_ENABLE_GRAD: return "enable-grad";
+    case FTC_SCOPE_INFERENCE: return "inference-mode";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int ftc_tensor_backward(ftc_tensor t, ftc_tensor gradient, int retain_graph) {
+  return ftc::guard([&] {
+    const at::Tensor &x = ftc::tensor_of(t);
+    if (!x.requires_grad()) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the tensor does not require grad (no graph to differentiate)");
+    }
+    at::Tensor g;
+    if (gradient != nullptr) {
+      g = ftc::tensor_of(gradient, "external gradient");
+      if (g.sizes() != x.sizes()) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "external gradient has shape " + ftc::shape_string(g.sizes()) +
+                                                " but the tensor has shape " + ftc::shape_string(x.sizes()));
+      }
+    } else if (x.numel() != 1) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "an implicit (unit) gradient needs a one-element tensor, this one has shape " +
+                                              ftc::shape_string(x.sizes()) + "; pass external_gradient");
+    } else {
+      g = at::ones_like(x);
+    }
+    x.backward(g, retain_graph != 0);
+  });
+}
+
+int ftc_tensor_get_gradient(ftc_tensor t, ftc_tensor *gradient) {
+  return ftc::guard([&] {
+    const at::Tensor &x = ftc::tensor_of(t);
+    if (gradient == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "gradient handle pointer is null");
+    const at::Tensor &g = x.grad();
+    if (!g.defined()) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, x.requires_grad() && !x.is_leaf()
+                                              ? "the tensor is not a leaf: gradients are kept for leaf tensors only"
+                                              : "the tensor has no gradient yet (call torch_tensor_backward first, "
+                                                "on a result that depends on it)");
+    }
+    at::NoGradGuard no_grad;
+    if (*gradient == nullptr) {
+      *gradient = ftc::new_handle(new ftc_tensor_s{g.clone()});
+      return;
+    }
+    at::Tensor &dst = (*gradient)->t;
+    if (dst.sizes() != g.sizes()) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "gradient tensor has shape " + ftc::shape_string(dst.sizes()) +
+                                              " but the gradient has shape " + ftc::shape_string(g.sizes()));
+    }
+    dst.copy_(g);
+  });
+}
+
+int ftc_tensor_zero_grad(ftc_tensor t) {
+  return ftc::guard([&] {
+    at::Tensor &x = ftc::tensor_of(t);
+    if (x.grad().defined()) {
+      at::NoGradGuard no_grad;
+      x.mutable_grad().zero_();
+    }
+  });
+}
+
+int ftc_tensor_set_requires_grad(ftc_tensor t, int requires_grad) {
+  return ftc::guard([&] { ftc::tensor_of(t).requires_grad_(requires_grad != 0); });
+}
+
+int ftc_tensor_is_leaf(ftc_tensor t, int *is_leaf) {
+  return ftc::guard([&] { *is_leaf = ftc::tensor_of(t).is_leaf() ? 1 : 0; });
+}
+
+int ftc_grad_scope_push(int scope) {
+  return ftc::guard([&] {
+    Scope s{scope, nullptr, nullptr, nullptr};
+    switch (scope) {
+      case FTC_SCOPE_NO_GRAD: s.no_grad = std::make_unique<at::NoGradGuard>(); break;
+      case FTC_SCOPE_ENABLE_GRAD: s.enable_grad = std::make_unique<at::AutoGradMode>(true); break;
+      case FTC_SCOPE_INFERENCE: s.inference = std::make_unique<c10::InferenceMode>(); break;
+      default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown grad scope " + std::to_string(scope));
+    }
+    scopes.push_back(std::move(s));
+  });
+}
+
+int ftc_grad_scope_pop(int scope) {
+  return ftc::guard([&] {
+    if (scopes.empty()) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("no open scope to end (ending a ") + scope_name(scope) +
+                                              " scope on this thread)");
+    }
+    if (scopes.back().kind != scope) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("the innermost open scope is ") +
+                                              scope_name(scopes.back().kind) + ", not " + scope_name(scope));
+    }
+    scopes.pop_back();
+  });
+}
+
+int ftc_grad_enabled(void) { return at::GradMode::is_enabled() ? 1 : 0; }
+
+int ftc_inference_mode_enabled(void) { return c10::InferenceMode::is_enabled() ? 1 : 0; }
+
+}  // extern "C"

@@ -1,0 +1,187 @@
+!> Autograd: backward, gradients, requires_grad, and grad-mode scopes.
+!>
+!> Grad-mode scopes are LibTorch's thread-local modes: a scope begun on one thread (or OpenMP
+!> thread) affects only that thread and must be ended on it, innermost first.
+module ftorch_autograd
+  use, intrinsic :: iso_c_binding, only: c_int, c_null_ptr, c_ptr
+  use ftorch_errors, only: ftorch_check
+  use ftorch_tensor_type, only: torch_tensor, torch_tensor_zero_grad, ftorch_release_temporary
+  implicit none
+  private
+
+  public :: torch_tensor_backward, torch_tensor_get_gradient, torch_tensor_zero_grad, &
+            torch_tensor_set_requires_grad, torch_tensor_is_leaf
+  public :: torch_no_grad_begin, torch_no_grad_end, torch_enable_grad_begin, torch_enable_grad_end, &
+            torch_inference_mode_begin, torch_inference_mode_end, torch_grad_enabled, &
+            torch_inference_mode_enabled
+
+  !> Backpropagate from a tensor: `(tensor, external_gradient [, retain_graph])`, or
+  !> `(tensor [, retain_graph])` with an implicit unit gradient for one-element tensors.
+  interface torch_tensor_backward
+    module procedure backward_with_gradient, backward_implicit
+  end interface torch_tensor_backward
+
+  integer(c_int), parameter :: SCOPE_NO_GRAD = 0, SCOPE_ENABLE_GRAD = 1, SCOPE_INFERENCE = 2
+
+  interface
+    function ftc_tensor_backward(t, gradient, retain_graph) result(status) bind(c, name="ftc_tensor_backward")
+      import :: c_ptr, c_int
+      type(c_ptr), value :: t, gradient
+      integer(c_int), value :: retain_graph
+      integer(c_int) :: status
+    end function ftc_tensor_backward
+    function ftc_tensor_get_gradient(t, gradient) result(status) bind(c, name="ftc_tensor_get_gradient")
+      import :: c_ptr, c_int
+      type(c_ptr), value :: t
+      type(c_ptr), intent(inout) :: gradient
+      integer(c_int) :: status
+    end function ftc_tensor_get_gradient
+    function ftc_tensor_set_requires_grad(t, flag) result(status) bind(c, name="ftc_tensor_set_requires_grad")
+      import :: c_ptr, c_int
+      type(c_ptr), value :: t
+      integer(c_int), value :: flag
+      integer(c_int) :: status
+    end function ftc_tensor_set_requires_grad
+    function ftc_tensor_is_leaf(t, flag) result(status) bind(c, name="ftc_tensor_is_leaf")
+      import :: c_ptr, c_int
+      type(c_ptr), value :: t
+      integer(c_int), intent(out) :: flag
+      integer(c_int) :: status
+    end function ftc_tensor_is_leaf
+    function ftc_grad_scope_push(scope) result(status) bind(c, name="ftc_grad_scope_push")
+      import :: c_int
+      integer(c_int), value :: scope
+      integer(c_int) :: status
+    end function ftc_grad_scope_push
+    function ftc_grad_scope_pop(scope) result(status) bind(c, name="ftc_grad_scope_pop")
+      import :: c_int
+      integer(c_int), value :: scope
+      integer(c_int) :: status
+    end function ftc_grad_scope_pop
+    function ftc_grad_enabled() result(flag) bind(c, name="ftc_grad_enabled")
+      import :: c_int
+      integer(c_int) :: flag
+    end function ftc_grad_enabled
+    function ftc_inference_mode_enabled() result(flag) bind(c, name="ftc_inference_mode_enabled")
+      import :: c_int
+      integer(c_int) :: flag
+    end function ftc_inference_mode_enabled
+  end interface
+
+contains
+
+  subroutine backward_with_gradient(tensor, external_gradient, retain_graph, stat, errmsg)
+    type(torch_tensor), intent(in) :: tensor
+    type(torch_tensor), intent(in) :: external_gradient  !< d(objective)/d(tensor), same shape
+    logical, intent(in), optional :: retain_graph       !< keep the graph for another backward
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    integer(c_int) :: status
+    status = ftc_tensor_backward(tensor%p, external_gradient%p, flag(retain_graph))
+    call ftorch_release_temporary(tensor)
+    call ftorch_release_temporary(external_gradient)
+    call ftorch_check(status, "torch_tensor_backward", stat, errmsg)
+  end subroutine backward_with_gradient
+
+  subroutine backward_implicit(tensor, retain_graph, stat, errmsg)
+    type(torch_tensor), intent(in) :: tensor
+    logical, intent(in), optional :: retain_graph
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    integer(c_int) :: status
+    status = ftc_tensor_backward(tensor%p, c_null_ptr, flag(retain_graph))
+    call ftorch_release_temporary(tensor)
+    call ftorch_check(status, "torch_tensor_backward", stat, errmsg)
+  end subroutine backward_implicit
+
+  !> The gradient accumulated in `tensor` by backward, copied into `gradient` (its storage, so an
+  !> aliased Fortran array receives it; constructed with the gradient's value if it is not yet).
+  subroutine torch_tensor_get_gradient(gradient, tensor, stat, errmsg)
+    type(torch_tensor), intent(inout) :: gradient
+    type(torch_tensor), intent(in) :: tensor
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_tensor_get_gradient(tensor%p, gradient%p), "torch_tensor_get_gradient", stat, errmsg)
+  end subroutine torch_tensor_get_gradient
+
+  !> Switch recording of operations on `tensor` on or off (e.g. to freeze a parameter).
+  subroutine torch_tensor_set_requires_grad(tensor, requires_grad, stat, errmsg)
+    type(torch_tensor), intent(inout) :: tensor
+    logical, intent(in) :: requires_grad
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_tensor_set_requires_grad(tensor%p, flag(requires_grad)), &
+                      "torch_tensor_set_requires_grad", stat, errmsg)
+  end subroutine torch_tensor_set_requires_grad
+
+  !> Whether `tensor` is a leaf of the graph (made by the user rather than by an operation).
+  function torch_tensor_is_leaf(tensor, stat, errmsg) result(is_leaf)
+    type(torch_tensor), intent(in) :: tensor
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    logical :: is_leaf
+    integer(c_int) :: value
+    value = 0
+    call ftorch_check(ftc_tensor_is_leaf(tensor%p, value), "torch_tensor_is_leaf", stat, errmsg)
+    is_leaf = value /= 0
+  end function torch_tensor_is_leaf
+
+  !> Begin a scope in which no operation is recorded for autograd (this thread only).
+  subroutine torch_no_grad_begin(stat, errmsg)
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_grad_scope_push(SCOPE_NO_GRAD), "torch_no_grad_begin", stat, errmsg)
+  end subroutine torch_no_grad_begin
+
+  !> End the innermost scope, which must be a no-grad scope.
+  subroutine torch_no_grad_end(stat, errmsg)
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_grad_scope_pop(SCOPE_NO_GRAD), "torch_no_grad_end", stat, errmsg)
+  end subroutine torch_no_grad_end
+
+  !> Begin a scope that records operations again inside a no-grad scope (this thread only).
+  subroutine torch_enable_grad_begin(stat, errmsg)
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_grad_scope_push(SCOPE_ENABLE_GRAD), "torch_enable_grad_begin", stat, errmsg)
+  end subroutine torch_enable_grad_begin
+
+  subroutine torch_enable_grad_end(stat, errmsg)
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_grad_scope_pop(SCOPE_ENABLE_GRAD), "torch_enable_grad_end", stat, errmsg)
+  end subroutine torch_enable_grad_end
+
+  !> Begin an inference-mode scope (this thread only): no autograd bookkeeping at all; tensors
+  !> created inside cannot be used in autograd afterwards.
+  subroutine torch_inference_mode_begin(stat, errmsg)
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_grad_scope_push(SCOPE_INFERENCE), "torch_inference_mode_begin", stat, errmsg)
+  end subroutine torch_inference_mode_begin
+
+  subroutine torch_inference_mode_end(stat, errmsg)
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_grad_scope_pop(SCOPE_INFERENCE), "torch_inference_mode_end", stat, errmsg)
+  end subroutine torch_inference_mode_end
+
+  !> Whether operations are being recorded on this thread.
+  logical function torch_grad_enabled()
+    torch_grad_enabled = ftc_grad_enabled() /= 0
+  end function torch_grad_enabled
+
+  !> Whether this thread is in an inference-mode scope.
+  logical function torch_inference_mode_enabled()
+    torch_inference_mode_enabled = ftc_inference_mode_enabled() /= 0
+  end function torch_inference_mode_enabled
+
+  integer(c_int) function flag(value)
+    logical, intent(in), optional :: value
+    flag = 0
+    if (present(value)) then
+      if (value) flag = 1
+    end if
+  end function flag
+end module ftorch_autograd
