@@ -51,6 +51,10 @@ ERROR_CASES = {
     "cuda_model": ("torch_model_load", "no CUDA/HIP device is available"),
     "dtype": ("torch_tensor_zeros", "unsupported dtype 5"),
     "unconstructed": ("torch_tensor_get_rank", "not constructed"),
+    "shape_mismatch_add": ("operator(+)", "must match the size"),
+    "backward_no_grad": ("torch_tensor_backward", "does not require grad"),
+    "gradient_before_backward": ("torch_tensor_get_gradient", "no gradient yet"),
+    "implicit_backward_non_scalar": ("torch_tensor_backward", "one-element tensor"),
 }
 
 

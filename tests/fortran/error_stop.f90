@@ -41,6 +41,20 @@ program error_stop
   case ("unconstructed")
     rank = never%get_rank()
     print *, rank
+  case ("shape_mismatch_add")
+    call torch_tensor_from_array(t(1), x, torch_kCPU)
+    call torch_tensor_from_array(t(2), x4, torch_kCPU)
+    out(1) = t(1) + t(2)
+  case ("backward_no_grad")
+    call torch_tensor_from_array(t(1), x, torch_kCPU)
+    call torch_tensor_backward(t(1))
+  case ("gradient_before_backward")
+    call torch_tensor_from_array(t(1), x, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_get_gradient(t(2), t(1))
+  case ("implicit_backward_non_scalar")
+    call torch_tensor_from_array(t(1), x, torch_kCPU, requires_grad=.true.)
+    out(1) = t(1) * 2
+    call torch_tensor_backward(out(1))
   case ("version")
     call torch_tensor_zeros(t(1), 1, [2_c_int64_t], torch_kFloat64, torch_kCPU)
   case default

@@ -136,7 +136,7 @@ contains
     flat = torch_reshape(t, [n])
     call torch_tensor_to_array(flat, values)
     write(unit, '(a,1x,i0,1x,i0)') name, dtype, n
-    write(unit, '(*(es25.17e3))') values
+    write(unit, '(*(1x,es25.17e3))') values
     call torch_tensor_delete(flat)
   end subroutine record
 
@@ -154,7 +154,7 @@ contains
     call torch_tensor_get_gradient(ga_t, pa, stat=stat)
     call torch_tensor_get_gradient(gb_t, pb, stat=stat)
     write(unit, '(a,1x,i0,1x,i0)') name, torch_kFloat64, 12
-    write(unit, '(*(es25.17e3))') transpose(ga), transpose(gb)
+    write(unit, '(*(1x,es25.17e3))') transpose(ga), transpose(gb)
     call pa%zero_grad()
     call pb%zero_grad()
     call torch_delete(ga_t)
@@ -189,6 +189,7 @@ contains
     call check(torch_inference_mode_enabled() .and. .not. torch_grad_enabled(), "inference-mode scope")
     call torch_inference_mode_end()
     call check(.not. torch_inference_mode_enabled(), "inference mode ends")
+    r = pa * pb
     call check(torch_tensor_is_leaf(pa) .and. .not. torch_tensor_is_leaf(r), "leaf status")
     call torch_delete(r)
   end subroutine propagation_rules
