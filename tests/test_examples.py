@@ -16,6 +16,7 @@ _builds = {}
 def examples(installed, tmp_path_factory):
     work = tmp_path_factory.mktemp("examples")
     run([sys.executable, REPO / "examples" / "02_inference" / "write_model.py", work])
+    run([sys.executable, REPO / "examples" / "05_model_gradients" / "write_model.py", work])
 
     def build(compiler):
         fc = require_compiler(compiler)
@@ -31,11 +32,11 @@ def examples(installed, tmp_path_factory):
 
 
 @pytest.mark.parametrize("compiler", COMPILERS)
-@pytest.mark.parametrize("example", ["tensors", "inference", "errors"])
+@pytest.mark.parametrize("example", ["tensors", "inference", "errors", "autograd", "model_gradients"])
 def test_example_runs(examples, compiler, example):
     bdir, work = examples(compiler)
     proc = run([bdir / example, work])
-    number = {"tensors": 1, "inference": 2, "errors": 3}[example]
+    number = {"tensors": 1, "inference": 2, "errors": 3, "autograd": 4, "model_gradients": 5}[example]
     assert f"example {number} finished" in proc.stdout
 
 
