@@ -5,7 +5,7 @@ set(_gen "${CMAKE_CURRENT_BINARY_DIR}/fortran")
 file(MAKE_DIRECTORY "${_gen}")
 
 set(FTORCH_FORTRAN_SOURCES)
-foreach(_name IN ITEMS ftorch_types ftorch_devices ftorch_errors ftorch_runtime ftorch_tensor_type ftorch_math
+foreach(_name IN ITEMS ftorch_types ftorch_devices ftorch_errors ftorch_interop ftorch_runtime ftorch_tensor_type ftorch_math
                        ftorch_autograd ftorch_tensor
                        ftorch_model ftorch_test_utils ftorch)
   if(EXISTS "${_src}/${_name}.fypp")

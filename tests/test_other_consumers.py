@@ -19,6 +19,8 @@ def test_fpm_project(installed, data_dir, tmp_path, compiler):
         pytest.skip("fpm not installed")
     project = tmp_path / "fpm_project"
     shutil.copytree(TESTS / "projects" / "fpm", project)
+    (project / "app").mkdir()
+    shutil.copy(TESTS / "projects" / "run_model.f90", project / "app" / "main.f90")
     dependency = run([sys.executable, "-m", "ftorch", "--fpm-dependency"], cwd=project).stdout.strip()
     manifest = (project / "fpm.toml.in").read_text() + dependency + "\n"
     (project / "fpm.toml").write_text(manifest)
@@ -34,6 +36,7 @@ def test_makefile_project_with_pkg_config(installed, data_dir, tmp_path, compile
         pytest.skip("pkg-config not installed")
     project = tmp_path / "make_project"
     shutil.copytree(TESTS / "projects" / "make", project)
+    shutil.copy(TESTS / "projects" / "run_model.f90", project)
     env = dict(os.environ, PKG_CONFIG_PATH=installed["pkgconfig"])
     run(["make", f"FC={fc}"], cwd=project, env=env)
     assert_all_passed(run([project / "build" / "run_model", data_dir], check=False))

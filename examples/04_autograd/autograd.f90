@@ -5,7 +5,10 @@
 !> against the analytic one, dQ/da = 9a**2 and dQ/db = -2b.
 program autograd
   use, intrinsic :: iso_fortran_env, only: real64
-  use ftorch
+  ! Importing one by one works too; assignment(=) must come with the type.
+  use ftorch, only: torch_tensor, torch_kCPU, torch_tensor_from_array, torch_delete, assignment(=), &
+                    operator(*), operator(+), operator(-), operator(/), operator(**), torch_tensor_backward, &
+                    torch_tensor_get_gradient
   implicit none
 
   real(real64), target :: a(2), b(2), q(2), p(2), ones(2), da(2), db(2)

@@ -5,6 +5,7 @@
 module ftorch_autograd
   use, intrinsic :: iso_c_binding, only: c_int, c_null_ptr, c_ptr
   use ftorch_errors, only: ftorch_check
+  use ftorch_interop, only: c_flag
   use ftorch_tensor_type, only: torch_tensor, torch_tensor_zero_grad, ftorch_release_temporary
   implicit none
   private
@@ -77,7 +78,7 @@ contains
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
     integer(c_int) :: status
-    status = ftc_tensor_backward(tensor%p, external_gradient%p, flag(retain_graph))
+    status = ftc_tensor_backward(tensor%p, external_gradient%p, c_flag(retain_graph))
     call ftorch_release_temporary(tensor)
     call ftorch_release_temporary(external_gradient)
     call ftorch_check(status, "torch_tensor_backward", stat, errmsg)
@@ -89,7 +90,7 @@ contains
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
     integer(c_int) :: status
-    status = ftc_tensor_backward(tensor%p, c_null_ptr, flag(retain_graph))
+    status = ftc_tensor_backward(tensor%p, c_null_ptr, c_flag(retain_graph))
     call ftorch_release_temporary(tensor)
     call ftorch_check(status, "torch_tensor_backward", stat, errmsg)
   end subroutine backward_implicit
@@ -110,7 +111,7 @@ contains
     logical, intent(in) :: requires_grad
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    call ftorch_check(ftc_tensor_set_requires_grad(tensor%p, flag(requires_grad)), &
+    call ftorch_check(ftc_tensor_set_requires_grad(tensor%p, c_flag(requires_grad)), &
                       "torch_tensor_set_requires_grad", stat, errmsg)
   end subroutine torch_tensor_set_requires_grad
 
@@ -177,11 +178,4 @@ contains
     torch_inference_mode_enabled = ftc_inference_mode_enabled() /= 0
   end function torch_inference_mode_enabled
 
-  integer(c_int) function flag(value)
-    logical, intent(in), optional :: value
-    flag = 0
-    if (present(value)) then
-      if (value) flag = 1
-    end if
-  end function flag
 end module ftorch_autograd

@@ -1,8 +1,9 @@
 !> `torch_model`: TorchScript models loaded from file, run on tensors, saved, inspected.
 module ftorch_model
-  use, intrinsic :: iso_c_binding, only: c_char, c_int, c_int64_t, c_null_char, c_null_ptr, c_ptr
+  use, intrinsic :: iso_c_binding, only: c_char, c_int, c_int64_t, c_null_ptr, c_ptr
   use, intrinsic :: iso_fortran_env, only: output_unit
   use ftorch_errors, only: ftorch_check
+  use ftorch_interop, only: c_flag, c_string
   use ftorch_tensor_type, only: torch_tensor
   implicit none
   private
@@ -90,8 +91,8 @@ contains
     integer(c_int) :: idx
     idx = -1
     if (present(device_index)) idx = device_index
-    call ftorch_check(ftc_model_load(model%p, c_string(filename), device_type, idx, flag(requires_grad), &
-                                     flag(is_training)), "torch_model_load", stat, errmsg)
+    call ftorch_check(ftc_model_load(model%p, c_string(filename), device_type, idx, c_flag(requires_grad), &
+                                     c_flag(is_training)), "torch_model_load", stat, errmsg)
   end subroutine torch_model_load
 
   !> Run the model's forward method. Without requires_grad the results are copied into the output
@@ -113,7 +114,7 @@ contains
       outputs(i) = output_tensors(i)%p
     end do
     call ftorch_check(ftc_model_forward(model%p, inputs, size(inputs, kind=c_int), outputs, &
-                                        size(outputs, kind=c_int), flag(requires_grad)), &
+                                        size(outputs, kind=c_int), c_flag(requires_grad)), &
                       "torch_model_forward", stat, errmsg)
   end subroutine torch_model_forward
 
@@ -187,17 +188,4 @@ contains
     status = ftc_model_delete(model%p)
   end subroutine torch_model_delete
 
-  function c_string(text) result(s)
-    character(len=*), intent(in) :: text
-    character(kind=c_char, len=:), allocatable :: s
-    s = trim(adjustl(text)) // c_null_char
-  end function c_string
-
-  integer(c_int) function flag(value)
-    logical, intent(in), optional :: value
-    flag = 0
-    if (present(value)) then
-      if (value) flag = 1
-    end if
-  end function flag
 end module ftorch_model

@@ -1,7 +1,8 @@
 !> Versions, device availability and the live-handle count (for leak checks).
 module ftorch_runtime
-  use, intrinsic :: iso_c_binding, only: c_int, c_int64_t, c_ptr, c_char, c_f_pointer, c_associated
+  use, intrinsic :: iso_c_binding, only: c_int, c_int64_t, c_ptr
   use ftorch_errors, only: ftorch_check
+  use ftorch_interop, only: f_string
   implicit none
   private
   public :: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, &
@@ -40,19 +41,19 @@ contains
   !> Version of this FTorch.
   function ftorch_version() result(v)
     character(len=:), allocatable :: v
-    v = c_string(ftc_version())
+    v = f_string(ftc_version())
   end function ftorch_version
 
   !> The torch release the C++ layer was built against.
   function ftorch_torch_version() result(v)
     character(len=:), allocatable :: v
-    v = c_string(ftc_torch_version_built())
+    v = f_string(ftc_torch_version_built())
   end function ftorch_torch_version
 
   !> The torch release whose LibTorch is loaded in this process ("" if unknown).
   function ftorch_runtime_torch_version() result(v)
     character(len=:), allocatable :: v
-    v = c_string(ftc_torch_version_runtime())
+    v = f_string(ftc_torch_version_runtime())
   end function ftorch_runtime_torch_version
 
   !> Check that the loaded LibTorch is the one FTorch was built against.
@@ -78,23 +79,4 @@ contains
     n = ftc_live_handles()
   end function ftorch_live_handles
 
-  function c_string(p) result(s)
-    type(c_ptr), intent(in) :: p
-    character(len=:), allocatable :: s
-    character(kind=c_char), pointer :: chars(:)
-    integer :: n, i
-    if (.not. c_associated(p)) then
-      s = ""
-      return
-    end if
-    call c_f_pointer(p, chars, [huge(0)])
-    n = 0
-    do while (chars(n + 1) /= achar(0))
-      n = n + 1
-    end do
-    allocate(character(len=n) :: s)
-    do i = 1, n
-      s(i:i) = chars(i)
-    end do
-  end function c_string
 end module ftorch_runtime

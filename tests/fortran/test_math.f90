@@ -52,11 +52,19 @@ program test_math
   call record("a**2", ta ** 2)
   call record("a**3i64", ta ** 3_int64)
   call record("a**-1i8", ta ** (-1_int8))
+  call record("a**2i16", ta ** 2_int16)
+  call record("a**2i32", ta ** 2_int32)
+  call record("a**2.0f", ta ** 2.0_real32)
   call record("a**0.5f", ta ** 0.5_real32)
   call record("a**1.5", ta ** 1.5_real64)
   call record("2**a", 2 ** ta)
   call record("1.5**a", 1.5_real64 ** ta)
   call record("a**3*1.5-a", 1.5_real64 * ta ** 3 - ta)
+  ! --- FTorch's idiom: a one-element tensor as a scalar, broadcast
+  one = 2.5d0
+  call torch_tensor_from_array(tmp, one, torch_kCPU)
+  call record("a*s1", ta * tmp)
+  call record("s1*a", tmp * ta)
   ! --- type promotion
   call record("i32+1", ti + 1)
   call record("i32+1.5", ti + 1.5_real64)

@@ -1,4 +1,4 @@
-!> Built by fpm with FTorch as a path dependency: run a TorchScript model on Fortran arrays.
+!> Run a TorchScript model on Fortran arrays: the program of the fpm and Makefile consumer projects.
 !> Usage: run_model <data dir>
 program run_model
   use, intrinsic :: iso_fortran_env, only: real64

@@ -1,0 +1,53 @@
+!> Conversions between Fortran and C values shared by the FTorch modules (not part of the API).
+module ftorch_interop
+  use, intrinsic :: iso_c_binding, only: c_associated, c_char, c_f_pointer, c_int, c_null_char, c_ptr
+  implicit none
+  private
+  public :: c_flag, c_device_index, c_string, f_string
+
+contains
+
+  !> 1 for a present .true., 0 otherwise.
+  integer(c_int) function c_flag(value)
+    logical, intent(in), optional :: value
+    c_flag = 0
+    if (present(value)) then
+      if (value) c_flag = 1
+    end if
+  end function c_flag
+
+  !> The device index, or -1 (the device type's default) when absent.
+  integer(c_int) function c_device_index(device_index)
+    integer, intent(in), optional :: device_index
+    c_device_index = -1
+    if (present(device_index)) c_device_index = int(device_index, c_int)
+  end function c_device_index
+
+  !> A NUL-terminated copy of `text` without leading and trailing blanks.
+  function c_string(text) result(s)
+    character(len=*), intent(in) :: text
+    character(kind=c_char, len=:), allocatable :: s
+    s = trim(adjustl(text)) // c_null_char
+  end function c_string
+
+  !> A Fortran copy of the NUL-terminated string at `p` ("" for a null pointer).
+  function f_string(p) result(s)
+    type(c_ptr), intent(in) :: p
+    character(len=:), allocatable :: s
+    character(kind=c_char), pointer :: chars(:)
+    integer :: n, i
+    if (.not. c_associated(p)) then
+      s = ""
+      return
+    end if
+    call c_f_pointer(p, chars, [huge(0)])
+    n = 0
+    do while (chars(n + 1) /= c_null_char)
+      n = n + 1
+    end do
+    allocate(character(len=n) :: s)
+    do i = 1, n
+      s(i:i) = chars(i)
+    end do
+  end function f_string
+end module ftorch_interop
