@@ -87,6 +87,19 @@ int ftc_tensor_zero_grad(ftc_tensor t) {
   });
 }
 
+int ftc_tensor_set_gradient(ftc_tensor t, ftc_tensor gradient) {
+  return ftc::guard([&] {
+    at::Tensor &x = ftc::tensor_of(t);
+    const at::Tensor &g = ftc::tensor_of(gradient, "gradient");
+    if (g.sizes() != x.sizes()) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "gradient has shape " + ftc::shape_string(g.sizes()) +
+                                              " but the tensor has shape " + ftc::shape_string(x.sizes()));
+    }
+    at::NoGradGuard no_grad;
+    x.mutable_grad() = g.to(x.options()).clone();
+  });
+}
+
 int ftc_tensor_set_requires_grad(ftc_tensor t, int requires_grad) {
   return ftc::guard([&] { ftc::tensor_of(t).requires_grad_(requires_grad != 0); });
 }

@@ -4,8 +4,11 @@
 
 #include "ftorch_c_runtime.h"
 #include "ftorch_c_tensor.h"
-#include "ftorch_c_model.h"
 #include "ftorch_c_math.h"
 #include "ftorch_c_autograd.h"
+#include "ftorch_c_model.h"
+#include "ftorch_c_optim.h"
+#include "ftorch_c_loss.h"
+#include "ftorch_c_train.h"
 
 #endif

@@ -15,6 +15,8 @@ FTC_API int ftc_tensor_backward(ftc_tensor t, ftc_tensor gradient, int retain_gr
 FTC_API int ftc_tensor_get_gradient(ftc_tensor t, ftc_tensor *gradient);
 /* Zero t.grad in place; a no-op when t has no gradient yet. */
 FTC_API int ftc_tensor_zero_grad(ftc_tensor t);
+/* t.grad = a copy of gradient (same shape; dtype and device converted to t's). */
+FTC_API int ftc_tensor_set_gradient(ftc_tensor t, ftc_tensor gradient);
 FTC_API int ftc_tensor_set_requires_grad(ftc_tensor t, int requires_grad);
 FTC_API int ftc_tensor_is_leaf(ftc_tensor t, int *is_leaf);
 

@@ -33,6 +33,17 @@ FTC_API int ftc_model_parameter_count(ftc_model m, int64_t *count);
  * the parameter count and every outputs[i] must be null. */
 FTC_API int ftc_model_parameters(ftc_model m, ftc_tensor *outputs, int64_t n);
 
+/* Handle sharing storage with one parameter, chosen by name (if name is not NULL/empty) or by
+ * 0-based index in parameters() order. */
+FTC_API int ftc_model_parameter(ftc_model m, const char *name, int64_t index, ftc_tensor *out);
+/* Name of parameter `index` (0-based): copied into buf (not NUL-terminated), *length its length. */
+FTC_API int ftc_model_parameter_name(ftc_model m, int64_t index, char *buf, int64_t buflen, int64_t *length);
+/* requires_grad of every parameter whose name equals `name` or starts with `name` + "."
+ * (all parameters for an empty name); *matched counts them. A name that matches nothing is an error. */
+FTC_API int ftc_model_set_requires_grad(ftc_model m, const char *name, int requires_grad, int64_t *matched);
+/* Total number of parameter elements (only those requiring grad if trainable_only). */
+FTC_API int ftc_model_numel(ftc_model m, int trainable_only, int64_t *count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,6 +22,49 @@ struct ftc_model_s {
 
 namespace ftc {
 
+// An optimizer and the parameters it updates; shared with the schedulers that drive it.
+struct Optim {
+  int kind = 0;
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  std::vector<at::Tensor> params;
+  int64_t steps = 0;  // optimizer steps taken (also counted by train steps)
+};
+
+// A learning-rate schedule with PyTorch's semantics (recursive forms, as torch.optim.lr_scheduler).
+struct Scheduler {
+  int kind = 0;
+  std::shared_ptr<Optim> optim;
+  std::vector<double> params;
+  std::vector<int64_t> milestones;
+  double base_lr = 0;
+  int64_t last_epoch = -1;
+  int64_t step_count = 0;
+  // reduce-on-plateau
+  double best = 0;
+  int64_t num_bad_epochs = 0;
+  int64_t cooldown_counter = 0;
+
+  void step(bool has_metric, double metric);
+  // State as numbers, in a fixed order, for checkpoints.
+  std::vector<double> state() const;
+  void set_state(const std::vector<double> &values);
+};
+
+double get_lr(const Optim &o);
+void set_lr(Optim &o, double lr);
+
+}  // namespace ftc
+
+struct ftc_optim_s {
+  std::shared_ptr<ftc::Optim> o;
+};
+
+struct ftc_scheduler_s {
+  ftc::Scheduler s;
+};
+
+namespace ftc {
+
 // An error we raise ourselves, with the status it maps to.
 class Error : public std::runtime_error {
  public:
@@ -73,6 +116,21 @@ inline at::Tensor &tensor_of(ftc_tensor h, const char *what = "tensor") {
   }
   return h->t;
 }
+
+inline Optim &optim_of(ftc_optim h) {
+  if (h == nullptr || !h->o) fail(FTC_ERR_NULL_HANDLE, "optimizer is not constructed (null handle)");
+  return *h->o;
+}
+
+inline Scheduler &scheduler_of(ftc_scheduler h) {
+  if (h == nullptr) fail(FTC_ERR_NULL_HANDLE, "scheduler is not constructed (null handle)");
+  return h->s;
+}
+
+// A LibTorch loss computed by kind (ftorch_c_loss.h), shared by ftc_loss and the train step.
+at::Tensor compute_loss(int kind, const at::Tensor &input, const at::Tensor &target, const at::Tensor &weight,
+                        const at::Tensor &pos_weight, int reduction, int64_t ignore_index, double param,
+                        double label_smoothing);
 
 inline torch::jit::Module &model_of(ftc_model h) {
   if (h == nullptr) fail(FTC_ERR_NULL_HANDLE, "model is not loaded (null handle)");

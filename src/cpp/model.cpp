@@ -1,4 +1,5 @@
 // model.cpp - C API for TorchScript models: load, forward, save, parameters.
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <vector>
@@ -166,6 +167,76 @@ int ftc_model_parameters(ftc_model m, ftc_tensor *outputs, int64_t n) {
     }
     int64_t i = 0;
     for (const auto &p : params) outputs[i++] = ftc::new_handle(new ftc_tensor_s{p});
+  });
+}
+
+int ftc_model_parameter(ftc_model m, const char *name, int64_t index, ftc_tensor *out) {
+  return ftc::guard([&] {
+    if (out == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
+    const auto named = ftc::model_of(m).named_parameters();
+    at::Tensor found;
+    if (name != nullptr && name[0] != '\0') {
+      for (const auto &p : named) {
+        if (p.name == name) found = p.value;
+      }
+      if (!found.defined()) ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("the model has no parameter named '") + name + "'");
+    } else {
+      const auto count = static_cast<int64_t>(named.size());
+      if (index < 0 || index >= count) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter index " + std::to_string(index + 1) + " out of range 1.." +
+                                                std::to_string(count));
+      }
+      int64_t i = 0;
+      for (const auto &p : named) {
+        if (i++ == index) found = p.value;
+      }
+    }
+    ftc_tensor fresh = ftc::new_handle(new ftc_tensor_s{found});
+    ftc_tensor old = *out;
+    *out = fresh;
+    ftc::delete_handle(old);
+  });
+}
+
+int ftc_model_parameter_name(ftc_model m, int64_t index, char *buf, int64_t buflen, int64_t *length) {
+  return ftc::guard([&] {
+    const auto named = ftc::model_of(m).named_parameters();
+    const auto count = static_cast<int64_t>(named.size());
+    if (index < 0 || index >= count) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter index " + std::to_string(index + 1) + " out of range 1.." +
+                                              std::to_string(count));
+    }
+    int64_t i = 0;
+    for (const auto &p : named) {
+      if (i++ != index) continue;
+      *length = static_cast<int64_t>(p.name.size());
+      if (buf != nullptr) std::memcpy(buf, p.name.data(), static_cast<size_t>(std::min(buflen, *length)));
+    }
+  });
+}
+
+int ftc_model_set_requires_grad(ftc_model m, const char *name, int requires_grad, int64_t *matched) {
+  return ftc::guard([&] {
+    const std::string prefix = name != nullptr ? name : "";
+    int64_t n = 0;
+    for (const auto &p : ftc::model_of(m).named_parameters()) {
+      if (prefix.empty() || p.name == prefix || p.name.rfind(prefix + ".", 0) == 0) {
+        p.value.requires_grad_(requires_grad != 0);
+        ++n;
+      }
+    }
+    if (n == 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "no parameter is named '" + prefix + "' or starts with '" + prefix + ".'");
+    if (matched != nullptr) *matched = n;
+  });
+}
+
+int ftc_model_numel(ftc_model m, int trainable_only, int64_t *count) {
+  return ftc::guard([&] {
+    int64_t n = 0;
+    for (const auto &p : ftc::model_of(m).parameters()) {
+      if (!trainable_only || p.requires_grad()) n += p.numel();
+    }
+    *count = n;
   });
 }
 

@@ -21,10 +21,26 @@ module ftorch
   use ftorch_autograd, only: torch_tensor_backward, torch_tensor_get_gradient, torch_tensor_set_requires_grad, &
                              torch_tensor_is_leaf, torch_no_grad_begin, torch_no_grad_end, torch_enable_grad_begin, &
                              torch_enable_grad_end, torch_inference_mode_begin, torch_inference_mode_end, &
-                             torch_grad_enabled, torch_inference_mode_enabled
+                             torch_grad_enabled, torch_inference_mode_enabled, torch_tensor_set_gradient
   use ftorch_model, only: torch_model, torch_model_load, torch_model_forward, torch_model_save, &
                           torch_model_is_training, torch_model_print_parameters, torch_model_delete, &
-                          torch_model_parameters, torch_model_parameter_count
+                          torch_model_parameters, torch_model_parameter_count, torch_model_parameter, &
+                          torch_model_parameter_name, torch_model_num_parameters, torch_model_freeze, &
+                          torch_model_unfreeze
+  use ftorch_optim, only: torch_optim, torch_optim_SGD, torch_optim_Adam, torch_optim_AdamW, torch_optim_RMSprop, &
+                          torch_optim_Adagrad, torch_optim_LBFGS, torch_optim_step, torch_optim_step_closure, &
+                          torch_optim_zero_grad, torch_optim_delete, torch_optim_get_learning_rate, &
+                          torch_optim_set_learning_rate, torch_optim_step_count, torch_optim_clip_grad_norm, &
+                          torch_optim_clip_grad_value, torch_closure, torch_scheduler, torch_scheduler_step_lr, &
+                          torch_scheduler_multistep_lr, torch_scheduler_exponential_lr, &
+                          torch_scheduler_cosine_annealing_lr, torch_scheduler_reduce_on_plateau, &
+                          torch_scheduler_linear_lr, torch_scheduler_step, torch_scheduler_get_last_lr, &
+                          torch_scheduler_delete
+  use ftorch_loss, only: torch_loss_mse, torch_loss_cross_entropy, torch_loss_l1, torch_loss_huber, &
+                         torch_loss_smooth_l1, torch_loss_nll, torch_loss_bce_with_logits, torch_kMSELoss, &
+                         torch_kL1Loss, torch_kHuberLoss, torch_kSmoothL1Loss, torch_kCrossEntropyLoss, torch_kNLLLoss, &
+                         torch_kBCEWithLogitsLoss
+  use ftorch_train, only: torch_train_step, torch_checkpoint_save, torch_checkpoint_load
   implicit none
   private
   public :: ftorch_int, torch_kInt8, torch_kInt16, torch_kInt32, torch_kInt64, torch_kFloat32, torch_kFloat64, &
@@ -45,13 +61,27 @@ module ftorch
             torch_sigmoid, torch_relu, torch_clone, torch_detach
   public :: torch_tensor_backward, torch_tensor_get_gradient, torch_tensor_set_requires_grad, torch_tensor_is_leaf, &
             torch_no_grad_begin, torch_no_grad_end, torch_enable_grad_begin, torch_enable_grad_end, &
-            torch_inference_mode_begin, torch_inference_mode_end, torch_grad_enabled, torch_inference_mode_enabled
+            torch_inference_mode_begin, torch_inference_mode_end, torch_grad_enabled, torch_inference_mode_enabled, &
+            torch_tensor_set_gradient
   public :: torch_model, torch_model_load, torch_model_forward, torch_model_save, torch_model_is_training, &
-            torch_model_print_parameters, torch_model_delete, torch_model_parameters, torch_model_parameter_count
+            torch_model_print_parameters, torch_model_delete, torch_model_parameters, torch_model_parameter_count, &
+            torch_model_parameter, torch_model_parameter_name, torch_model_num_parameters, torch_model_freeze, &
+            torch_model_unfreeze
+  public :: torch_optim, torch_optim_SGD, torch_optim_Adam, torch_optim_AdamW, torch_optim_RMSprop, &
+            torch_optim_Adagrad, torch_optim_LBFGS, torch_optim_step, torch_optim_step_closure, torch_optim_zero_grad, &
+            torch_optim_delete, torch_optim_get_learning_rate, torch_optim_set_learning_rate, torch_optim_step_count, &
+            torch_optim_clip_grad_norm, torch_optim_clip_grad_value, torch_closure
+  public :: torch_scheduler, torch_scheduler_step_lr, torch_scheduler_multistep_lr, torch_scheduler_exponential_lr, &
+            torch_scheduler_cosine_annealing_lr, torch_scheduler_reduce_on_plateau, torch_scheduler_linear_lr, &
+            torch_scheduler_step, torch_scheduler_get_last_lr, torch_scheduler_delete
+  public :: torch_loss_mse, torch_loss_cross_entropy, torch_loss_l1, torch_loss_huber, torch_loss_smooth_l1, &
+            torch_loss_nll, torch_loss_bce_with_logits, torch_kMSELoss, torch_kL1Loss, torch_kHuberLoss, &
+            torch_kSmoothL1Loss, torch_kCrossEntropyLoss, torch_kNLLLoss, torch_kBCEWithLogitsLoss
+  public :: torch_train_step, torch_checkpoint_save, torch_checkpoint_load
   public :: torch_delete
 
   !> Free any FTorch object.
   interface torch_delete
-    module procedure torch_tensor_delete, torch_model_delete
+    module procedure torch_tensor_delete, torch_model_delete, torch_optim_delete, torch_scheduler_delete
   end interface torch_delete
 end module ftorch

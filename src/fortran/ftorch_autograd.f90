@@ -11,7 +11,7 @@ module ftorch_autograd
   private
 
   public :: torch_tensor_backward, torch_tensor_get_gradient, torch_tensor_zero_grad, &
-            torch_tensor_set_requires_grad, torch_tensor_is_leaf
+            torch_tensor_set_requires_grad, torch_tensor_is_leaf, torch_tensor_set_gradient
   public :: torch_no_grad_begin, torch_no_grad_end, torch_enable_grad_begin, torch_enable_grad_end, &
             torch_inference_mode_begin, torch_inference_mode_end, torch_grad_enabled, &
             torch_inference_mode_enabled
@@ -37,6 +37,11 @@ module ftorch_autograd
       type(c_ptr), intent(inout) :: gradient
       integer(c_int) :: status
     end function ftc_tensor_get_gradient
+    function ftc_tensor_set_gradient(t, g) result(status) bind(c, name="ftc_tensor_set_gradient")
+      import :: c_ptr, c_int
+      type(c_ptr), value :: t, g
+      integer(c_int) :: status
+    end function ftc_tensor_set_gradient
     function ftc_tensor_set_requires_grad(t, flag) result(status) bind(c, name="ftc_tensor_set_requires_grad")
       import :: c_ptr, c_int
       type(c_ptr), value :: t
@@ -104,6 +109,16 @@ contains
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_tensor_get_gradient(tensor%p, gradient%p), "torch_tensor_get_gradient", stat, errmsg)
   end subroutine torch_tensor_get_gradient
+
+  !> Set the gradient of `tensor` to a copy of `gradient` (same shape), e.g. from a Fortran array
+  !> after modifying it; the next optimizer step uses it.
+  subroutine torch_tensor_set_gradient(tensor, gradient, stat, errmsg)
+    type(torch_tensor), intent(inout) :: tensor
+    type(torch_tensor), intent(in) :: gradient
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_tensor_set_gradient(tensor%p, gradient%p), "torch_tensor_set_gradient", stat, errmsg)
+  end subroutine torch_tensor_set_gradient
 
   !> Switch recording of operations on `tensor` on or off (e.g. to freeze a parameter).
   subroutine torch_tensor_set_requires_grad(tensor, requires_grad, stat, errmsg)

@@ -10,7 +10,8 @@ module ftorch_model
 
   public :: torch_model, torch_model_load, torch_model_forward, torch_model_save, &
             torch_model_is_training, torch_model_print_parameters, torch_model_delete, &
-            torch_model_parameters, torch_model_parameter_count
+            torch_model_parameters, torch_model_parameter_count, torch_model_parameter, &
+            torch_model_parameter_name, torch_model_num_parameters, torch_model_freeze, torch_model_unfreeze
 
   !> A TorchScript model handle; `p` is null until loaded.
   type :: torch_model
@@ -21,7 +22,45 @@ module ftorch_model
     final :: torch_model_delete
   end type torch_model
 
+  !> A tensor sharing storage with one parameter, by name or by 1-based index.
+  interface torch_model_parameter
+    module procedure parameter_by_name, parameter_by_index
+  end interface torch_model_parameter
+
   interface
+    function ftc_model_parameter(m, name, index, out) result(status) bind(c, name="ftc_model_parameter")
+      import :: c_ptr, c_char, c_int, c_int64_t
+      type(c_ptr), value :: m
+      character(kind=c_char), intent(in) :: name(*)
+      integer(c_int64_t), value :: index
+      type(c_ptr), intent(inout) :: out
+      integer(c_int) :: status
+    end function ftc_model_parameter
+    function ftc_model_parameter_name(m, index, buf, buflen, length) result(status) &
+        bind(c, name="ftc_model_parameter_name")
+      import :: c_ptr, c_char, c_int, c_int64_t
+      type(c_ptr), value :: m
+      integer(c_int64_t), value :: index, buflen
+      character(kind=c_char), intent(out) :: buf(*)
+      integer(c_int64_t), intent(out) :: length
+      integer(c_int) :: status
+    end function ftc_model_parameter_name
+    function ftc_model_set_requires_grad(m, name, flag, matched) result(status) &
+        bind(c, name="ftc_model_set_requires_grad")
+      import :: c_ptr, c_char, c_int, c_int64_t
+      type(c_ptr), value :: m
+      character(kind=c_char), intent(in) :: name(*)
+      integer(c_int), value :: flag
+      integer(c_int64_t), intent(out) :: matched
+      integer(c_int) :: status
+    end function ftc_model_set_requires_grad
+    function ftc_model_numel(m, trainable_only, count) result(status) bind(c, name="ftc_model_numel")
+      import :: c_ptr, c_int, c_int64_t
+      type(c_ptr), value :: m
+      integer(c_int), value :: trainable_only
+      integer(c_int64_t), intent(out) :: count
+      integer(c_int) :: status
+    end function ftc_model_numel
     function ftc_model_load(out, filename, device_type, device_index, requires_grad, is_training) &
         result(status) bind(c, name="ftc_model_load")
       import :: c_ptr, c_char, c_int
@@ -180,6 +219,81 @@ contains
     end if
     call ftorch_check(status, "torch_model_parameters", stat, errmsg)
   end subroutine torch_model_parameters
+
+  subroutine parameter_by_name(model, name, tensor, stat, errmsg)
+    type(torch_model), intent(in) :: model
+    character(len=*), intent(in) :: name          !< as in named_parameters(), e.g. "fc1.weight"
+    type(torch_tensor), intent(inout) :: tensor   !< replaced (a live tensor is freed first)
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_model_parameter(model%p, c_string(name), -1_c_int64_t, tensor%p), &
+                      "torch_model_parameter", stat, errmsg)
+  end subroutine parameter_by_name
+
+  subroutine parameter_by_index(model, index, tensor, stat, errmsg)
+    type(torch_model), intent(in) :: model
+    integer, intent(in) :: index                  !< 1-based, in parameters() order
+    type(torch_tensor), intent(inout) :: tensor
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_model_parameter(model%p, c_string(""), int(index - 1, c_int64_t), tensor%p), &
+                      "torch_model_parameter", stat, errmsg)
+  end subroutine parameter_by_index
+
+  !> Name of parameter `index` (1-based), e.g. "fc1.weight".
+  function torch_model_parameter_name(model, index, stat, errmsg) result(name)
+    type(torch_model), intent(in) :: model
+    integer, intent(in) :: index
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    character(len=:), allocatable :: name
+    character(kind=c_char) :: buf(1024)
+    integer(c_int64_t) :: length
+    integer :: i
+    length = 0
+    call ftorch_check(ftc_model_parameter_name(model%p, int(index - 1, c_int64_t), buf, &
+                                               size(buf, kind=c_int64_t), length), &
+                      "torch_model_parameter_name", stat, errmsg)
+    allocate(character(len=min(length, size(buf, kind=c_int64_t))) :: name)
+    do i = 1, len(name)
+      name(i:i) = buf(i)
+    end do
+  end function torch_model_parameter_name
+
+  !> Total number of parameter elements (only trainable ones if trainable_only).
+  function torch_model_num_parameters(model, trainable_only, stat, errmsg) result(count)
+    type(torch_model), intent(in) :: model
+    logical, intent(in), optional :: trainable_only
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    integer(c_int64_t) :: count
+    count = 0
+    call ftorch_check(ftc_model_numel(model%p, c_flag(trainable_only), count), "torch_model_num_parameters", &
+                      stat, errmsg)
+  end function torch_model_num_parameters
+
+  !> Stop training the parameters named `name` or under it ("fc1" freezes fc1.weight and
+  !> fc1.bias; "" freezes all): requires_grad off.
+  subroutine torch_model_freeze(model, name, stat, errmsg)
+    type(torch_model), intent(in) :: model
+    character(len=*), intent(in) :: name
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    integer(c_int64_t) :: matched
+    call ftorch_check(ftc_model_set_requires_grad(model%p, c_string(name), 0_c_int, matched), "torch_model_freeze", &
+                      stat, errmsg)
+  end subroutine torch_model_freeze
+
+  !> Train the parameters named `name` or under it again: requires_grad on.
+  subroutine torch_model_unfreeze(model, name, stat, errmsg)
+    type(torch_model), intent(in) :: model
+    character(len=*), intent(in) :: name
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    integer(c_int64_t) :: matched
+    call ftorch_check(ftc_model_set_requires_grad(model%p, c_string(name), 1_c_int, matched), &
+                      "torch_model_unfreeze", stat, errmsg)
+  end subroutine torch_model_unfreeze
 
   !> Free the model (a no-op if not loaded); also the finalizer.
   subroutine torch_model_delete(model)

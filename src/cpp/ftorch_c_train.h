@@ -1,0 +1,32 @@
+/* ftorch_c_train.h - one-call training step and checkpoints (model + optimizer + scheduler). */
+#ifndef FTORCH_C_TRAIN_H
+#define FTORCH_C_TRAIN_H
+
+#include <stdint.h>
+#include "ftorch_c_runtime.h"
+#include "ftorch_c_tensor.h"
+#include "ftorch_c_model.h"
+#include "ftorch_c_optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* zero_grad, forward(inputs), loss(output 1, target), backward, clip (max_grad_norm > 0),
+ * optimizer step, scheduler step (if given; fed the loss for reduce-on-plateau). *loss receives
+ * the loss value, *seconds the wall time of the step. loss_kind as in ftorch_c_loss.h. */
+FTC_API int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *inputs, int n_inputs,
+                           ftc_tensor target, int loss_kind, int reduction, double max_grad_norm, double *loss,
+                           double *seconds);
+
+/* Write model parameters and buffers, optimizer state, scheduler state and a step counter to
+ * one file, atomically (a temporary file renamed over the target). Any of m, o, s may be NULL. */
+FTC_API int ftc_checkpoint_save(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s, int64_t step);
+/* Restore what ftc_checkpoint_save wrote into objects of the same structure; checks that the
+ * checkpoint matches (parameter names and shapes, optimizer kind) before changing anything. */
+FTC_API int ftc_checkpoint_load(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s, int64_t *step);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

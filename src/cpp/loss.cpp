@@ -1,0 +1,80 @@
+// loss.cpp - C API for loss functions, with torch.nn.functional's semantics and options.
+#include "internal.hpp"
+
+namespace {
+
+const char *loss_name(int kind) {
+  switch (kind) {
+    case FTC_LOSS_MSE: return "MSE";
+    case FTC_LOSS_L1: return "L1";
+    case FTC_LOSS_HUBER: return "Huber";
+    case FTC_LOSS_SMOOTH_L1: return "SmoothL1";
+    case FTC_LOSS_CROSS_ENTROPY: return "cross entropy";
+    case FTC_LOSS_NLL: return "NLL";
+    case FTC_LOSS_BCE_WITH_LOGITS: return "BCE with logits";
+    default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown loss kind " + std::to_string(kind));
+  }
+}
+
+std::optional<at::Tensor> optional_tensor(const at::Tensor &t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
+}  // namespace
+
+namespace ftc {
+
+at::Tensor compute_loss(int kind, const at::Tensor &input, const at::Tensor &target, const at::Tensor &weight,
+                        const at::Tensor &pos_weight, int reduction, int64_t ignore_index, double param,
+                        double label_smoothing) {
+  const char *name = loss_name(kind);
+  if (reduction < 0 || reduction > 2) {
+    fail(FTC_ERR_INVALID_ARGUMENT, "reduction must be torch_kNone (0), torch_kMean (1) or torch_kSum (2)");
+  }
+  const bool elementwise = kind != FTC_LOSS_CROSS_ENTROPY && kind != FTC_LOSS_NLL;
+  if (elementwise && input.sizes() != target.sizes()) {
+    // PyTorch would broadcast here (with a warning); a silent broadcast of a loss is a bug.
+    fail(FTC_ERR_INVALID_ARGUMENT, std::string(name) + " loss: input shape " + shape_string(input.sizes()) +
+                                       " differs from target shape " + shape_string(target.sizes()));
+  }
+  switch (kind) {
+    case FTC_LOSS_MSE: return at::mse_loss(input, target, reduction);
+    case FTC_LOSS_L1: return at::l1_loss(input, target, reduction);
+    case FTC_LOSS_HUBER:
+      if (!(param > 0)) fail(FTC_ERR_INVALID_ARGUMENT, "Huber loss: delta must be positive");
+      return at::huber_loss(input, target, reduction, param);
+    case FTC_LOSS_SMOOTH_L1:
+      if (!(param >= 0)) fail(FTC_ERR_INVALID_ARGUMENT, "SmoothL1 loss: beta must be non-negative");
+      return at::smooth_l1_loss(input, target, reduction, param);
+    case FTC_LOSS_CROSS_ENTROPY:
+      if (!(label_smoothing >= 0 && label_smoothing <= 1)) {
+        fail(FTC_ERR_INVALID_ARGUMENT, "cross entropy: label_smoothing must be in [0, 1]");
+      }
+      return at::cross_entropy_loss(input, target, optional_tensor(weight), reduction, ignore_index, label_smoothing);
+    case FTC_LOSS_NLL:
+      return at::nll_loss_nd(input, target, optional_tensor(weight), reduction, ignore_index);
+    case FTC_LOSS_BCE_WITH_LOGITS:
+      return at::binary_cross_entropy_with_logits(input, target, optional_tensor(weight), optional_tensor(pos_weight),
+                                                  reduction);
+    default: loss_name(kind);
+  }
+  return {};
+}
+
+}  // namespace ftc
+
+extern "C" {
+
+int ftc_loss(int kind, ftc_tensor input, ftc_tensor target, ftc_tensor weight, ftc_tensor pos_weight, int reduction,
+             int64_t ignore_index, double param, double label_smoothing, ftc_tensor *out) {
+  return ftc::guard([&] {
+    const at::Tensor &x = ftc::tensor_of(input, "input tensor");
+    const at::Tensor &y = ftc::tensor_of(target, "target tensor");
+    const at::Tensor w = weight != nullptr ? ftc::tensor_of(weight, "weight tensor") : at::Tensor();
+    const at::Tensor pw = pos_weight != nullptr ? ftc::tensor_of(pos_weight, "pos_weight tensor") : at::Tensor();
+    at::Tensor l = ftc::compute_loss(kind, x, y, w, pw, reduction, ignore_index, param, label_smoothing);
+    *out = ftc::new_handle(new ftc_tensor_s{std::move(l)});
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,353 @@
+// optim.cpp - C API for optimizers, learning-rate schedulers and gradient clipping.
+#include <cmath>
+#include <limits>
+
+#include "internal.hpp"
+
+namespace {
+
+double hyper_at(const double *hyper, int n, int i, double fallback) { return i < n ? hyper[i] : fallback; }
+
+void require_nonnegative(double value, const char *name) {
+  if (!(value >= 0.0)) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string(name) + " must be non-negative, got " + std::to_string(value));
+  }
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(int kind, const std::vector<at::Tensor> &params,
+                                                        const double *h, int n) {
+  const double lr = hyper_at(h, n, 0, 1e-3);
+  require_nonnegative(lr, "learning rate");
+  switch (kind) {
+    case FTC_OPTIM_SGD: {
+      auto o = torch::optim::SGDOptions(lr)
+                   .momentum(hyper_at(h, n, 1, 0.0))
+                   .dampening(hyper_at(h, n, 2, 0.0))
+                   .weight_decay(hyper_at(h, n, 3, 0.0))
+                   .nesterov(hyper_at(h, n, 4, 0.0) != 0.0);
+      require_nonnegative(o.momentum(), "momentum");
+      require_nonnegative(o.weight_decay(), "weight_decay");
+      if (o.nesterov() && (o.momentum() <= 0 || o.dampening() != 0)) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "nesterov momentum requires a momentum and zero dampening");
+      }
+      return std::make_unique<torch::optim::SGD>(params, o);
+    }
+    case FTC_OPTIM_ADAM:
+    case FTC_OPTIM_ADAMW: {
+      const double b1 = hyper_at(h, n, 1, 0.9), b2 = hyper_at(h, n, 2, 0.999), eps = hyper_at(h, n, 3, 1e-8);
+      const double wd = hyper_at(h, n, 4, kind == FTC_OPTIM_ADAMW ? 1e-2 : 0.0);
+      const bool amsgrad = hyper_at(h, n, 5, 0.0) != 0.0;
+      if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1)) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "betas must be in [0, 1)");
+      }
+      require_nonnegative(eps, "eps");
+      require_nonnegative(wd, "weight_decay");
+      if (kind == FTC_OPTIM_ADAM) {
+        return std::make_unique<torch::optim::Adam>(
+            params, torch::optim::AdamOptions(lr).betas({b1, b2}).eps(eps).weight_decay(wd).amsgrad(amsgrad));
+      }
+      return std::make_unique<torch::optim::AdamW>(
+          params, torch::optim::AdamWOptions(lr).betas({b1, b2}).eps(eps).weight_decay(wd).amsgrad(amsgrad));
+    }
+    case FTC_OPTIM_RMSPROP: {
+      auto o = torch::optim::RMSpropOptions(lr)
+                   .alpha(hyper_at(h, n, 1, 0.99))
+                   .eps(hyper_at(h, n, 2, 1e-8))
+                   .weight_decay(hyper_at(h, n, 3, 0.0))
+                   .momentum(hyper_at(h, n, 4, 0.0))
+                   .centered(hyper_at(h, n, 5, 0.0) != 0.0);
+      require_nonnegative(o.alpha(), "alpha");
+      require_nonnegative(o.eps(), "eps");
+      require_nonnegative(o.weight_decay(), "weight_decay");
+      require_nonnegative(o.momentum(), "momentum");
+      return std::make_unique<torch::optim::RMSprop>(params, o);
+    }
+    case FTC_OPTIM_ADAGRAD: {
+      auto o = torch::optim::AdagradOptions(lr)
+                   .lr_decay(hyper_at(h, n, 1, 0.0))
+                   .weight_decay(hyper_at(h, n, 2, 0.0))
+                   .initial_accumulator_value(hyper_at(h, n, 3, 0.0))
+                   .eps(hyper_at(h, n, 4, 1e-10));
+      require_nonnegative(o.lr_decay(), "lr_decay");
+      require_nonnegative(o.weight_decay(), "weight_decay");
+      require_nonnegative(o.initial_accumulator_value(), "initial_accumulator_value");
+      return std::make_unique<torch::optim::Adagrad>(params, o);
+    }
+    case FTC_OPTIM_LBFGS: {
+      auto o = torch::optim::LBFGSOptions(lr)
+                   .max_iter(static_cast<int64_t>(hyper_at(h, n, 1, 20)))
+                   .tolerance_grad(hyper_at(h, n, 3, 1e-7))
+                   .tolerance_change(hyper_at(h, n, 4, 1e-9))
+                   .history_size(static_cast<int64_t>(hyper_at(h, n, 5, 100)));
+      const double max_eval = hyper_at(h, n, 2, 0.0);
+      if (max_eval > 0) o.max_eval(static_cast<int64_t>(max_eval));
+      if (hyper_at(h, n, 6, 0.0) != 0.0) o.line_search_fn("strong_wolfe");
+      if (o.max_iter() < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "max_iter must be at least 1");
+      return std::make_unique<torch::optim::LBFGS>(params, o);
+    }
+    default:
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown optimizer kind " + std::to_string(kind));
+  }
+}
+
+bool is_better(const ftc::Scheduler &s, double a, double best) {
+  const bool max_mode = s.params[0] != 0.0;
+  const double threshold = s.params[3];
+  const bool abs_mode = s.params[4] != 0.0;
+  if (!max_mode && !abs_mode) return a < best * (1.0 - threshold);
+  if (!max_mode && abs_mode) return a < best - threshold;
+  if (max_mode && !abs_mode) return a > best * (threshold + 1.0);
+  return a > best + threshold;
+}
+
+}  // namespace
+
+namespace ftc {
+
+double get_lr(const Optim &o) { return o.opt->param_groups().at(0).options().get_lr(); }
+
+void set_lr(Optim &o, double lr) {
+  for (auto &group : o.opt->param_groups()) group.options().set_lr(lr);
+}
+
+// One scheduler step: the next learning rate from the current one, as torch.optim.lr_scheduler
+// computes it (chainable forms, so that other changes to the rate compose as in PyTorch).
+void Scheduler::step(bool has_metric, double metric) {
+  ++step_count;
+  const double lr = get_lr(*optim);
+  const bool initial = last_epoch < 0;
+  if (kind == FTC_SCHED_PLATEAU) {
+    if (initial) {
+      last_epoch = 0;
+      return;
+    }
+    if (!has_metric) fail(FTC_ERR_INVALID_ARGUMENT, "reduce-on-plateau needs the metric (the loss) at each step");
+    last_epoch += 1;
+    if (is_better(*this, metric, best)) {
+      best = metric;
+      num_bad_epochs = 0;
+    } else {
+      num_bad_epochs += 1;
+    }
+    if (cooldown_counter > 0) {
+      cooldown_counter -= 1;
+      num_bad_epochs = 0;
+    }
+    const auto patience = static_cast<int64_t>(params[2]);
+    if (num_bad_epochs > patience) {
+      const double new_lr = std::max(lr * params[1], params[6]);
+      if (lr - new_lr > params[7]) set_lr(*optim, new_lr);
+      cooldown_counter = static_cast<int64_t>(params[5]);
+      num_bad_epochs = 0;
+    }
+    return;
+  }
+  last_epoch += 1;
+  double next = lr;
+  switch (kind) {
+    case FTC_SCHED_STEP: {
+      const auto step_size = static_cast<int64_t>(params[0]);
+      if (last_epoch != 0 && last_epoch % step_size == 0) next = lr * params[1];
+      break;
+    }
+    case FTC_SCHED_MULTISTEP: {
+      const auto hits = std::count(milestones.begin(), milestones.end(), last_epoch);
+      if (hits > 0) next = lr * std::pow(params[0], static_cast<double>(hits));
+      break;
+    }
+    case FTC_SCHED_EXPONENTIAL:
+      if (!initial) next = lr * params[0];
+      break;
+    case FTC_SCHED_COSINE: {
+      const double t_max = params[0], eta_min = params[1];
+      const double e = static_cast<double>(last_epoch);
+      if (initial) break;
+      const auto period = static_cast<int64_t>(2 * t_max);
+      if (((last_epoch - 1 - static_cast<int64_t>(t_max)) % period + period) % period == 0) {
+        next = lr + (base_lr - eta_min) * (1 - std::cos(M_PI / t_max)) / 2;
+      } else {
+        next = (1 + std::cos(M_PI * e / t_max)) / (1 + std::cos(M_PI * (e - 1) / t_max)) * (lr - eta_min) + eta_min;
+      }
+      break;
+    }
+    case FTC_SCHED_LINEAR: {
+      const double start = params[0], end = params[1], total = params[2];
+      if (last_epoch == 0) {
+        next = lr * start;
+      } else if (last_epoch <= static_cast<int64_t>(total)) {
+        next = lr * (1.0 + (end - start) / (total * start + (static_cast<double>(last_epoch) - 1) * (end - start)));
+      }
+      break;
+    }
+    default:
+      fail(FTC_ERR_INVALID_ARGUMENT, "unknown scheduler kind " + std::to_string(kind));
+  }
+  set_lr(*optim, next);
+}
+
+std::vector<double> Scheduler::state() const {
+  return {static_cast<double>(kind), base_lr, static_cast<double>(last_epoch), static_cast<double>(step_count), best,
+          static_cast<double>(num_bad_epochs), static_cast<double>(cooldown_counter)};
+}
+
+void Scheduler::set_state(const std::vector<double> &v) {
+  if (v.size() != 7 || static_cast<int>(v[0]) != kind) {
+    fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's scheduler is of another kind");
+  }
+  base_lr = v[1];
+  last_epoch = static_cast<int64_t>(v[2]);
+  step_count = static_cast<int64_t>(v[3]);
+  best = v[4];
+  num_bad_epochs = static_cast<int64_t>(v[5]);
+  cooldown_counter = static_cast<int64_t>(v[6]);
+}
+
+}  // namespace ftc
+
+extern "C" {
+
+int ftc_optim_new(ftc_optim *out, int kind, const ftc_tensor *params, int64_t n_params, const double *hyper,
+                  int n_hyper) {
+  return ftc::guard([&] {
+    if (out == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
+    if (n_params < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "an optimizer needs at least one parameter tensor");
+    auto state = std::make_shared<ftc::Optim>();
+    state->kind = kind;
+    for (int64_t i = 0; i < n_params; ++i) {
+      const at::Tensor &p = ftc::tensor_of(params[i], ("parameter tensor " + std::to_string(i + 1)).c_str());
+      if (!p.is_leaf()) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter tensor " + std::to_string(i + 1) +
+                                                " is not a leaf (it was computed from other tensors)");
+      }
+      if (!p.is_floating_point()) {
+        ftc::fail(FTC_ERR_DTYPE, "parameter tensor " + std::to_string(i + 1) + " is not floating point");
+      }
+      state->params.push_back(p);
+    }
+    state->opt = make_optimizer(kind, state->params, hyper, n_hyper);
+    ftc_optim fresh = new ftc_optim_s{std::move(state)};
+    ++ftc::live_handles();
+    ftc_optim old = *out;
+    *out = fresh;
+    ftc::delete_handle(old);
+  });
+}
+
+int ftc_optim_delete(ftc_optim *o) {
+  if (o != nullptr) ftc::delete_handle(*o);
+  return FTC_OK;
+}
+
+int ftc_optim_step(ftc_optim o) {
+  return ftc::guard([&] {
+    auto &state = ftc::optim_of(o);
+    if (state.kind == FTC_OPTIM_LBFGS) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "LBFGS re-evaluates the loss: use the closure form of step");
+    }
+    state.opt->step();
+    ++state.steps;
+  });
+}
+
+int ftc_optim_step_closure(ftc_optim o, ftc_closure closure, void *context, double *loss) {
+  return ftc::guard([&] {
+    auto &state = ftc::optim_of(o);
+    if (closure == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "closure is null");
+    auto evaluate = [&]() -> at::Tensor {
+      at::AutoGradMode grad(true);
+      state.opt->zero_grad();
+      ftc_tensor h = closure(context);
+      if (h == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the closure did not produce a loss tensor");
+      at::Tensor l = h->t;
+      ftc::delete_handle(h);
+      if (l.numel() != 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the closure's loss must have one element");
+      l.backward();
+      return l.detach();
+    };
+    at::Tensor first = state.opt->step(evaluate);
+    ++state.steps;
+    if (loss != nullptr) *loss = first.defined() ? first.item<double>() : std::nan("");
+  });
+}
+
+int ftc_optim_zero_grad(ftc_optim o, int set_to_none) {
+  return ftc::guard([&] { ftc::optim_of(o).opt->zero_grad(set_to_none != 0); });
+}
+
+int ftc_optim_get_lr(ftc_optim o, double *lr) {
+  return ftc::guard([&] { *lr = ftc::get_lr(ftc::optim_of(o)); });
+}
+
+int ftc_optim_set_lr(ftc_optim o, double lr) {
+  return ftc::guard([&] {
+    require_nonnegative(lr, "learning rate");
+    ftc::set_lr(ftc::optim_of(o), lr);
+  });
+}
+
+int ftc_optim_step_count(ftc_optim o, int64_t *steps) {
+  return ftc::guard([&] { *steps = ftc::optim_of(o).steps; });
+}
+
+int ftc_optim_clip_grad_norm(ftc_optim o, double max_norm, double norm_type, double *total_norm) {
+  return ftc::guard([&] {
+    require_nonnegative(max_norm, "max_norm");
+    const double norm = torch::nn::utils::clip_grad_norm_(ftc::optim_of(o).params, max_norm, norm_type);
+    if (total_norm != nullptr) *total_norm = norm;
+  });
+}
+
+int ftc_optim_clip_grad_value(ftc_optim o, double clip_value) {
+  return ftc::guard([&] {
+    require_nonnegative(clip_value, "clip_value");
+    torch::nn::utils::clip_grad_value_(ftc::optim_of(o).params, clip_value);
+  });
+}
+
+int ftc_scheduler_new(ftc_scheduler *out, ftc_optim o, int kind, const double *params, int n_params,
+                      const int64_t *milestones, int n_milestones) {
+  return ftc::guard([&] {
+    if (out == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
+    auto &opt = ftc::optim_of(o);
+    static const int needed[] = {2, 1, 1, 2, 8, 3};
+    if (kind < 0 || kind > FTC_SCHED_LINEAR) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown scheduler kind");
+    if (n_params < needed[kind]) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "too few scheduler parameters");
+    ftc::Scheduler s;
+    s.kind = kind;
+    s.optim = o->o;
+    s.params.assign(params, params + n_params);
+    if (milestones != nullptr) s.milestones.assign(milestones, milestones + n_milestones);
+    if (kind == FTC_SCHED_STEP && s.params[0] < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "step_size must be >= 1");
+    if (kind == FTC_SCHED_COSINE && s.params[0] < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "T_max must be >= 1");
+    if (kind == FTC_SCHED_LINEAR && (s.params[0] <= 0 || s.params[0] > 1 || s.params[1] < 0 || s.params[1] > 1)) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "start_factor must be in (0, 1] and end_factor in [0, 1]");
+    }
+    if (kind == FTC_SCHED_PLATEAU) {
+      if (s.params[1] >= 1.0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "factor must be < 1");
+      s.best = s.params[0] != 0.0 ? -std::numeric_limits<double>::infinity()
+                                  : std::numeric_limits<double>::infinity();
+    }
+    s.base_lr = ftc::get_lr(opt);
+    s.step(false, 0.0);  // PyTorch's initial step
+    ftc_scheduler fresh = new ftc_scheduler_s{std::move(s)};
+    ++ftc::live_handles();
+    ftc_scheduler old = *out;
+    *out = fresh;
+    ftc::delete_handle(old);
+  });
+}
+
+int ftc_scheduler_delete(ftc_scheduler *s) {
+  if (s != nullptr) ftc::delete_handle(*s);
+  return FTC_OK;
+}
+
+int ftc_scheduler_step(ftc_scheduler s, int has_metric, double metric) {
+  return ftc::guard([&] { ftc::scheduler_of(s).step(has_metric != 0, metric); });
+}
+
+int ftc_scheduler_last_lr(ftc_scheduler s, double *lr) {
+  return ftc::guard([&] { *lr = ftc::get_lr(*ftc::scheduler_of(s).optim); });
+}
+
+}  // extern "C"

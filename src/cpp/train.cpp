@@ -1,0 +1,221 @@
+// train.cpp - C API for the one-call training step and for checkpoints.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "internal.hpp"
+
+namespace {
+
+constexpr const char *kFormat = "ftorch-checkpoint-1";
+
+std::string shapes_of(const std::vector<at::Tensor> &tensors) {
+  std::string s;
+  for (const auto &t : tensors) s += ftc::shape_string(t.sizes()) + ";";
+  return s;
+}
+
+void fsync_path(const std::string &path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+std::string directory_of(const std::string &file) {
+  const auto slash = file.rfind('/');
+  return slash == std::string::npos ? "." : (slash == 0 ? "/" : file.substr(0, slash));
+}
+
+}  // namespace
+
+extern "C" {
+
+int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *inputs, int n_inputs, ftc_tensor target,
+                   int loss_kind, int reduction, double max_grad_norm, double *loss, double *seconds) {
+  return ftc::guard([&] {
+    const auto start = std::chrono::steady_clock::now();
+    auto &module = ftc::model_of(m);
+    auto &opt = ftc::optim_of(o);
+    ftc::Scheduler *sched = s != nullptr ? &ftc::scheduler_of(s) : nullptr;
+    const at::Tensor &y = ftc::tensor_of(target, "target tensor");
+    if (reduction == 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a training step needs a reduced loss (mean or sum)");
+    std::vector<c10::IValue> args;
+    args.reserve(static_cast<size_t>(n_inputs));
+    for (int i = 0; i < n_inputs; ++i) {
+      args.emplace_back(ftc::tensor_of(inputs[i], ("input tensor " + std::to_string(i + 1)).c_str()));
+    }
+    at::AutoGradMode grad(true);
+    opt.opt->zero_grad();
+    c10::IValue result;
+    try {
+      result = module.forward(std::move(args));
+    } catch (const c10::Error &e) {
+      ftc::fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what_without_backtrace());
+    }
+    at::Tensor output;
+    if (result.isTensor()) {
+      output = result.toTensor();
+    } else if (result.isTuple() && !result.toTupleRef().elements().empty() &&
+               result.toTupleRef().elements()[0].isTensor()) {
+      output = result.toTupleRef().elements()[0].toTensor();  // the first output is the prediction
+    } else {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("the model returned a ") + result.tagKind() +
+                                              "; a training step needs a Tensor (or a tuple starting with one)");
+    }
+    at::Tensor l = ftc::compute_loss(loss_kind, output, y, {}, {}, reduction, -100, 1.0, 0.0);
+    l.backward();
+    if (max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(opt.params, max_grad_norm);
+    opt.opt->step();
+    ++opt.steps;
+    const double value = l.item<double>();
+    if (sched != nullptr) sched->step(true, value);
+    if (loss != nullptr) *loss = value;
+    if (seconds != nullptr) {
+      *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  });
+}
+
+int ftc_checkpoint_save(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s, int64_t step) {
+  return ftc::guard([&] {
+    if (filename == nullptr || filename[0] == '\0') ftc::fail(FTC_ERR_INVALID_ARGUMENT, "file name is empty");
+    const std::string file(filename);
+    torch::serialize::OutputArchive archive;
+    archive.write("format", c10::IValue(std::string(kFormat)));
+    archive.write("step", c10::IValue(step));
+    if (m != nullptr) {
+      auto &module = ftc::model_of(m);
+      std::vector<std::string> names;
+      for (const auto &p : module.named_parameters()) {
+        names.push_back(p.name);
+        archive.write("model.parameter." + p.name, p.value);
+      }
+      std::vector<std::string> buffer_names;
+      for (const auto &b : module.named_buffers()) {
+        buffer_names.push_back(b.name);
+        archive.write("model.buffer." + b.name, b.value, /*is_buffer=*/true);
+      }
+      archive.write("model.parameters", c10::IValue(names));
+      archive.write("model.buffers", c10::IValue(buffer_names));
+    }
+    if (o != nullptr) {
+      auto &opt = ftc::optim_of(o);
+      archive.write("optimizer.kind", c10::IValue(static_cast<int64_t>(opt.kind)));
+      archive.write("optimizer.shapes", c10::IValue(shapes_of(opt.params)));
+      archive.write("optimizer.steps", c10::IValue(opt.steps));
+      torch::serialize::OutputArchive state;
+      opt.opt->save(state);
+      archive.write("optimizer.state", state);
+    }
+    if (s != nullptr) archive.write("scheduler.state", c10::IValue(ftc::scheduler_of(s).state()));
+
+    // Write next to the target and rename over it: a crash leaves the previous file intact.
+    const std::string tmp = file + ".tmp." + std::to_string(::getpid());
+    try {
+      archive.save_to(tmp);
+    } catch (const c10::Error &e) {
+      std::remove(tmp.c_str());
+      ftc::fail(FTC_ERR_IO, "cannot write checkpoint '" + file + "': " + e.what_without_backtrace());
+    }
+    fsync_path(tmp);
+    if (std::rename(tmp.c_str(), file.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      ftc::fail(FTC_ERR_IO, "cannot rename the checkpoint into place at '" + file + "'");
+    }
+    fsync_path(directory_of(file));
+  });
+}
+
+int ftc_checkpoint_load(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s, int64_t *step) {
+  return ftc::guard([&] {
+    if (filename == nullptr || filename[0] == '\0') ftc::fail(FTC_ERR_INVALID_ARGUMENT, "file name is empty");
+    const std::string file(filename);
+    torch::serialize::InputArchive archive;
+    try {
+      archive.load_from(file);
+    } catch (const c10::Error &e) {
+      ftc::fail(FTC_ERR_IO, "cannot read checkpoint '" + file + "' (missing, truncated or not a checkpoint): " +
+                                e.what_without_backtrace());
+    }
+    c10::IValue value;
+    if (!archive.try_read("format", value) || !value.isString() || value.toStringRef() != kFormat) {
+      ftc::fail(FTC_ERR_IO, "'" + file + "' is not an FTorch checkpoint");
+    }
+
+    // Read and check everything first; change the objects only once all of it fits.
+    std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (destination, value)
+    if (m != nullptr) {
+      auto &module = ftc::model_of(m);
+      if (!archive.try_read("model.parameters", value)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint holds no model");
+      std::vector<std::string> names;
+      for (const auto &n : value.toListRef()) names.push_back(n.toStringRef());
+      std::vector<std::string> mine;
+      for (const auto &p : module.named_parameters()) mine.push_back(p.name);
+      if (names != mine) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint is of a different model: it has " +
+                                                std::to_string(names.size()) + " parameters (" +
+                                                (names.empty() ? std::string() : names.front()) + ", ...), this model " +
+                                                std::to_string(mine.size()) + " (" +
+                                                (mine.empty() ? std::string() : mine.front()) + ", ...)");
+      }
+      for (const auto &p : module.named_parameters()) {
+        at::Tensor t;
+        archive.read("model.parameter." + p.name, t);
+        if (t.sizes() != p.value.sizes()) {
+          ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint is of a different model: parameter " + p.name +
+                                                  " has shape " + ftc::shape_string(t.sizes()) + " there and " +
+                                                  ftc::shape_string(p.value.sizes()) + " here");
+        }
+        copies.emplace_back(p.value, t);
+      }
+      for (const auto &b : module.named_buffers()) {
+        at::Tensor t;
+        if (archive.try_read("model.buffer." + b.name, t, /*is_buffer=*/true) && t.sizes() == b.value.sizes()) {
+          copies.emplace_back(b.value, t);
+        }
+      }
+    }
+    torch::serialize::InputArchive optim_state;
+    int64_t optim_steps = 0;
+    if (o != nullptr) {
+      auto &opt = ftc::optim_of(o);
+      if (!archive.try_read("optimizer.kind", value)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint holds no optimizer");
+      if (value.toInt() != opt.kind) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's optimizer is of another kind");
+      archive.read("optimizer.shapes", value);
+      if (value.toStringRef() != shapes_of(opt.params)) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's optimizer has parameters of other shapes");
+      }
+      archive.read("optimizer.steps", value);
+      optim_steps = value.toInt();
+      archive.read("optimizer.state", optim_state);
+    }
+    std::vector<double> sched_state;
+    if (s != nullptr) {
+      if (!archive.try_read("scheduler.state", value)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint holds no scheduler");
+      for (const auto &v : value.toListRef()) sched_state.push_back(v.toDouble());
+      if (sched_state.empty() || static_cast<int>(sched_state[0]) != ftc::scheduler_of(s).kind) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's scheduler is of another kind");
+      }
+    }
+    archive.read("step", value);
+    const int64_t saved_step = value.toInt();
+
+    {
+      at::NoGradGuard no_grad;
+      for (auto &c : copies) c.first.copy_(c.second);
+    }
+    if (o != nullptr) {
+      auto &opt = ftc::optim_of(o);
+      opt.opt->load(optim_state);
+      opt.steps = optim_steps;
+    }
+    if (s != nullptr) ftc::scheduler_of(s).set_state(sched_state);
+    if (step != nullptr) *step = saved_step;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,153 @@
+!> Training helpers: the one-call training step (with an optional progress log) and checkpoints
+!> of model, optimizer and scheduler together.
+module ftorch_train
+  use, intrinsic :: iso_c_binding, only: c_char, c_double, c_int, c_int64_t, c_null_ptr, c_ptr
+  use, intrinsic :: iso_fortran_env, only: int64, real64, output_unit
+  use ftorch_errors, only: ftorch_check
+  use ftorch_interop, only: c_string
+  use ftorch_types, only: torch_kMean
+  use ftorch_tensor_type, only: torch_tensor
+  use ftorch_model, only: torch_model
+  use ftorch_optim, only: torch_optim, torch_scheduler, torch_optim_get_learning_rate, torch_optim_step_count
+  use ftorch_loss, only: torch_kMSELoss
+  implicit none
+  private
+  public :: torch_train_step, torch_checkpoint_save, torch_checkpoint_load
+
+  ! Progress-log accumulators (the time per step reported is the mean since the last line).
+  real(real64) :: seconds_since_log = 0
+  integer :: steps_since_log = 0
+
+  interface
+    function ftc_train_step(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm, loss, seconds) &
+        result(status) bind(c, name="ftc_train_step")
+      import :: c_ptr, c_int, c_double
+      type(c_ptr), value :: m, o, s, target
+      type(c_ptr), intent(in) :: inputs(*)
+      integer(c_int), value :: n_inputs, loss_kind, reduction
+      real(c_double), value :: max_grad_norm
+      real(c_double), intent(out) :: loss, seconds
+      integer(c_int) :: status
+    end function ftc_train_step
+    function ftc_checkpoint_save(filename, m, o, s, step) result(status) bind(c, name="ftc_checkpoint_save")
+      import :: c_ptr, c_int, c_int64_t, c_char
+      character(kind=c_char), intent(in) :: filename(*)
+      type(c_ptr), value :: m, o, s
+      integer(c_int64_t), value :: step
+      integer(c_int) :: status
+    end function ftc_checkpoint_save
+    function ftc_checkpoint_load(filename, m, o, s, step) result(status) bind(c, name="ftc_checkpoint_load")
+      import :: c_ptr, c_int, c_int64_t, c_char
+      character(kind=c_char), intent(in) :: filename(*)
+      type(c_ptr), value :: m, o, s
+      integer(c_int64_t), intent(out) :: step
+      integer(c_int) :: status
+    end function ftc_checkpoint_load
+  end interface
+
+contains
+
+  !> One training step: zero_grad, forward, loss against `target_tensor`, backward, optional
+  !> gradient clipping (max_grad_norm), optimizer step, optional scheduler step (fed the loss for
+  !> reduce-on-plateau). With log_every = N, every N-th optimizer step writes
+  !> "step <n>  loss <value>  lr <rate>  <ms> ms/step" to log_unit (default: standard output).
+  subroutine torch_train_step(model, optim, input_tensors, target_tensor, loss, loss_type, reduction_type, &
+                              scheduler, max_grad_norm, log_every, log_unit, stat, errmsg)
+    type(torch_model), intent(in) :: model
+    type(torch_optim), intent(in) :: optim
+    type(torch_tensor), intent(in) :: input_tensors(:)
+    type(torch_tensor), intent(in) :: target_tensor
+    real(real64), intent(out), optional :: loss      !< the loss value of this step
+    integer, intent(in), optional :: loss_type       !< torch_kMSELoss (default), torch_kL1Loss, ...
+    integer, intent(in), optional :: reduction_type  !< torch_kMean (default) or torch_kSum
+    type(torch_scheduler), intent(in), optional :: scheduler
+    real(real64), intent(in), optional :: max_grad_norm
+    integer, intent(in), optional :: log_every, log_unit
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    type(c_ptr) :: handles(size(input_tensors)), sched
+    real(c_double) :: value, seconds, clip
+    integer(c_int) :: kind, reduction, status
+    integer :: i, unit
+    do i = 1, size(input_tensors)
+      handles(i) = input_tensors(i)%p
+    end do
+    sched = c_null_ptr
+    if (present(scheduler)) sched = scheduler%p
+    kind = torch_kMSELoss
+    if (present(loss_type)) kind = int(loss_type, c_int)
+    reduction = torch_kMean
+    if (present(reduction_type)) reduction = int(reduction_type, c_int)
+    clip = 0
+    if (present(max_grad_norm)) clip = max_grad_norm
+    value = 0
+    seconds = 0
+    status = ftc_train_step(model%p, optim%p, sched, handles, size(handles, kind=c_int), target_tensor%p, kind, &
+                            reduction, clip, value, seconds)
+    if (present(loss)) loss = value
+    call ftorch_check(status, "torch_train_step", stat, errmsg)
+    if (status /= 0 .or. .not. present(log_every)) return
+    seconds_since_log = seconds_since_log + seconds
+    steps_since_log = steps_since_log + 1
+    if (log_every <= 0) return
+    associate (steps => torch_optim_step_count(optim))
+      if (mod(steps, int(log_every, int64)) /= 0) return
+      unit = output_unit
+      if (present(log_unit)) unit = log_unit
+      write(unit, '(a,i0,a,es14.7,a,es11.4,a,f0.4,a)') "step ", steps, "  loss ", value, "  lr ", &
+        torch_optim_get_learning_rate(optim), "  ", 1.0d3 * seconds_since_log / steps_since_log, " ms/step"
+      flush(unit)
+    end associate
+    seconds_since_log = 0
+    steps_since_log = 0
+  end subroutine torch_train_step
+
+  !> Write model parameters and buffers, optimizer state, scheduler state and a step counter to
+  !> one file. The write is atomic: a crash while saving leaves the previous file intact.
+  subroutine torch_checkpoint_save(filename, model, optim, scheduler, step, stat, errmsg)
+    character(len=*), intent(in) :: filename
+    type(torch_model), intent(in), optional :: model
+    type(torch_optim), intent(in), optional :: optim
+    type(torch_scheduler), intent(in), optional :: scheduler
+    integer, intent(in), optional :: step
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    type(c_ptr) :: m, o, s
+    integer(c_int64_t) :: n
+    call handles_of(model, optim, scheduler, m, o, s)
+    n = 0
+    if (present(step)) n = step
+    call ftorch_check(ftc_checkpoint_save(c_string(filename), m, o, s, n), "torch_checkpoint_save", stat, errmsg)
+  end subroutine torch_checkpoint_save
+
+  !> Restore a checkpoint into objects of the same structure (checked before anything changes);
+  !> continuing from it gives the same trajectory as never stopping.
+  subroutine torch_checkpoint_load(filename, model, optim, scheduler, step, stat, errmsg)
+    character(len=*), intent(in) :: filename
+    type(torch_model), intent(in), optional :: model
+    type(torch_optim), intent(in), optional :: optim
+    type(torch_scheduler), intent(in), optional :: scheduler
+    integer, intent(out), optional :: step
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    type(c_ptr) :: m, o, s
+    integer(c_int64_t) :: n
+    call handles_of(model, optim, scheduler, m, o, s)
+    n = 0
+    call ftorch_check(ftc_checkpoint_load(c_string(filename), m, o, s, n), "torch_checkpoint_load", stat, errmsg)
+    if (present(step)) step = int(n)
+  end subroutine torch_checkpoint_load
+
+  subroutine handles_of(model, optim, scheduler, m, o, s)
+    type(torch_model), intent(in), optional :: model
+    type(torch_optim), intent(in), optional :: optim
+    type(torch_scheduler), intent(in), optional :: scheduler
+    type(c_ptr), intent(out) :: m, o, s
+    m = c_null_ptr
+    o = c_null_ptr
+    s = c_null_ptr
+    if (present(model)) m = model%p
+    if (present(optim)) o = optim%p
+    if (present(scheduler)) s = scheduler%p
+  end subroutine handles_of
+end module ftorch_train
