@@ -81,6 +81,7 @@ def build(directory: Path) -> Path:
         write_values(directory / "batched_out.txt", batched(xb))
 
     write_math_inputs(directory)
+    build_training(directory)
 
     # A model file that exists but is not TorchScript.
     (directory / "corrupt.pt").write_bytes(b"PK\x03\x04 this is not a TorchScript archive" * 10)
@@ -111,3 +112,45 @@ def math_inputs() -> dict[str, torch.Tensor]:
 def write_math_inputs(directory: Path) -> None:
     for name, t in math_inputs().items():
         write_values(directory / f"math_{name}.txt", t)
+
+
+# ----------------------------------------------------------------------------- training
+# Model, data and cases of tests/fortran/test_train.f90; tests/test_train.py replays each case
+# with torch.optim in Python and compares the trajectories.
+
+def train_model() -> torch.nn.Module:
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).double()
+
+
+def train_data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    x = torch.rand(16, 4, generator=g, dtype=torch.float64) * 2 - 1
+    y = torch.stack([torch.sin(2 * x[:, 0]) + x[:, 1] * x[:, 2], torch.cos(x[:, 3]) - x[:, 0]], dim=1)
+    return x, y
+
+
+def loss_data() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    return {
+        "pred": torch.randn(6, 4, generator=g, dtype=torch.float64),
+        "target": torch.randn(6, 4, generator=g, dtype=torch.float64),
+        "classes": torch.tensor([0, 3, 1, 2, 3, 0], dtype=torch.int64),
+        "probs": torch.softmax(torch.randn(6, 4, generator=g, dtype=torch.float64), dim=1),
+        "binary": (torch.rand(6, 4, generator=g, dtype=torch.float64) > 0.5).double(),
+        "class_weight": torch.tensor([1.0, 2.0, 0.5, 1.5], dtype=torch.float64),
+        "pos_weight": torch.tensor([1.0, 3.0, 0.5, 2.0], dtype=torch.float64),
+    }
+
+
+def build_training(directory: Path) -> None:
+    torch.jit.script(train_model()).save(str(directory / "train_mlp.pt"))
+    x, y = train_data()
+    write_values(directory / "train_x.txt", x)
+    write_values(directory / "train_y.txt", y)
+    for name, t in loss_data().items():
+        write_values(directory / f"loss_{name}.txt", t)
+    torch.manual_seed(4)
+    big = torch.nn.Linear(2000, 2000).double()
+    torch.jit.script(big).save(str(directory / "big_linear.pt"))
+    torch.jit.script(torch.nn.Linear(3, 3).double()).save(str(directory / "other_model.pt"))

@@ -33,6 +33,11 @@ FTC_API int ftc_model_parameter_count(ftc_model m, int64_t *count);
  * the parameter count and every outputs[i] must be null. */
 FTC_API int ftc_model_parameters(ftc_model m, ftc_tensor *outputs, int64_t n);
 
+/* TorchScript graph-executor optimization for the models this library runs (default off: each
+ * call runs the same operators, so results do not depend on how many calls came before). */
+FTC_API void ftc_set_jit_optimize(int enabled);
+FTC_API int ftc_jit_optimize(void);
+
 /* Handle sharing storage with one parameter, chosen by name (if name is not NULL/empty) or by
  * 0-based index in parameters() order. */
 FTC_API int ftc_model_parameter(ftc_model m, const char *name, int64_t index, ftc_tensor *out);

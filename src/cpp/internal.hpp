@@ -4,6 +4,7 @@
 
 #include <torch/script.h>
 #include <torch/torch.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include <atomic>
 #include <stdexcept>
@@ -83,6 +84,11 @@ void clear_last_error() noexcept;
 void require_runtime();
 
 std::atomic<int64_t> &live_handles();
+
+// Whether TorchScript's graph executor optimizes (profiles, specializes, differentiates
+// symbolically) the models we run. Off by default: every call then runs the same operators,
+// so results do not depend on how many calls came before (bit-identical checkpoint resume).
+std::atomic<bool> &jit_optimize();
 
 // The C boundary: run body, translate every exception into a status and a thread-local message.
 template <class Body>

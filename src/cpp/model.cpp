@@ -34,7 +34,20 @@ void store_output(ftc_tensor out, int index, const c10::IValue &value, bool keep
 
 }  // namespace
 
+namespace ftc {
+
+std::atomic<bool> &jit_optimize() {
+  static std::atomic<bool> enabled{false};
+  return enabled;
+}
+
+}  // namespace ftc
+
 extern "C" {
+
+void ftc_set_jit_optimize(int enabled) { ftc::jit_optimize() = enabled != 0; }
+
+int ftc_jit_optimize(void) { return ftc::jit_optimize() ? 1 : 0; }
 
 int ftc_model_load(ftc_model *out, const char *filename, int device_type, int device_index, int requires_grad,
                    int is_training) {
@@ -85,6 +98,7 @@ int ftc_model_forward(ftc_model m, const ftc_tensor *inputs, int n_inputs, const
 
     const bool keep_graph = requires_grad != 0;
     torch::AutoGradMode grad_mode(keep_graph);
+    torch::jit::GraphOptimizerEnabledGuard optimize(ftc::jit_optimize());
     c10::IValue result;
     try {
       result = module.forward(std::move(args));

@@ -49,6 +49,7 @@ int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *
       args.emplace_back(ftc::tensor_of(inputs[i], ("input tensor " + std::to_string(i + 1)).c_str()));
     }
     at::AutoGradMode grad(true);
+    torch::jit::GraphOptimizerEnabledGuard optimize(ftc::jit_optimize());
     opt.opt->zero_grad();
     c10::IValue result;
     try {

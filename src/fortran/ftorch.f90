@@ -26,7 +26,7 @@ module ftorch
                           torch_model_is_training, torch_model_print_parameters, torch_model_delete, &
                           torch_model_parameters, torch_model_parameter_count, torch_model_parameter, &
                           torch_model_parameter_name, torch_model_num_parameters, torch_model_freeze, &
-                          torch_model_unfreeze
+                          torch_model_unfreeze, torch_jit_set_optimize
   use ftorch_optim, only: torch_optim, torch_optim_SGD, torch_optim_Adam, torch_optim_AdamW, torch_optim_RMSprop, &
                           torch_optim_Adagrad, torch_optim_LBFGS, torch_optim_step, torch_optim_step_closure, &
                           torch_optim_zero_grad, torch_optim_delete, torch_optim_get_learning_rate, &
@@ -66,7 +66,7 @@ module ftorch
   public :: torch_model, torch_model_load, torch_model_forward, torch_model_save, torch_model_is_training, &
             torch_model_print_parameters, torch_model_delete, torch_model_parameters, torch_model_parameter_count, &
             torch_model_parameter, torch_model_parameter_name, torch_model_num_parameters, torch_model_freeze, &
-            torch_model_unfreeze
+            torch_model_unfreeze, torch_jit_set_optimize
   public :: torch_optim, torch_optim_SGD, torch_optim_Adam, torch_optim_AdamW, torch_optim_RMSprop, &
             torch_optim_Adagrad, torch_optim_LBFGS, torch_optim_step, torch_optim_step_closure, torch_optim_zero_grad, &
             torch_optim_delete, torch_optim_get_learning_rate, torch_optim_set_learning_rate, torch_optim_step_count, &

@@ -11,7 +11,8 @@ module ftorch_model
   public :: torch_model, torch_model_load, torch_model_forward, torch_model_save, &
             torch_model_is_training, torch_model_print_parameters, torch_model_delete, &
             torch_model_parameters, torch_model_parameter_count, torch_model_parameter, &
-            torch_model_parameter_name, torch_model_num_parameters, torch_model_freeze, torch_model_unfreeze
+            torch_model_parameter_name, torch_model_num_parameters, torch_model_freeze, torch_model_unfreeze, &
+            torch_jit_set_optimize
 
   !> A TorchScript model handle; `p` is null until loaded.
   type :: torch_model
@@ -28,6 +29,10 @@ module ftorch_model
   end interface torch_model_parameter
 
   interface
+    subroutine ftc_set_jit_optimize(enabled) bind(c, name="ftc_set_jit_optimize")
+      import :: c_int
+      integer(c_int), value :: enabled
+    end subroutine ftc_set_jit_optimize
     function ftc_model_parameter(m, name, index, out) result(status) bind(c, name="ftc_model_parameter")
       import :: c_ptr, c_char, c_int, c_int64_t
       type(c_ptr), value :: m
@@ -294,6 +299,14 @@ contains
     call ftorch_check(ftc_model_set_requires_grad(model%p, c_string(name), 1_c_int, matched), &
                       "torch_model_unfreeze", stat, errmsg)
   end subroutine torch_model_unfreeze
+
+  !> Switch TorchScript's graph-executor optimization on or off for the models FTorch runs
+  !> (default off: every call runs the same operators, so results never depend on how many calls
+  !> came before, and a resumed run reproduces an uninterrupted one bit for bit).
+  subroutine torch_jit_set_optimize(enabled)
+    logical, intent(in) :: enabled
+    call ftc_set_jit_optimize(c_flag(enabled))
+  end subroutine torch_jit_set_optimize
 
   !> Free the model (a no-op if not loaded); also the finalizer.
   subroutine torch_model_delete(model)
