@@ -17,6 +17,7 @@ def examples(installed, tmp_path_factory):
     work = tmp_path_factory.mktemp("examples")
     run([sys.executable, REPO / "examples" / "02_inference" / "write_model.py", work])
     run([sys.executable, REPO / "examples" / "05_model_gradients" / "write_model.py", work])
+    run([sys.executable, REPO / "examples" / "06_online_training" / "write_model.py", work])
 
     def build(compiler):
         fc = require_compiler(compiler)
@@ -32,11 +33,14 @@ def examples(installed, tmp_path_factory):
 
 
 @pytest.mark.parametrize("compiler", COMPILERS)
-@pytest.mark.parametrize("example", ["tensors", "inference", "errors", "autograd", "model_gradients"])
+@pytest.mark.parametrize("example", ["tensors", "inference", "errors", "autograd", "model_gradients",
+                                     "online_training"])
 def test_example_runs(examples, compiler, example):
     bdir, work = examples(compiler)
-    proc = run([bdir / example, work])
-    number = {"tensors": 1, "inference": 2, "errors": 3, "autograd": 4, "model_gradients": 5}[example]
+    args = ["400"] if example == "online_training" else []
+    proc = run([bdir / example, work, *args])
+    number = {"tensors": 1, "inference": 2, "errors": 3, "autograd": 4, "model_gradients": 5,
+              "online_training": 6}[example]
     assert f"example {number} finished" in proc.stdout
 
 
@@ -44,3 +48,20 @@ def test_inference_demo_script(installed, tmp_path):
     env = dict(tool_env(), FTORCH_EXAMPLE_DIR=str(tmp_path))
     proc = run(["bash", REPO / "examples" / "02_inference" / "run.sh", sys.executable], env=env)
     assert "example 2 finished" in proc.stdout
+
+
+def test_online_training_demo_script(installed, tmp_path):
+    """The README's demo: trains online, checkpoints, saves TorchScript, plots the loss curve."""
+    env = dict(tool_env(), FTORCH_EXAMPLE_DIR=str(tmp_path))
+    proc = run(["bash", REPO / "examples" / "06_online_training" / "run.sh", sys.executable, "400"], env=env)
+    assert "example 6 finished" in proc.stdout
+    png = tmp_path / "loss.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    log = (tmp_path / "training.log").read_text().splitlines()
+    assert len(log) == 4 and log[0].startswith("step 100  loss ")
+    import torch
+
+    trained = torch.jit.load(str(tmp_path / "emulator_trained.pt"))
+    untrained = torch.jit.load(str(tmp_path / "emulator.pt"))
+    x = torch.rand(5, 3, dtype=torch.float64)
+    assert not torch.equal(trained(x), untrained(x)), "the saved model holds the trained weights"

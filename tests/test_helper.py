@@ -171,3 +171,24 @@ def test_cmake_version_file_accepts_this_version_only(wheel, tmp_path):
         "if(FTorch_FOUND)\n  message(FATAL_ERROR \"version 99 accepted\")\nendif()\n"
     )
     run(["cmake", "-S", project, "-B", tmp_path / "b", f"-DFTorch_DIR={helper('--cmake-dir')}"], env=tool_env())
+
+
+def test_plot_loss_turns_a_training_log_into_a_png(wheel, tmp_path):
+    pytest.importorskip("matplotlib")
+    log = tmp_path / "train.log"
+    log.write_text("other output\n" + "".join(
+        f"step {100 * i}  loss {1.0 / i:.7E}  lr {1e-3:.4E}  0.0500 ms/step\n" for i in range(1, 11)))
+    proc = run([sys.executable, "-m", "ftorch", "plot-loss", log, "-o", tmp_path / "curve.png"])
+    assert proc.stdout.strip() == str(tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+    from ftorch.plot import read_log
+
+    steps, losses, rates = read_log(log)
+    assert steps == [100 * i for i in range(1, 11)] and losses[1] == 0.5 and rates[0] == 1e-3
+
+
+def test_plot_loss_rejects_a_log_without_progress_lines(wheel, tmp_path):
+    log = tmp_path / "empty.log"
+    log.write_text("nothing here\n")
+    proc = run([sys.executable, "-m", "ftorch", "plot-loss", log], check=False)
+    assert proc.returncode == 1 and "no progress lines" in proc.stderr

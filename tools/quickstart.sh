@@ -3,7 +3,7 @@
 #   - a Fortran compiler (gfortran; flang-19 too when available) and pkg-config, via apt if missing
 #   - a virtual environment .venv with torch==2.13.0 and the build/test tools
 #   - FTorch itself, built against that torch
-#   - the demo: a TorchScript model run on Fortran arrays (examples/02_inference)
+#   - the demo: a Fortran simulation training a TorchScript MLP online (examples/06_online_training)
 # Usage: bash tools/quickstart.sh            (FTORCH_SKIP_DEMO=1 to only install)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -32,13 +32,13 @@ fi
 py="$venv/bin/python"
 echo "==> installing torch==2.13.0 and build tools into $venv"
 "$py" -m pip install -q "torch==2.13.0" "scikit-build-core==1.1.2" "cmake>=3.21" ninja "fpm==0.12.0" fypp \
-  pytest numpy
+  pytest numpy matplotlib
 
 echo "==> building and installing FTorch"
 PATH="$venv/bin:$PATH" "$py" -m pip install -q --no-build-isolation "$repo"
 PATH="$venv/bin:$PATH" "$py" -m ftorch doctor
 
 if [ "${FTORCH_SKIP_DEMO:-0}" != 1 ]; then
-  echo "==> demo: a TorchScript model run on Fortran arrays"
-  PATH="$venv/bin:$PATH" bash "$repo/examples/02_inference/run.sh" "$py"
+  echo "==> demo: a Fortran simulation trains a TorchScript model online"
+  PATH="$venv/bin:$PATH" FTORCH_EXAMPLE_DIR="$repo/build/demo" bash "$repo/examples/06_online_training/run.sh" "$py"
 fi

@@ -25,14 +25,31 @@ def main(argv: list[str] | None = None) -> int:
                        help="the fpm.toml dependency line for a project in the current directory")
     paths.add_argument("--fpm-flags", action="store_true", help="value for FPM_LDFLAGS")
     paths.add_argument("--link-flags", action="store_true", help="linker flags for plain builds")
-    parser.add_argument("command", nargs="?", choices=["doctor"],
-                        help="doctor: check this installation and the tools around it")
+    parser.add_argument("command", nargs="?", choices=["doctor", "plot-loss"],
+                        help="doctor: check this installation and the tools around it; "
+                             "plot-loss LOG [-o PNG]: loss curve of a training log")
+    parser.add_argument("log", nargs="?", help="training log for plot-loss")
+    parser.add_argument("-o", "--output", help="PNG written by plot-loss (default: LOG with .png)")
     args = parser.parse_args(argv)
 
     if args.command == "doctor":
         from ._doctor import run
 
         return run()
+    if args.command == "plot-loss":
+        from pathlib import Path
+
+        from .plot import plot_loss
+
+        if args.log is None:
+            parser.error("plot-loss needs the training log")
+        try:
+            out = plot_loss(args.log, args.output or Path(args.log).with_suffix(".png"))
+        except (OSError, ValueError, RuntimeError) as exc:
+            print(f"python -m ftorch plot-loss: {exc}", file=sys.stderr)
+            return 1
+        print(out)
+        return 0
     if args.version:
         print(f"ftorch {ftorch.__version__} (built against torch {ftorch.torch_version})")
     elif args.cmake_prefix_path:
