@@ -1,0 +1,138 @@
+!> Benchmark, Fortran side (through FTorch). Usage:
+!>   bench_fortran train|infer <model.pt> <batch> <inputs> <outputs> <iterations>
+!>   bench_fortran ops <elements> <iterations>
+!>   bench_fortran from_array <elements> <iterations>
+!>   bench_fortran rss <model.pt> <batch> <inputs> <outputs> <iterations>
+!> Prints "seconds <total of the timed loop>" and "peak_rss_kib <n>" (rss: rss_at_1000 and rss_at_end).
+program bench_fortran
+  use, intrinsic :: iso_fortran_env, only: int64, real64
+  use ftorch
+  implicit none
+  character(len=32) :: mode
+  character(len=4096) :: path
+  integer :: batch, n_in, n_out, iters, n
+
+  call get_command_argument(1, mode)
+  select case (trim(mode))
+  case ("train", "infer", "rss")
+    call get_command_argument(2, path)
+    batch = int_arg(3); n_in = int_arg(4); n_out = int_arg(5); iters = int_arg(6)
+    call model_case(trim(mode), trim(path), batch, n_in, n_out, iters)
+  case ("ops")
+    n = int_arg(2); iters = int_arg(3)
+    call ops_case(n, iters)
+  case ("from_array")
+    n = int_arg(2); iters = int_arg(3)
+    call from_array_case(n, iters)
+  case default
+    error stop "unknown mode"
+  end select
+  print '(a,i0)', "peak_rss_kib ", status_kib("VmHWM:")
+
+contains
+
+  subroutine model_case(mode, path, batch, n_in, n_out, iters)
+    character(len=*), intent(in) :: mode, path
+    integer, intent(in) :: batch, n_in, n_out, iters
+    real(real64), allocatable, target :: x(:,:), y(:,:), pred(:,:)
+    type(torch_model) :: model
+    type(torch_optim) :: optim
+    type(torch_tensor) :: inputs(1), outputs(1), target
+    type(torch_tensor), allocatable :: params(:)
+    real(real64) :: loss
+    integer :: i, warm
+    integer(int64) :: t0
+    allocate(x(batch, n_in), y(batch, n_out), pred(batch, n_out))
+    call random_number(x)
+    call random_number(y)
+    call torch_model_load(model, path, torch_kCPU, is_training=(mode /= "infer"))
+    allocate(params(torch_model_parameter_count(model)))
+    call torch_model_parameters(model, params)
+    call torch_optim_Adam(optim, params, learning_rate=1.0d-4)
+    call torch_tensor_from_array(inputs(1), x, torch_kCPU)
+    call torch_tensor_from_array(outputs(1), pred, torch_kCPU)
+    call torch_tensor_from_array(target, y, torch_kCPU)
+    warm = max(10, iters / 10)
+    do i = 1, warm + iters
+      if (i == warm + 1) t0 = ticks()
+      if (mode == "infer") then
+        call torch_model_forward(model, inputs, outputs)
+      else
+        call torch_train_step(model, optim, inputs, target, loss)
+      end if
+      if (mode == "rss" .and. i == warm + 1000) print '(a,i0)', "rss_at_1000 ", status_kib("VmRSS:")
+    end do
+    print '(a,es16.8)', "seconds ", seconds_since(t0)
+    if (mode == "rss") print '(a,i0)', "rss_at_end ", status_kib("VmRSS:")
+  end subroutine model_case
+
+  subroutine ops_case(n, iters)
+    integer, intent(in) :: n, iters
+    real(real64), allocatable, target :: a(:), b(:), c(:)
+    type(torch_tensor) :: ta, tb, tc
+    integer :: i, warm
+    integer(int64) :: t0
+    allocate(a(n), b(n), c(n))
+    call random_number(a)
+    call random_number(b)
+    call torch_tensor_from_array(ta, a, torch_kCPU)
+    call torch_tensor_from_array(tb, b, torch_kCPU)
+    call torch_tensor_from_array(tc, c, torch_kCPU)
+    warm = max(10, iters / 10)
+    do i = 1, warm + iters
+      if (i == warm + 1) t0 = ticks()
+      tc = ta * tb + ta - tb / 2
+    end do
+    print '(a,es16.8)', "seconds ", seconds_since(t0)
+  end subroutine ops_case
+
+  subroutine from_array_case(n, iters)
+    integer, intent(in) :: n, iters
+    real(real64), allocatable, target :: a(:)
+    type(torch_tensor) :: t
+    integer :: i, warm
+    integer(int64) :: t0
+    allocate(a(n))
+    a = 1
+    warm = max(10, iters / 10)
+    do i = 1, warm + iters
+      if (i == warm + 1) t0 = ticks()
+      call torch_tensor_from_array(t, a, torch_kCPU)
+      call torch_tensor_delete(t)
+    end do
+    print '(a,es16.8)', "seconds ", seconds_since(t0)
+  end subroutine from_array_case
+
+  integer(int64) function ticks()
+    call system_clock(ticks)
+  end function ticks
+
+  real(real64) function seconds_since(t0)
+    integer(int64), intent(in) :: t0
+    integer(int64) :: t1, rate
+    call system_clock(t1, rate)
+    seconds_since = real(t1 - t0, real64) / real(rate, real64)
+  end function seconds_since
+
+  integer function int_arg(i)
+    integer, intent(in) :: i
+    character(len=32) :: s
+    call get_command_argument(i, s)
+    read(s, *) int_arg
+  end function int_arg
+
+  integer(int64) function status_kib(key)
+    character(len=*), intent(in) :: key
+    character(len=256) :: line
+    integer :: unit, ios
+    status_kib = -1
+    open(newunit=unit, file="/proc/self/status", action="read", iostat=ios)
+    if (ios /= 0) return
+    do
+      read(unit, '(a)', iostat=ios) line
+      if (ios /= 0) exit
+      if (index(line, key) == 1) read(line(len(key) + 1:), *) status_kib
+    end do
+    close(unit)
+  end function status_kib
+end program bench_fortran

@@ -1,0 +1,85 @@
+"""Benchmark, Python side: the same work as bench_fortran with PyTorch in eager Python.
+Same command line and output as bench_fortran."""
+
+import sys
+import time
+
+import numpy as np
+import torch
+
+
+def status_kib(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1])
+    return -1
+
+
+def model_case(mode, path, batch, n_in, n_out, iters):
+    rng = np.random.default_rng(0)
+    # Column-major arrays, as the Fortran program passes them.
+    x = torch.from_numpy(np.asfortranarray(rng.random((batch, n_in))))
+    y = torch.from_numpy(np.asfortranarray(rng.random((batch, n_out))))
+    pred = torch.from_numpy(np.asfortranarray(np.zeros((batch, n_out))))
+    model = torch.jit.load(path)
+    model.train(mode != "infer")
+    optim = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=False)
+    warm = max(10, iters // 10)
+    with torch.jit.optimized_execution(False):
+        for i in range(1, warm + iters + 1):
+            if i == warm + 1:
+                t0 = time.perf_counter()
+            if mode == "infer":
+                with torch.no_grad():
+                    pred.copy_(model(x))
+            else:
+                optim.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                optim.step()
+                loss.item()
+            if mode == "rss" and i == warm + 1000:
+                print(f"rss_at_1000 {status_kib('VmRSS:')}")
+    print(f"seconds {time.perf_counter() - t0:.8e}")
+    if mode == "rss":
+        print(f"rss_at_end {status_kib('VmRSS:')}")
+
+
+def ops_case(n, iters):
+    a, b, c = (torch.from_numpy(np.random.default_rng(i).random(n)) for i in range(3))
+    warm = max(10, iters // 10)
+    for i in range(1, warm + iters + 1):
+        if i == warm + 1:
+            t0 = time.perf_counter()
+        c.copy_(a * b + a - b / 2)
+    print(f"seconds {time.perf_counter() - t0:.8e}")
+
+
+def from_array_case(n, iters):
+    a = np.ones(n)
+    warm = max(10, iters // 10)
+    for i in range(1, warm + iters + 1):
+        if i == warm + 1:
+            t0 = time.perf_counter()
+        t = torch.from_numpy(a)
+        del t
+    print(f"seconds {time.perf_counter() - t0:.8e}")
+
+
+def main(argv):
+    mode = argv[1]
+    if mode in ("train", "infer", "rss"):
+        model_case(mode, argv[2], *map(int, argv[3:7]))
+    elif mode == "ops":
+        ops_case(int(argv[2]), int(argv[3]))
+    elif mode == "from_array":
+        from_array_case(int(argv[2]), int(argv[3]))
+    else:
+        return 2
+    print(f"peak_rss_kib {status_kib('VmHWM:')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,216 @@
+"""Overhead of FTorch against C++ LibTorch (the floor: same kernels, no binding) and against
+Python/PyTorch eager, measured side by side.
+
+    python bench/run.py                 # full run (several minutes), writes bench/results/latest.{md,json}
+    python bench/run.py --quick         # smoke run: tiny sizes, seconds
+    python bench/run.py --threads 4     # intra-op threads for all three programs (default 1)
+    python bench/run.py --instructions  # also count instructions per training step (valgrind)
+
+The three programs of each case run interleaved (F C P F C P ...) after a warm-up inside each
+process; each reports the time of its timed loop. The table gives per-step median and min-max
+over the repetitions, and the ratios Fortran/C++ and Python/Fortran of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROGRAMS = ("fortran", "cpp", "python")
+
+
+def run(cmd, env=None, cwd=None):
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, cwd=cwd)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc.stdout
+
+
+def write_models(directory: Path, sizes) -> dict:
+    import torch
+
+    paths = {}
+    for batch, hidden in sizes:
+        torch.manual_seed(0)
+        mlp = torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden),
+                                  torch.nn.Tanh(), torch.nn.Linear(hidden, 16)).double()
+        path = directory / f"mlp_{hidden}.pt"
+        torch.jit.script(mlp).save(str(path))
+        paths[hidden] = path
+    return paths
+
+
+def build(build_dir: Path) -> dict:
+    import ftorch
+    import torch.utils
+
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    generator = ["-G", "Ninja"] if shutil.which("ninja", path=env["PATH"]) else []
+    run(["cmake", "-S", HERE, "-B", build_dir, *generator, "-DCMAKE_BUILD_TYPE=Release",
+         f"-DCMAKE_PREFIX_PATH={ftorch.get_cmake_prefix_path()}",
+         f"-DFTORCH_BENCH_TORCH_DIR={Path(torch.utils.cmake_prefix_path) / 'Torch'}"], env=env)
+    run(["cmake", "--build", build_dir], env=env)
+    return {"fortran": [build_dir / "bench_fortran"], "cpp": [build_dir / "bench_cpp"],
+            "python": [sys.executable, HERE / "python" / "bench.py"]}
+
+
+def parse(output: str) -> dict:
+    return {k: float(v) for k, v in re.findall(r"^(\w+) (\S+)$", output, re.M)}
+
+
+def measure(commands, args, iterations, reps, env):
+    """Interleaved repetitions; per-step seconds and peak RSS per program."""
+    results = {p: {"step_seconds": [], "peak_rss_kib": 0} for p in PROGRAMS}
+    for _ in range(reps):
+        for p in PROGRAMS:
+            out = parse(run([*commands[p], *args], env=env))
+            results[p]["step_seconds"].append(out["seconds"] / iterations)
+            results[p]["peak_rss_kib"] = max(results[p]["peak_rss_kib"], int(out["peak_rss_kib"]))
+    for p in PROGRAMS:
+        s = results[p]["step_seconds"]
+        results[p].update(median=statistics.median(s), min=min(s), max=max(s))
+    results["fortran_over_cpp"] = results["fortran"]["median"] / results["cpp"]["median"]
+    results["python_over_fortran"] = results["python"]["median"] / results["fortran"]["median"]
+    return results
+
+
+def instructions_per_step(commands, model, iterations=(200, 1200)):
+    """valgrind instruction counts of a training step (batch 1) of Fortran and C++: the difference
+    between two run lengths cancels start-up."""
+    if shutil.which("valgrind") is None:
+        return None
+    counts = {}
+    for p in ("fortran", "cpp"):
+        totals = []
+        for n in iterations:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "cg.out"
+                proc = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
+                                       f"--cachegrind-out-file={out}", *map(str, commands[p]), "train", str(model),
+                                       "1", "16", "16", str(n)], capture_output=True, text=True,
+                                      env=dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
+                m = re.search(r"summary: (\d+)", out.read_text()) if out.exists() else None
+                if proc.returncode != 0 or m is None:
+                    return None
+                totals.append(int(m.group(1)))
+        # each run times iterations n plus its own warm-up of n/10
+        counts[p] = (totals[1] - totals[0]) / (1.1 * (iterations[1] - iterations[0]))
+    counts["fortran_over_cpp"] = counts["fortran"] / counts["cpp"]
+    return counts
+
+
+def table(results) -> str:
+    lines = ["| case | Fortran (FTorch) | C++ (LibTorch) | Python (PyTorch) | Fortran/C++ | Python/Fortran |",
+             "|---|---|---|---|---|---|"]
+
+    def fmt(r):
+        return f"{r['median'] * 1e6:.3g} µs ({r['min'] * 1e6:.3g}–{r['max'] * 1e6:.3g})"
+
+    for name, r in results["cases"].items():
+        lines.append(f"| {name} | {fmt(r['fortran'])} | {fmt(r['cpp'])} | {fmt(r['python'])} | "
+                     f"{r['fortran_over_cpp']:.3f} | {r['python_over_fortran']:.2f} |")
+    lines.append("")
+    lines.append("| peak RSS (MiB) | Fortran | C++ | Python |")
+    lines.append("|---|---|---|---|")
+    for name, r in results["cases"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{r[p]['peak_rss_kib'] / 1024:.0f}" for p in PROGRAMS) + " |")
+    rss = results.get("rss")
+    if rss:
+        lines.append("")
+        lines.append(f"RSS of the training step (batch 1, hidden 32) at step 10^3 and at step "
+                     f"{rss['steps']:.0e}: " + ", ".join(
+                         f"{p} {rss[p]['rss_at_1000'] / 1024:.1f} → {rss[p]['rss_at_end'] / 1024:.1f} MiB"
+                         for p in PROGRAMS))
+    ins = results.get("instructions")
+    if ins:
+        lines.append("")
+        lines.append(f"Instructions per training step (batch 1, hidden 32; valgrind): Fortran "
+                     f"{ins['fortran'] / 1e6:.3f} M, C++ {ins['cpp'] / 1e6:.3f} M, ratio {ins['fortran_over_cpp']:.3f}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes and few iterations (smoke test)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads of every program (default 1)")
+    parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default 5, quick 1)")
+    parser.add_argument("--instructions", action="store_true", help="valgrind instruction counts (slow)")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="directory of latest.md / latest.json")
+    parser.add_argument("--build-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    quick = args.quick
+    reps = args.reps or (1 if quick else 5)
+    sizes = [(1, 32), (4, 16)] if quick else [(1, 32), (64, 256), (256, 1024)]
+    steps = {32: 20000, 256: 2000, 1024: 200, 16: 50} if not quick else {32: 50, 16: 50}
+    build_dir = args.build_dir or (HERE.parent / "build" / "bench")
+    work = Path(tempfile.mkdtemp(prefix="ftorch-bench-"))
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+
+    commands = build(build_dir)
+    models = write_models(work, sizes)
+    results = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                           "python": platform.python_version(), "threads": args.threads},
+               "quick": quick, "cases": {}}
+    try:
+        import torch
+
+        results["machine"]["torch"] = torch.__version__
+        with open("/proc/cpuinfo") as f:
+            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+        if names:
+            results["machine"]["cpu"] = names[0]
+    except OSError:
+        pass
+
+    for batch, hidden in sizes:
+        n = steps[hidden]
+        for mode in ("train", "infer"):
+            name = f"{'training step' if mode == 'train' else 'inference'}, batch {batch}, hidden {hidden}"
+            print(f"measuring {name} ...", flush=True)
+            results["cases"][name] = measure(commands, [mode, models[hidden], batch, 16, 16, n], n, reps, env)
+    for elements in ((1, 1000) if not quick else (1, 10)):
+        n = 20000 if not quick else 100
+        name = f"c = a*b + a - b/2, {elements} element{'s' if elements > 1 else ''}"
+        print(f"measuring {name} ...", flush=True)
+        results["cases"][name] = measure(commands, ["ops", elements, n], n, reps, env)
+    for elements in ((10**2, 10**4, 10**6, 10**8) if not quick else (10**2, 10**4)):
+        n = 20000 if not quick else 100
+        name = f"from_array + delete, 10^{len(str(elements)) - 1} elements"
+        print(f"measuring {name} ...", flush=True)
+        results["cases"][name] = measure(commands, ["from_array", elements, n], n, reps, env)
+
+    rss_steps = 100000 if not quick else 1100
+    print("measuring RSS over a long training run ...", flush=True)
+    rss = {"steps": rss_steps}
+    for p in PROGRAMS:
+        out = parse(run([*commands[p], "rss", models[32], 1, 16, 16, rss_steps], env=env))
+        rss[p] = {"rss_at_1000": out["rss_at_1000"], "rss_at_end": out["rss_at_end"]}
+    results["rss"] = rss
+    if args.instructions:
+        print("counting instructions (valgrind) ...", flush=True)
+        results["instructions"] = instructions_per_step(commands, models[32])
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "latest.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    m = results["machine"]
+    header = (f"Measured on {m['cpu']} ({m['cores']} cores), {m['threads']} intra-op thread(s), torch "
+              f"{m.get('torch', '?')}, Python {m['python']}{' (quick smoke run)' if quick else ''}.\n\n")
+    (args.out / "latest.md").write_text(header + table(results))
+    print(header + table(results))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
