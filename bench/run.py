@@ -65,7 +65,7 @@ def build(build_dir: Path) -> dict:
 
 
 def parse(output: str) -> dict:
-    return {k: float(v) for k, v in re.findall(r"^(\w+) (\S+)$", output, re.M)}
+    return {k: float(v) for k, v in re.findall(r"^(\w+)\s+(\S+)\s*$", output, re.M)}
 
 
 def measure(commands, args, iterations, reps, env):
