@@ -84,9 +84,9 @@ def measure(commands, args, iterations, reps, env):
     return results
 
 
-def instructions_per_step(commands, model, iterations=(200, 1200)):
-    """valgrind instruction counts of a training step (batch 1) of Fortran and C++: the difference
-    between two run lengths cancels start-up."""
+def instructions_per_step(commands, make_args, iterations=(200, 1200)):
+    """valgrind instruction counts per step of the Fortran and C++ programs: the difference between
+    two run lengths cancels start-up. make_args(n) gives the command-line arguments for n steps."""
     if shutil.which("valgrind") is None:
         return None
     counts = {}
@@ -96,14 +96,14 @@ def instructions_per_step(commands, model, iterations=(200, 1200)):
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "cg.out"
                 proc = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
-                                       f"--cachegrind-out-file={out}", *map(str, commands[p]), "train", str(model),
-                                       "1", "16", "16", str(n)], capture_output=True, text=True,
+                                       f"--cachegrind-out-file={out}", *map(str, commands[p]),
+                                       *map(str, make_args(n))], capture_output=True, text=True,
                                       env=dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
                 m = re.search(r"summary: (\d+)", out.read_text()) if out.exists() else None
                 if proc.returncode != 0 or m is None:
                     return None
                 totals.append(int(m.group(1)))
-        # each run times iterations n plus its own warm-up of n/10
+        # each run also does its own warm-up of n/10 steps
         counts[p] = (totals[1] - totals[0]) / (1.1 * (iterations[1] - iterations[0]))
     counts["fortran_over_cpp"] = counts["fortran"] / counts["cpp"]
     return counts
@@ -134,8 +134,11 @@ def table(results) -> str:
     ins = results.get("instructions")
     if ins:
         lines.append("")
-        lines.append(f"Instructions per training step (batch 1, hidden 32; valgrind): Fortran "
-                     f"{ins['fortran'] / 1e6:.3f} M, C++ {ins['cpp'] / 1e6:.3f} M, ratio {ins['fortran_over_cpp']:.3f}")
+        lines.append("| instructions per step (valgrind) | Fortran | C++ | Fortran/C++ |")
+        lines.append("|---|---|---|---|")
+        for name, c in ins.items():
+            if c:
+                lines.append(f"| {name} | {c['fortran']:,.0f} | {c['cpp']:,.0f} | {c['fortran_over_cpp']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -147,6 +150,7 @@ def main(argv=None) -> int:
     parser.add_argument("--instructions", action="store_true", help="valgrind instruction counts (slow)")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="directory of latest.md / latest.json")
     parser.add_argument("--build-dir", type=Path, default=None)
+    parser.add_argument("--only", default="", help="comma-separated substrings: run the matching cases only")
     args = parser.parse_args(argv)
 
     quick = args.quick
@@ -173,33 +177,44 @@ def main(argv=None) -> int:
     except OSError:
         pass
 
+    only = [s for s in args.only.split(",") if s]
+
+    def case(name, cmd, n):
+        if only and not any(s in name for s in only):
+            return
+        print(f"measuring {name} ...", flush=True)
+        results["cases"][name] = measure(commands, cmd, n, reps, env)
+
     for batch, hidden in sizes:
         n = steps[hidden]
         for mode in ("train", "infer"):
             name = f"{'training step' if mode == 'train' else 'inference'}, batch {batch}, hidden {hidden}"
-            print(f"measuring {name} ...", flush=True)
-            results["cases"][name] = measure(commands, [mode, models[hidden], batch, 16, 16, n], n, reps, env)
+            case(name, [mode, models[hidden], batch, 16, 16, n], n)
     for elements in ((1, 1000) if not quick else (1, 10)):
         n = 20000 if not quick else 100
-        name = f"c = a*b + a - b/2, {elements} element{'s' if elements > 1 else ''}"
-        print(f"measuring {name} ...", flush=True)
-        results["cases"][name] = measure(commands, ["ops", elements, n], n, reps, env)
+        case(f"c = a*b + a - b/2, {elements} element{'s' if elements > 1 else ''}", ["ops", elements, n], n)
     for elements in ((10**2, 10**4, 10**6, 10**8) if not quick else (10**2, 10**4)):
         n = 20000 if not quick else 100
-        name = f"from_array + delete, 10^{len(str(elements)) - 1} elements"
-        print(f"measuring {name} ...", flush=True)
-        results["cases"][name] = measure(commands, ["from_array", elements, n], n, reps, env)
+        case(f"from_array + delete, 10^{len(str(elements)) - 1} elements", ["from_array", elements, n], n)
 
-    rss_steps = 100000 if not quick else 1100
-    print("measuring RSS over a long training run ...", flush=True)
-    rss = {"steps": rss_steps}
-    for p in PROGRAMS:
-        out = parse(run([*commands[p], "rss", models[32], 1, 16, 16, rss_steps], env=env))
-        rss[p] = {"rss_at_1000": out["rss_at_1000"], "rss_at_end": out["rss_at_end"]}
-    results["rss"] = rss
+    if not only or "RSS" in only:
+        rss_steps = 100000 if not quick else 1100
+        print("measuring RSS over a long training run ...", flush=True)
+        rss = {"steps": rss_steps}
+        for p in PROGRAMS:
+            out = parse(run([*commands[p], "rss", models[32], 1, 16, 16, rss_steps], env=env))
+            rss[p] = {"rss_at_1000": out["rss_at_1000"], "rss_at_end": out["rss_at_end"]}
+        results["rss"] = rss
     if args.instructions:
         print("counting instructions (valgrind) ...", flush=True)
-        results["instructions"] = instructions_per_step(commands, models[32])
+        results["instructions"] = {
+            "training step, batch 1, hidden 32": instructions_per_step(
+                commands, lambda n: ["train", models[32], 1, 16, 16, n]),
+            "c = a*b + a - b/2, 1 element": instructions_per_step(commands, lambda n: ["ops", 1, n],
+                                                                  (2000, 12000)),
+            "from_array + delete, 10^2 elements": instructions_per_step(
+                commands, lambda n: ["from_array", 100, n], (2000, 12000)),
+        }
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_text(json.dumps(results, indent=2, default=str) + "\n")

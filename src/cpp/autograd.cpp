@@ -65,7 +65,7 @@ int ftc_tensor_get_gradient(ftc_tensor t, ftc_tensor *gradient) {
     }
     at::NoGradGuard no_grad;
     if (*gradient == nullptr) {
-      *gradient = ftc::new_handle(new ftc_tensor_s{g.clone()});
+      *gradient = ftc::new_tensor_handle(g.clone());
       return;
     }
     at::Tensor &dst = (*gradient)->t;

@@ -158,6 +158,22 @@ void delete_handle(T *&h) noexcept {
   }
 }
 
+// Tensor handles are the hot path of expressions (one or two per operator): they are recycled
+// through a small per-thread free list instead of going back to the allocator.
+ftc_tensor new_tensor_handle(at::Tensor t);
+void recycle(ftc_tensor h) noexcept;
+
+inline ftc_tensor new_handle(ftc_tensor_s *h) = delete;
+
+template <>
+inline void delete_handle<ftc_tensor_s>(ftc_tensor_s *&h) noexcept {
+  if (h != nullptr) {
+    recycle(h);
+    h = nullptr;
+    --live_handles();
+  }
+}
+
 // FTorch dtype enumerator -> c10 scalar type (int8/16/32/64, float32/64 only).
 c10::ScalarType scalar_type(int dtype);
 // FTorch device enumerator + index -> a device that is available, or Error(FTC_ERR_DEVICE).

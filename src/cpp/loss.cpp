@@ -73,7 +73,7 @@ int ftc_loss(int kind, ftc_tensor input, ftc_tensor target, ftc_tensor weight, f
     const at::Tensor w = weight != nullptr ? ftc::tensor_of(weight, "weight tensor") : at::Tensor();
     const at::Tensor pw = pos_weight != nullptr ? ftc::tensor_of(pos_weight, "pos_weight tensor") : at::Tensor();
     at::Tensor l = ftc::compute_loss(kind, x, y, w, pw, reduction, ignore_index, param, label_smoothing);
-    *out = ftc::new_handle(new ftc_tensor_s{std::move(l)});
+    *out = ftc::new_tensor_handle(std::move(l));
   });
 }
 

@@ -24,7 +24,7 @@ void finish(at::Tensor result, ftc_tensor a, ftc_tensor b, int release, ftc_tens
   if (reuse != nullptr) {
     reuse->t = std::move(result);
   } else {
-    reuse = ftc::new_handle(new ftc_tensor_s{std::move(result)});
+    reuse = ftc::new_tensor_handle(std::move(result));
   }
   if ((release & 1) && a != reuse) ftc::delete_handle(a);
   if ((release & 2) && b != reuse && b != a) ftc::delete_handle(b);
@@ -67,12 +67,19 @@ int ftc_tensor_assign(ftc_tensor *lhs, ftc_tensor rhs, int release) {
       if (release & 1) {
         *lhs = rhs;  // take the temporary itself: no copy
       } else {
-        *lhs = ftc::new_handle(new ftc_tensor_s{r.clone()});
+        *lhs = ftc::new_tensor_handle(r.clone());
       }
       return;
     }
     at::Tensor &l = (*lhs)->t;
     require_same_device(l, r, "assignment");
+    if (!r.requires_grad() && !l.requires_grad()) {
+      // No history on either side: a plain copy into the left-hand side's storage.
+      at::NoGradGuard no_grad;
+      l.copy_(r);
+      if (release & 1) ftc::delete_handle(rhs);
+      return;
+    }
     // A fresh tensor over the same storage, without the old history: the copy records only the
     // new one (re-assigning after backward works, loops of y = f(x) do not grow a graph).
     at::Tensor fresh = l.detach();

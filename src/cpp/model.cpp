@@ -32,6 +32,21 @@ void store_output(ftc_tensor out, int index, const c10::IValue &value, bool keep
   target.copy_(result);  // into the existing storage, so an aliased Fortran array receives it
 }
 
+// Named parameter `index` (0-based, parameters() order), or an error naming the valid range.
+torch::jit::Named<at::Tensor> parameter_at(const torch::jit::Module &module, int64_t index) {
+  const auto named = module.named_parameters();
+  const auto count = static_cast<int64_t>(named.size());
+  if (index < 0 || index >= count) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter index " + std::to_string(index + 1) + " out of range 1.." +
+                                            std::to_string(count));
+  }
+  int64_t i = 0;
+  for (const auto &p : named) {
+    if (i++ == index) return p;
+  }
+  ftc::fail(FTC_ERR_INTERNAL, "parameter list changed while reading it");
+}
+
 }  // namespace
 
 namespace ftc {
@@ -180,32 +195,24 @@ int ftc_model_parameters(ftc_model m, ftc_tensor *outputs, int64_t n) {
       }
     }
     int64_t i = 0;
-    for (const auto &p : params) outputs[i++] = ftc::new_handle(new ftc_tensor_s{p});
+    for (const auto &p : params) outputs[i++] = ftc::new_tensor_handle(p);
   });
 }
 
 int ftc_model_parameter(ftc_model m, const char *name, int64_t index, ftc_tensor *out) {
   return ftc::guard([&] {
     if (out == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
-    const auto named = ftc::model_of(m).named_parameters();
+    const auto &module = ftc::model_of(m);
     at::Tensor found;
     if (name != nullptr && name[0] != '\0') {
-      for (const auto &p : named) {
+      for (const auto &p : module.named_parameters()) {
         if (p.name == name) found = p.value;
       }
       if (!found.defined()) ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("the model has no parameter named '") + name + "'");
     } else {
-      const auto count = static_cast<int64_t>(named.size());
-      if (index < 0 || index >= count) {
-        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter index " + std::to_string(index + 1) + " out of range 1.." +
-                                                std::to_string(count));
-      }
-      int64_t i = 0;
-      for (const auto &p : named) {
-        if (i++ == index) found = p.value;
-      }
+      found = parameter_at(module, index).value;
     }
-    ftc_tensor fresh = ftc::new_handle(new ftc_tensor_s{found});
+    ftc_tensor fresh = ftc::new_tensor_handle(found);
     ftc_tensor old = *out;
     *out = fresh;
     ftc::delete_handle(old);
@@ -214,18 +221,9 @@ int ftc_model_parameter(ftc_model m, const char *name, int64_t index, ftc_tensor
 
 int ftc_model_parameter_name(ftc_model m, int64_t index, char *buf, int64_t buflen, int64_t *length) {
   return ftc::guard([&] {
-    const auto named = ftc::model_of(m).named_parameters();
-    const auto count = static_cast<int64_t>(named.size());
-    if (index < 0 || index >= count) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter index " + std::to_string(index + 1) + " out of range 1.." +
-                                              std::to_string(count));
-    }
-    int64_t i = 0;
-    for (const auto &p : named) {
-      if (i++ != index) continue;
-      *length = static_cast<int64_t>(p.name.size());
-      if (buf != nullptr) std::memcpy(buf, p.name.data(), static_cast<size_t>(std::min(buflen, *length)));
-    }
+    const std::string name = parameter_at(ftc::model_of(m), index).name;
+    *length = static_cast<int64_t>(name.size());
+    if (buf != nullptr) std::memcpy(buf, name.data(), static_cast<size_t>(std::min(buflen, *length)));
   });
 }
 

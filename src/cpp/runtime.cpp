@@ -81,6 +81,45 @@ void require_runtime() {
   if (!s.problem.empty()) fail(FTC_ERR_VERSION, s.problem);
 }
 
+namespace {
+
+struct HandlePool {
+  std::vector<ftc_tensor> free;
+  ~HandlePool() {
+    for (ftc_tensor h : free) delete h;
+  }
+};
+
+thread_local HandlePool handle_pool;
+constexpr size_t kPoolSize = 64;
+
+}  // namespace
+
+ftc_tensor new_tensor_handle(at::Tensor t) {
+  ++live_handles();
+  auto &free = handle_pool.free;
+  if (!free.empty()) {
+    ftc_tensor h = free.back();
+    free.pop_back();
+    h->t = std::move(t);
+    return h;
+  }
+  return new ftc_tensor_s{std::move(t)};
+}
+
+void recycle(ftc_tensor h) noexcept {
+  h->t.reset();
+  auto &free = handle_pool.free;
+  if (free.size() < kPoolSize) {
+    try {
+      free.push_back(h);
+      return;
+    } catch (...) {
+    }
+  }
+  delete h;
+}
+
 std::atomic<int64_t> &live_handles() {
   static std::atomic<int64_t> count{0};
   return count;

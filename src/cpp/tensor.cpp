@@ -8,12 +8,16 @@ namespace {
 
 constexpr int kMaxRank = 64;
 
-std::vector<int64_t> checked_shape(int ndims, const int64_t *shape) {
+// Shapes and strides live on the stack for the usual ranks: wrapping an array allocates nothing
+// but the tensor itself and its handle.
+using Dims = c10::SmallVector<int64_t, 8>;
+
+Dims checked_shape(int ndims, const int64_t *shape) {
   if (ndims < 0 || ndims > kMaxRank) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, "rank must be between 0 and 64, got " + std::to_string(ndims));
   }
   if (ndims > 0 && shape == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "shape is missing");
-  std::vector<int64_t> s(shape, shape + ndims);
+  Dims s(shape, shape + ndims);
   for (int i = 0; i < ndims; ++i) {
     if (s[i] < 0) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "extent " + std::to_string(i + 1) + " of the shape is negative (" +
@@ -24,9 +28,9 @@ std::vector<int64_t> checked_shape(int ndims, const int64_t *shape) {
 }
 
 // 1-based permutation of 1..n, or an error naming the argument.
-std::vector<int64_t> checked_permutation(const int32_t *perm, int n, const char *what) {
-  std::vector<int64_t> p(static_cast<size_t>(n));
-  std::vector<bool> seen(static_cast<size_t>(n), false);
+Dims checked_permutation(const int32_t *perm, int n, const char *what) {
+  Dims p(static_cast<size_t>(n));
+  c10::SmallVector<bool, 8> seen(static_cast<size_t>(n), false);
   for (int i = 0; i < n; ++i) {
     const int v = perm[i];
     if (v < 1 || v > n || seen[v - 1]) {
@@ -42,9 +46,9 @@ std::vector<int64_t> checked_permutation(const int32_t *perm, int n, const char 
 }
 
 // Strides (in elements) of memory where dimensions layout[0], layout[1], ... vary fastest first.
-std::vector<int64_t> layout_strides(const std::vector<int64_t> &shape, const int32_t *layout) {
+Dims layout_strides(const Dims &shape, const int32_t *layout) {
   const int n = static_cast<int>(shape.size());
-  std::vector<int64_t> strides(shape.size(), 1);
+  Dims strides(shape.size(), 1);
   if (layout == nullptr) {  // column-major: dimension 1 fastest
     for (int i = 1; i < n; ++i) strides[i] = strides[i - 1] * shape[i - 1];
     return strides;
@@ -63,7 +67,7 @@ bool is_column_major(const at::Tensor &t) {
   return true;
 }
 
-void require_shape(const at::Tensor &t, const std::vector<int64_t> &shape, const char *what) {
+void require_shape(const at::Tensor &t, const Dims &shape, const char *what) {
   if (t.sizes() != c10::IntArrayRef(shape)) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string(what) + " has shape " + ftc::shape_string(shape) +
                                             " but the tensor has shape " + ftc::shape_string(t.sizes()));
@@ -73,7 +77,7 @@ void require_shape(const at::Tensor &t, const std::vector<int64_t> &shape, const
 // Replace *out by a new handle holding t; the old handle (if any) is freed only on success.
 void install(ftc_tensor *out, at::Tensor t) {
   if (out == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
-  ftc_tensor fresh = ftc::new_handle(new ftc_tensor_s{std::move(t)});
+  ftc_tensor fresh = ftc::new_tensor_handle(std::move(t));
   ftc_tensor old = *out;
   *out = fresh;
   ftc::delete_handle(old);
