@@ -225,8 +225,7 @@ int ftc_optim_new(ftc_optim *out, int kind, const ftc_tensor *params, int64_t n_
       state->params.push_back(p);
     }
     state->opt = make_optimizer(kind, state->params, hyper, n_hyper);
-    ftc_optim fresh = new ftc_optim_s{std::move(state)};
-    ++ftc::live_handles();
+    ftc_optim fresh = ftc::new_handle(new ftc_optim_s{std::move(state)});
     ftc_optim old = *out;
     *out = fresh;
     ftc::delete_handle(old);
@@ -329,8 +328,7 @@ int ftc_scheduler_new(ftc_scheduler *out, ftc_optim o, int kind, const double *p
     }
     s.base_lr = ftc::get_lr(opt);
     s.step(false, 0.0);  // PyTorch's initial step
-    ftc_scheduler fresh = new ftc_scheduler_s{std::move(s)};
-    ++ftc::live_handles();
+    ftc_scheduler fresh = ftc::new_handle(new ftc_scheduler_s{std::move(s)});
     ftc_scheduler old = *out;
     *out = fresh;
     ftc::delete_handle(old);
