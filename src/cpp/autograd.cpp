@@ -31,6 +31,7 @@ extern "C" {
 
 int ftc_tensor_backward(ftc_tensor t, ftc_tensor gradient, int retain_graph) {
   return ftc::guard([&] {
+    ftc::take_temporaries({t, gradient});
     const at::Tensor &x = ftc::tensor_of(t);
     if (!x.requires_grad()) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the tensor does not require grad (no graph to differentiate)");
@@ -55,7 +56,7 @@ int ftc_tensor_backward(ftc_tensor t, ftc_tensor gradient, int retain_graph) {
 int ftc_tensor_get_gradient(ftc_tensor t, ftc_tensor *gradient) {
   return ftc::guard([&] {
     const at::Tensor &x = ftc::tensor_of(t);
-    if (gradient == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "gradient handle pointer is null");
+    ftc::out_arg(gradient, "gradient");
     const at::Tensor &g = x.grad();
     if (!g.defined()) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, x.requires_grad() && !x.is_leaf()
@@ -63,17 +64,18 @@ int ftc_tensor_get_gradient(ftc_tensor t, ftc_tensor *gradient) {
                                               : "the tensor has no gradient yet (call torch_tensor_backward first, "
                                                 "on a result that depends on it)");
     }
-    at::NoGradGuard no_grad;
-    if (*gradient == nullptr) {
-      *gradient = ftc::new_tensor_handle(g.clone());
+    auto *dst = ftc::TensorTable::instance().find(*gradient);
+    if (dst == nullptr) {
+      at::NoGradGuard no_grad;
+      ftc::install(gradient, g.clone());
       return;
     }
-    at::Tensor &dst = (*gradient)->t;
-    if (dst.sizes() != g.sizes()) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "gradient tensor has shape " + ftc::shape_string(dst.sizes()) +
+    if (dst->value.sizes() != g.sizes()) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "gradient tensor has shape " + ftc::shape_string(dst->value.sizes()) +
                                               " but the gradient has shape " + ftc::shape_string(g.sizes()));
     }
-    dst.copy_(g);
+    at::NoGradGuard no_grad;
+    ftc::assign_into(*dst, g);
   });
 }
 
@@ -89,6 +91,7 @@ int ftc_tensor_zero_grad(ftc_tensor t) {
 
 int ftc_tensor_set_gradient(ftc_tensor t, ftc_tensor gradient) {
   return ftc::guard([&] {
+    ftc::take_temporaries({t, gradient});
     at::Tensor &x = ftc::tensor_of(t);
     const at::Tensor &g = ftc::tensor_of(gradient, "gradient");
     if (g.sizes() != x.sizes()) {
@@ -105,7 +108,7 @@ int ftc_tensor_set_requires_grad(ftc_tensor t, int requires_grad) {
 }
 
 int ftc_tensor_is_leaf(ftc_tensor t, int *is_leaf) {
-  return ftc::guard([&] { *is_leaf = ftc::tensor_of(t).is_leaf() ? 1 : 0; });
+  return ftc::guard([&] { ftc::out_arg(is_leaf, "is_leaf") = ftc::tensor_of(t).is_leaf() ? 1 : 0; });
 }
 
 int ftc_grad_scope_push(int scope) {

@@ -15,7 +15,8 @@ enum ftc_loss_kind {
   FTC_LOSS_CROSS_ENTROPY = 4, FTC_LOSS_NLL = 5, FTC_LOSS_BCE_WITH_LOGITS = 6
 };
 
-/* Loss of input against target into *out (new handle). reduction: 0 none, 1 mean, 2 sum.
+/* Loss of input against target into *out: stored as ftc_tensor_assign does when *out is a live
+ * tensor, else a new handle. reduction: 0 none, 1 mean, 2 sum.
  * weight (class weights for cross entropy/NLL, element weights for BCE) and pos_weight may be
  * NULL; param is Huber's delta or SmoothL1's beta; ignore_index applies to cross entropy/NLL
  * with class-index targets. */

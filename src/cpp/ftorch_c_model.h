@@ -16,12 +16,16 @@ typedef struct ftc_model_s *ftc_model;
  * If *out is not null it is deleted first. */
 FTC_API int ftc_model_load(ftc_model *out, const char *filename, int device_type, int device_index,
                    int requires_grad, int is_training);
+/* Free *m and set it to NULL (null and stale handles are left alone). */
 FTC_API int ftc_model_delete(ftc_model *m);
+/* *dst = a second handle to the model of src (both run the same module; either may be deleted
+ * first). A null src makes *dst null. */
+FTC_API int ftc_model_share(ftc_model src, ftc_model *dst);
 
 /* Run forward(inputs...). A Tensor result fills outputs[0]; a tuple fills outputs[0..n_out).
- * Without requires_grad the results are copied into the outputs' existing storage (so aliased
- * Fortran arrays receive them) and no graph is recorded; with it, each output handle is rebound
- * to the result so that the graph back to inputs and parameters is kept. */
+ * Results are stored as ftc_tensor_assign does: copied into the outputs' memory (aliased Fortran
+ * arrays receive them); with requires_grad the graph back to inputs and parameters is recorded
+ * and each output carries it. */
 FTC_API int ftc_model_forward(ftc_model m, const ftc_tensor *inputs, int n_inputs, const ftc_tensor *outputs,
                       int n_outputs, int requires_grad);
 

@@ -51,7 +51,16 @@ FTC_API int ftc_check_runtime(void);
 /* 1 if a device of that type (FTorch enumerator) and index can be used, else 0. */
 FTC_API int ftc_device_available(int device_type, int device_index);
 
-/* Number of live tensor and model handles created by this library (leak checks). */
+/* Catch scopes of the calling thread, for language bindings whose functions cannot return a
+ * status (Fortran's operators): inside a scope the binding records failures with
+ * ftc_catch_record (the first one is kept; returns 1 when a scope is open, 0 otherwise) instead
+ * of stopping; ftc_catch_end closes the innermost scope, gives its first status (FTC_OK if none)
+ * and makes its message the last error. It returns 0 when no scope was open. */
+FTC_API void ftc_catch_begin(void);
+FTC_API int ftc_catch_record(int status, const char *msg, int64_t msglen);
+FTC_API int ftc_catch_end(int *status);
+
+/* Number of live handles (tensors, models, optimizers, schedulers) over all threads. */
 FTC_API int64_t ftc_live_handles(void);
 
 #ifdef __cplusplus

@@ -27,10 +27,13 @@ FTC_API int ftc_tensor_from_blob(ftc_tensor *out, void *data, int ndims, const i
                          const int32_t *layout, const int32_t *permute, int dtype,
                          int device_type, int device_index, int requires_grad);
 
+/* Free *t and set it to NULL. A null handle, or a stale one (a copy of a handle deleted before),
+ * is left alone: deleting twice is harmless. */
 FTC_API int ftc_tensor_delete(ftc_tensor *t);
 
 FTC_API int ftc_tensor_rank(ftc_tensor t, int *rank);
-/* Pointers into the tensor's own size/stride storage, valid while the tensor lives. */
+/* Pointers into the tensor's own size/stride storage, valid while the tensor lives (an error
+ * for a temporary, which the call itself releases). */
 FTC_API int ftc_tensor_shape(ftc_tensor t, const int64_t **sizes, int *ndims);
 FTC_API int ftc_tensor_strides(ftc_tensor t, const int64_t **strides, int *ndims);
 FTC_API int ftc_tensor_dtype(ftc_tensor t, int *dtype);

@@ -13,14 +13,6 @@
 
 #include "ftorch_c.h"
 
-struct ftc_tensor_s {
-  at::Tensor t;
-};
-
-struct ftc_model_s {
-  torch::jit::Module m;
-};
-
 namespace ftc {
 
 // An optimizer and the parameters it updates; shared with the schedulers that drive it.
@@ -56,14 +48,6 @@ void set_lr(Optim &o, double lr);
 
 }  // namespace ftc
 
-struct ftc_optim_s {
-  std::shared_ptr<ftc::Optim> o;
-};
-
-struct ftc_scheduler_s {
-  ftc::Scheduler s;
-};
-
 namespace ftc {
 
 // An error we raise ourselves, with the status it maps to.
@@ -83,16 +67,23 @@ void clear_last_error() noexcept;
 // Throws Error(FTC_ERR_VERSION) when the loaded LibTorch is not the one we were built with.
 void require_runtime();
 
-std::atomic<int64_t> &live_handles();
-
 // Whether TorchScript's graph executor optimizes (profiles, specializes, differentiates
 // symbolically) the models we run. Off by default: every call then runs the same operators,
 // so results do not depend on how many calls came before (bit-identical checkpoint resume).
 std::atomic<bool> &jit_optimize();
 
 // The C boundary: run body, translate every exception into a status and a thread-local message.
+}  // namespace ftc
+
+#include "handles.hpp"
+
+namespace ftc {
+
+// Every temporary tensor the body read (see tensor_of) is released when it returns, whether it
+// succeeded or failed: this is the one place where expressions passed as arguments are freed.
 template <class Body>
 int guard(Body &&body) noexcept {
+  const ConsumedMark mark;
   try {
     require_runtime();
     body();
@@ -116,63 +107,29 @@ int guard(Body &&body) noexcept {
   }
 }
 
-inline at::Tensor &tensor_of(ftc_tensor h, const char *what = "tensor") {
-  if (h == nullptr) {
-    fail(FTC_ERR_NULL_HANDLE, std::string(what) + " is not constructed (null handle)");
-  }
-  return h->t;
+// *p for an output argument, or an error naming it when the caller passed a null pointer.
+template <class T>
+T &out_arg(T *p, const char *what) {
+  if (p == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, std::string("output argument '") + what + "' is a null pointer");
+  return *p;
 }
 
-inline Optim &optim_of(ftc_optim h) {
-  if (h == nullptr || !h->o) fail(FTC_ERR_NULL_HANDLE, "optimizer is not constructed (null handle)");
-  return *h->o;
+// A count passed by the caller: an error when negative.
+inline int64_t count_arg(int64_t n, const char *what) {
+  if (n < 0) fail(FTC_ERR_INVALID_ARGUMENT, std::string(what) + " is negative (" + std::to_string(n) + ")");
+  return n;
 }
 
-inline Scheduler &scheduler_of(ftc_scheduler h) {
-  if (h == nullptr) fail(FTC_ERR_NULL_HANDLE, "scheduler is not constructed (null handle)");
-  return h->s;
-}
+// `=` into a constructed tensor (math.cpp): the values land in its memory, and it takes the
+// history of r when autograd records. If anything else still refers to that memory (a graph that
+// saved it, a view), the old contents move to new memory first, so nothing saved changes;
+// tensors flagged kShared (model and optimizer parameters) are always written in place.
+void assign_into(TensorTable::Slot &slot, const at::Tensor &r);
 
 // A LibTorch loss computed by kind (ftorch_c_loss.h), shared by ftc_loss and the train step.
 at::Tensor compute_loss(int kind, const at::Tensor &input, const at::Tensor &target, const at::Tensor &weight,
                         const at::Tensor &pos_weight, int reduction, int64_t ignore_index, double param,
                         double label_smoothing);
-
-inline torch::jit::Module &model_of(ftc_model h) {
-  if (h == nullptr) fail(FTC_ERR_NULL_HANDLE, "model is not loaded (null handle)");
-  return h->m;
-}
-
-template <class T>
-T *new_handle(T *h) {
-  ++live_handles();
-  return h;
-}
-
-template <class T>
-void delete_handle(T *&h) noexcept {
-  if (h != nullptr) {
-    delete h;
-    h = nullptr;
-    --live_handles();
-  }
-}
-
-// Tensor handles are the hot path of expressions (one or two per operator): they are recycled
-// through a small per-thread free list instead of going back to the allocator.
-ftc_tensor new_tensor_handle(at::Tensor t);
-void recycle(ftc_tensor h) noexcept;
-
-inline ftc_tensor new_handle(ftc_tensor_s *h) = delete;
-
-template <>
-inline void delete_handle<ftc_tensor_s>(ftc_tensor_s *&h) noexcept {
-  if (h != nullptr) {
-    recycle(h);
-    h = nullptr;
-    --live_handles();
-  }
-}
 
 // FTorch dtype enumerator -> c10 scalar type (int8/16/32/64, float32/64 only).
 c10::ScalarType scalar_type(int dtype);

@@ -68,12 +68,19 @@ extern "C" {
 int ftc_loss(int kind, ftc_tensor input, ftc_tensor target, ftc_tensor weight, ftc_tensor pos_weight, int reduction,
              int64_t ignore_index, double param, double label_smoothing, ftc_tensor *out) {
   return ftc::guard([&] {
+    ftc::take_temporaries({input, target, weight, pos_weight});
     const at::Tensor &x = ftc::tensor_of(input, "input tensor");
     const at::Tensor &y = ftc::tensor_of(target, "target tensor");
     const at::Tensor w = weight != nullptr ? ftc::tensor_of(weight, "weight tensor") : at::Tensor();
     const at::Tensor pw = pos_weight != nullptr ? ftc::tensor_of(pos_weight, "pos_weight tensor") : at::Tensor();
+    ftc::out_arg(out, "out");
     at::Tensor l = ftc::compute_loss(kind, x, y, w, pw, reduction, ignore_index, param, label_smoothing);
-    *out = ftc::new_tensor_handle(std::move(l));
+    // Into *out as `=` does when it is constructed, else a new handle.
+    if (auto *slot = ftc::TensorTable::instance().find(*out)) {
+      ftc::assign_into(*slot, l);
+    } else {
+      *out = ftc::new_tensor_handle(std::move(l));
+    }
   });
 }
 

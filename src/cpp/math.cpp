@@ -18,28 +18,17 @@ const char *binary_name(int op) {
   }
 }
 
-// Result into *out: the handle of a consumed operand is reused; other consumed ones are freed.
-void finish(at::Tensor result, ftc_tensor a, ftc_tensor b, int release, ftc_tensor *out) {
-  ftc_tensor reuse = (release & 1) ? a : ((release & 2) ? b : nullptr);
-  if (reuse != nullptr) {
-    reuse->t = std::move(result);
-  } else {
-    reuse = ftc::new_tensor_handle(std::move(result));
+// The result of an operation into *out: a new handle, flagged as the kind of temporary the
+// caller asks for (Fortran does for every operator and function result).
+void finish(at::Tensor result, int temporary, ftc_tensor *out) {
+  uint8_t flags = 0;
+  switch (temporary) {
+    case FTC_NAMED: break;
+    case FTC_TEMPORARY: flags = ftc::kTemporary; break;
+    case FTC_TEMPORARY_FINALIZED: flags = ftc::kFinalized; break;
+    default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown result kind " + std::to_string(temporary));
   }
-  if ((release & 1) && a != reuse) ftc::delete_handle(a);
-  if ((release & 2) && b != reuse && b != a) ftc::delete_handle(b);
-  *out = reuse;
-}
-
-// Consumed operands are released whether the operation succeeds or fails.
-template <class Body>
-int op_guard(ftc_tensor a, ftc_tensor b, int release, Body &&body) {
-  const int status = ftc::guard(body);
-  if (status != FTC_OK) {
-    if (release & 1) ftc::delete_handle(a);
-    if ((release & 2) && b != a) ftc::delete_handle(b);
-  }
-  return status;
+  ftc::out_arg(out, "out") = ftc::new_tensor_handle(std::move(result), flags);
 }
 
 void require_same_device(const at::Tensor &a, const at::Tensor &b, const char *what) {
@@ -54,48 +43,108 @@ std::vector<int64_t> dims_of(int ndims, const int64_t *dims) {
   return std::vector<int64_t>(dims, dims + ndims);
 }
 
+// Whether anything but this handle refers to t's memory: a graph that saved it for backward,
+// a view, another tensor over the same storage.
+bool is_shared(const at::Tensor &t) { return t.use_count() > 1 || t.storage().use_count() > 1; }
+
+// Give whatever else refers to t's storage a private copy of its current bytes, and return a
+// tensor that is the only owner of the original memory (same sizes, strides and offset). The
+// memory itself (a Fortran array, say) stays where it is.
+at::Tensor relocate(const at::Tensor &t) {
+  c10::StorageImpl *impl = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = impl->nbytes();
+  c10::Allocator *allocator = c10::GetAllocator(t.device().type());
+  c10::DataPtr copy = allocator->allocate(nbytes);
+  if (nbytes > 0) {
+    const auto bytes = at::TensorOptions().dtype(at::kByte).device(t.device());
+    const auto n = static_cast<int64_t>(nbytes);
+    at::from_blob(copy.get(), {n}, bytes).copy_(at::from_blob(const_cast<void *>(impl->data()), {n}, bytes));
+  }
+  c10::DataPtr original = impl->set_data_ptr(std::move(copy));
+  c10::Storage mine(c10::Storage::use_byte_size_t(), nbytes, std::move(original), nullptr, false);
+  at::Tensor fresh = at::empty({0}, t.options().requires_grad(false));
+  fresh.set_(mine, t.storage_offset(), t.sizes(), t.strides());
+  return fresh;
+}
+
+}  // namespace
+
+namespace ftc {
+
+void assign_into(TensorTable::Slot &slot, const at::Tensor &r) {
+  at::Tensor &l = slot.value;
+  require_same_device(l, r, "assignment");
+  at::NoGradGuard no_grad;
+  if ((slot.flags & kShared) == 0 && is_shared(l)) {
+    const bool leaf_requires_grad = l.is_leaf() && l.requires_grad();
+    l = relocate(l);
+    if (leaf_requires_grad) l.requires_grad_(true);
+  }
+  const bool record = r.requires_grad() && no_grad.prev_mode;
+  if (!record) {
+    // No history to carry: a plain copy. A leaf stays a leaf (and keeps requires_grad); a
+    // result of earlier operations drops that history.
+    if (!l.is_leaf()) l = l.detach();
+    l.copy_(r);
+    return;
+  }
+  // lhs takes rhs's history: a fresh tensor over the same memory, whose copy_ is recorded (the
+  // old TensorImpl, which a model or an optimizer may hold as a leaf, is left untouched).
+  at::Tensor fresh = l.detach();
+  {
+    at::AutoGradMode enable(true);
+    fresh.copy_(r);
+  }
+  l = std::move(fresh);
+}
+
+}  // namespace ftc
+
+namespace {
+
 }  // namespace
 
 extern "C" {
 
-int ftc_tensor_assign(ftc_tensor *lhs, ftc_tensor rhs, int release) {
-  return op_guard(rhs, nullptr, release & 1, [&] {
+int ftc_tensor_assign(ftc_tensor *lhs, ftc_tensor rhs) {
+  return ftc::guard([&] {
+    ftc::take_temporaries({rhs});
     if (lhs == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "left-hand side handle pointer is null");
-    const at::Tensor &r = ftc::tensor_of(rhs, "right-hand side tensor");
+    auto &table = ftc::TensorTable::instance();
+    if (rhs != nullptr && table.find(rhs) == nullptr) ftc::bad_handle(rhs, "tensor", "right-hand side tensor");
     if (*lhs == rhs) return;  // t = t
-    if (*lhs == nullptr) {
-      if (release & 1) {
-        *lhs = rhs;  // take the temporary itself: no copy
-      } else {
-        *lhs = ftc::new_tensor_handle(r.clone());
-      }
+    auto *left = table.find(*lhs);
+    if (rhs == nullptr) {
+      // A copy of an unconstructed tensor is unconstructed (tensor components of user types);
+      // assigning nothing to a live tensor is a mistake, not a way to delete it.
+      if (left != nullptr) ftc::fail(FTC_ERR_NULL_HANDLE, "right-hand side tensor is not constructed (null handle)");
+      *lhs = nullptr;
       return;
     }
-    at::Tensor &l = (*lhs)->t;
-    require_same_device(l, r, "assignment");
-    if (!r.requires_grad() && !l.requires_grad()) {
-      // No history on either side: a plain copy into the left-hand side's storage.
-      at::NoGradGuard no_grad;
-      l.copy_(r);
-      if (release & 1) ftc::delete_handle(rhs);
+    auto &right = ftc::tensor_slot(rhs, "right-hand side tensor");
+    if (left == nullptr) {
+      // Unconstructed (or stale: a compiler finalized it just before assigning) lhs: it becomes
+      // the value; a temporary is taken over without copying.
+      const bool take = (right.flags & (ftc::kTemporary | ftc::kFinalized)) != 0;
+      at::Tensor value = take ? right.value : right.value.clone();
+      *lhs = ftc::new_tensor_handle(std::move(value));
       return;
     }
-    // A fresh tensor over the same storage, without the old history: the copy records only the
-    // new one (re-assigning after backward works, loops of y = f(x) do not grow a graph).
-    at::Tensor fresh = l.detach();
-    if (r.requires_grad() && at::GradMode::is_enabled()) {
-      fresh.copy_(r);
-    } else {
-      at::NoGradGuard no_grad;
-      fresh.copy_(r);
-    }
-    l = std::move(fresh);
-    if (release & 1) ftc::delete_handle(rhs);
+    ftc::assign_into(*left, right.value);
   });
 }
 
-int ftc_tensor_binary(int op, ftc_tensor a, ftc_tensor b, int release, ftc_tensor *out) {
-  return op_guard(a, b, release, [&] {
+int ftc_tensor_fill(ftc_tensor t, int64_t int_value, double real_value, int is_integer) {
+  return ftc::guard([&] {
+    auto &slot = ftc::tensor_slot(t);
+    const c10::Scalar s = is_integer ? c10::Scalar(int_value) : c10::Scalar(real_value);
+    ftc::assign_into(slot, at::scalar_tensor(s, slot.value.options().requires_grad(false)));
+  });
+}
+
+int ftc_tensor_binary(int op, ftc_tensor a, ftc_tensor b, int temporary, ftc_tensor *out) {
+  return ftc::guard([&] {
+    ftc::take_temporaries({a, b});
     const at::Tensor &x = ftc::tensor_of(a, "left operand");
     const at::Tensor &y = ftc::tensor_of(b, "right operand");
     require_same_device(x, y, binary_name(op));
@@ -109,13 +158,13 @@ int ftc_tensor_binary(int op, ftc_tensor a, ftc_tensor b, int release, ftc_tenso
       case FTC_MATMUL: r = at::matmul(x, y); break;
       default: binary_name(op);
     }
-    finish(std::move(r), a, b, release, out);
+    finish(std::move(r), temporary, out);
   });
 }
 
 int ftc_tensor_binary_scalar(int op, ftc_tensor a, int64_t int_value, double real_value, int is_integer,
-                             int scalar_first, int release, ftc_tensor *out) {
-  return op_guard(a, nullptr, release & 1, [&] {
+                             int scalar_first, int temporary, ftc_tensor *out) {
+  return ftc::guard([&] {
     const at::Tensor &x = ftc::tensor_of(a, "tensor operand");
     const c10::Scalar s = is_integer ? c10::Scalar(int_value) : c10::Scalar(real_value);
     at::Tensor r;
@@ -128,12 +177,12 @@ int ftc_tensor_binary_scalar(int op, ftc_tensor a, int64_t int_value, double rea
       case FTC_POW: r = scalar_first ? at::pow(s, x) : at::pow(x, s); break;
       default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string(binary_name(op)) + " does not take a scalar");
     }
-    finish(std::move(r), a, nullptr, release & 1, out);
+    finish(std::move(r), temporary, out);
   });
 }
 
-int ftc_tensor_unary(int op, ftc_tensor a, int release, ftc_tensor *out) {
-  return op_guard(a, nullptr, release & 1, [&] {
+int ftc_tensor_unary(int op, ftc_tensor a, int temporary, ftc_tensor *out) {
+  return ftc::guard([&] {
     const at::Tensor &x = ftc::tensor_of(a);
     at::Tensor r;
     switch (op) {
@@ -151,13 +200,13 @@ int ftc_tensor_unary(int op, ftc_tensor a, int release, ftc_tensor *out) {
       case FTC_DETACH: r = x.detach(); break;
       default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown unary operation " + std::to_string(op));
     }
-    finish(std::move(r), a, nullptr, release & 1, out);
+    finish(std::move(r), temporary, out);
   });
 }
 
-int ftc_tensor_reduce(int op, ftc_tensor a, int ndims, const int64_t *dims, int keepdim, int release,
+int ftc_tensor_reduce(int op, ftc_tensor a, int ndims, const int64_t *dims, int keepdim, int temporary,
                       ftc_tensor *out) {
-  return op_guard(a, nullptr, release & 1, [&] {
+  return ftc::guard([&] {
     const at::Tensor &x = ftc::tensor_of(a);
     const auto d = dims_of(ndims, dims);
     at::Tensor r;
@@ -168,26 +217,20 @@ int ftc_tensor_reduce(int op, ftc_tensor a, int ndims, const int64_t *dims, int 
     } else {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown reduction " + std::to_string(op));
     }
-    finish(std::move(r), a, nullptr, release & 1, out);
+    finish(std::move(r), temporary, out);
   });
 }
 
-int ftc_tensor_reshape(ftc_tensor a, int ndims, const int64_t *shape, int release, ftc_tensor *out) {
-  return op_guard(a, nullptr, release & 1, [&] {
-    finish(ftc::tensor_of(a).reshape(dims_of(ndims, shape)), a, nullptr, release & 1, out);
-  });
+int ftc_tensor_reshape(ftc_tensor a, int ndims, const int64_t *shape, int temporary, ftc_tensor *out) {
+  return ftc::guard([&] { finish(ftc::tensor_of(a).reshape(dims_of(ndims, shape)), temporary, out); });
 }
 
-int ftc_tensor_permute(ftc_tensor a, int ndims, const int64_t *dims, int release, ftc_tensor *out) {
-  return op_guard(a, nullptr, release & 1, [&] {
-    finish(ftc::tensor_of(a).permute(dims_of(ndims, dims)), a, nullptr, release & 1, out);
-  });
+int ftc_tensor_permute(ftc_tensor a, int ndims, const int64_t *dims, int temporary, ftc_tensor *out) {
+  return ftc::guard([&] { finish(ftc::tensor_of(a).permute(dims_of(ndims, dims)), temporary, out); });
 }
 
-int ftc_tensor_transpose(ftc_tensor a, int64_t dim0, int64_t dim1, int release, ftc_tensor *out) {
-  return op_guard(a, nullptr, release & 1, [&] {
-    finish(ftc::tensor_of(a).transpose(dim0, dim1), a, nullptr, release & 1, out);
-  });
+int ftc_tensor_transpose(ftc_tensor a, int64_t dim0, int64_t dim1, int temporary, ftc_tensor *out) {
+  return ftc::guard([&] { finish(ftc::tensor_of(a).transpose(dim0, dim1), temporary, out); });
 }
 
 }  // extern "C"

@@ -13,23 +13,21 @@ std::string checked_filename(const char *filename) {
   return filename;
 }
 
-void store_output(ftc_tensor out, int index, const c10::IValue &value, bool keep_graph) {
+// Results go into the output tensors as `=` does: into their memory (an aliased Fortran array
+// receives them), carrying the graph back to inputs and weights when one was recorded.
+void store_output(ftc_tensor out, int index, const c10::IValue &value) {
   if (!value.isTensor()) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, "model output " + std::to_string(index + 1) + " is a " +
                                             value.tagKind() + ", not a Tensor");
   }
   const at::Tensor &result = value.toTensor();
-  at::Tensor &target = ftc::tensor_of(out, ("output tensor " + std::to_string(index + 1)).c_str());
-  if (keep_graph) {
-    target = result;  // rebind: the output handle now holds the graph back to inputs and weights
-    return;
-  }
-  if (target.sizes() != result.sizes()) {
+  auto &slot = ftc::tensor_slot(out, ("output tensor " + std::to_string(index + 1)).c_str());
+  if (slot.value.sizes() != result.sizes()) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output tensor " + std::to_string(index + 1) + " has shape " +
-                                            ftc::shape_string(target.sizes()) + " but the model returned shape " +
+                                            ftc::shape_string(slot.value.sizes()) + " but the model returned shape " +
                                             ftc::shape_string(result.sizes()));
   }
-  target.copy_(result);  // into the existing storage, so an aliased Fortran array receives it
+  ftc::assign_into(slot, result);
 }
 
 // Named parameter `index` (0-based, parameters() order), or an error naming the valid range.
@@ -67,7 +65,7 @@ int ftc_jit_optimize(void) { return ftc::jit_optimize() ? 1 : 0; }
 int ftc_model_load(ftc_model *out, const char *filename, int device_type, int device_index, int requires_grad,
                    int is_training) {
   return ftc::guard([&] {
-    if (out == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
+    ftc::out_arg(out, "out");
     const std::string file = checked_filename(filename);
     const auto dev = ftc::device(device_type, device_index);
     if (!std::ifstream(file).good()) {
@@ -85,31 +83,20 @@ int ftc_model_load(ftc_model *out, const char *filename, int device_type, int de
     } else {
       module.eval();
     }
-    ftc_model fresh = ftc::new_handle(new ftc_model_s{std::move(module)});
-    ftc_model old = *out;
-    *out = fresh;
-    ftc::delete_handle(old);
+    ftc::replace_handle<ftc::ModelTable>(out, std::make_shared<torch::jit::Module>(std::move(module)));
   });
-}
-
-int ftc_model_delete(ftc_model *m) {
-  if (m != nullptr) ftc::delete_handle(*m);
-  return FTC_OK;
 }
 
 int ftc_model_forward(ftc_model m, const ftc_tensor *inputs, int n_inputs, const ftc_tensor *outputs, int n_outputs,
                       int requires_grad) {
   return ftc::guard([&] {
+    const auto input_values = ftc::tensors_of(inputs, n_inputs, "input tensor");
+    ftc::tensors_of(outputs, n_outputs, "output tensor");
     auto &module = ftc::model_of(m);
-    if (n_inputs < 0 || n_outputs < 1) {
+    if (n_outputs < 1) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "need at least one output tensor (got " + std::to_string(n_outputs) + ")");
     }
-    std::vector<c10::IValue> args;
-    args.reserve(static_cast<size_t>(n_inputs));
-    for (int i = 0; i < n_inputs; ++i) {
-      args.emplace_back(ftc::tensor_of(inputs[i], ("input tensor " + std::to_string(i + 1)).c_str()));
-    }
-    for (int i = 0; i < n_outputs; ++i) ftc::tensor_of(outputs[i], ("output tensor " + std::to_string(i + 1)).c_str());
+    std::vector<c10::IValue> args(input_values.begin(), input_values.end());
 
     const bool keep_graph = requires_grad != 0;
     torch::AutoGradMode grad_mode(keep_graph);
@@ -123,13 +110,12 @@ int ftc_model_forward(ftc_model m, const ftc_tensor *inputs, int n_inputs, const
       ftc::fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what());
     }
 
-    torch::NoGradGuard no_grad_for_copies;
     if (result.isTensor()) {
       if (n_outputs != 1) {
         ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the model returned 1 tensor but " + std::to_string(n_outputs) +
                                                 " output tensors were given");
       }
-      store_output(outputs[0], 0, result, keep_graph);
+      store_output(outputs[0], 0, result);
       return;
     }
     std::vector<c10::IValue> items;
@@ -147,7 +133,7 @@ int ftc_model_forward(ftc_model m, const ftc_tensor *inputs, int n_inputs, const
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the model returned " + std::to_string(items.size()) + " tensors but " +
                                               std::to_string(n_outputs) + " output tensors were given");
     }
-    for (int i = 0; i < n_outputs; ++i) store_output(outputs[i], i, items[static_cast<size_t>(i)], keep_graph);
+    for (int i = 0; i < n_outputs; ++i) store_output(outputs[i], i, items[static_cast<size_t>(i)]);
   });
 }
 
@@ -164,7 +150,7 @@ int ftc_model_save(ftc_model m, const char *filename) {
 }
 
 int ftc_model_is_training(ftc_model m, int *is_training) {
-  return ftc::guard([&] { *is_training = ftc::model_of(m).is_training() ? 1 : 0; });
+  return ftc::guard([&] { ftc::out_arg(is_training, "is_training") = ftc::model_of(m).is_training() ? 1 : 0; });
 }
 
 int ftc_model_print_parameters(ftc_model m) {
@@ -177,31 +163,32 @@ int ftc_model_print_parameters(ftc_model m) {
 }
 
 int ftc_model_parameter_count(ftc_model m, int64_t *count) {
-  return ftc::guard([&] { *count = static_cast<int64_t>(ftc::model_of(m).parameters().size()); });
+  return ftc::guard([&] { ftc::out_arg(count, "count") = static_cast<int64_t>(ftc::model_of(m).parameters().size()); });
 }
 
 int ftc_model_parameters(ftc_model m, ftc_tensor *outputs, int64_t n) {
   return ftc::guard([&] {
     const auto params = ftc::model_of(m).parameters();
     const auto count = static_cast<int64_t>(params.size());
+    if (n > 0 && outputs == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output handle array is null");
     if (n != count) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the model has " + std::to_string(count) + " parameters but " +
                                               std::to_string(n) + " tensors were given");
     }
     for (int64_t i = 0; i < n; ++i) {
-      if (outputs[i] != nullptr) {
+      if (ftc::TensorTable::instance().find(outputs[i]) != nullptr) {
         ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter tensor " + std::to_string(i + 1) +
                                                 " is already constructed; pass unconstructed tensors");
       }
     }
     int64_t i = 0;
-    for (const auto &p : params) outputs[i++] = ftc::new_tensor_handle(p);
+    for (const auto &p : params) outputs[i++] = ftc::new_tensor_handle(p, ftc::kShared);
   });
 }
 
 int ftc_model_parameter(ftc_model m, const char *name, int64_t index, ftc_tensor *out) {
   return ftc::guard([&] {
-    if (out == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
+    ftc::out_arg(out, "out");
     const auto &module = ftc::model_of(m);
     at::Tensor found;
     if (name != nullptr && name[0] != '\0') {
@@ -212,18 +199,15 @@ int ftc_model_parameter(ftc_model m, const char *name, int64_t index, ftc_tensor
     } else {
       found = parameter_at(module, index).value;
     }
-    ftc_tensor fresh = ftc::new_tensor_handle(found);
-    ftc_tensor old = *out;
-    *out = fresh;
-    ftc::delete_handle(old);
+    ftc::install(out, found, ftc::kShared);
   });
 }
 
 int ftc_model_parameter_name(ftc_model m, int64_t index, char *buf, int64_t buflen, int64_t *length) {
   return ftc::guard([&] {
     const std::string name = parameter_at(ftc::model_of(m), index).name;
-    *length = static_cast<int64_t>(name.size());
-    if (buf != nullptr) std::memcpy(buf, name.data(), static_cast<size_t>(std::min(buflen, *length)));
+    ftc::out_arg(length, "length") = static_cast<int64_t>(name.size());
+    if (buf != nullptr && buflen > 0) std::memcpy(buf, name.data(), static_cast<size_t>(std::min(buflen, *length)));
   });
 }
 
@@ -248,7 +232,7 @@ int ftc_model_numel(ftc_model m, int trainable_only, int64_t *count) {
     for (const auto &p : ftc::model_of(m).parameters()) {
       if (!trainable_only || p.requires_grad()) n += p.numel();
     }
-    *count = n;
+    ftc::out_arg(count, "count") = n;
   });
 }
 

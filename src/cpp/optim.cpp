@@ -209,12 +209,16 @@ extern "C" {
 int ftc_optim_new(ftc_optim *out, int kind, const ftc_tensor *params, int64_t n_params, const double *hyper,
                   int n_hyper) {
   return ftc::guard([&] {
-    if (out == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
+    const auto values = ftc::tensors_of(params, n_params, "parameter tensor");
+    ftc::out_arg(out, "out");
     if (n_params < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "an optimizer needs at least one parameter tensor");
+    if (n_hyper < 0 || (n_hyper > 0 && hyper == nullptr)) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "invalid hyper-parameter list (n_hyper = " + std::to_string(n_hyper) + ")");
+    }
     auto state = std::make_shared<ftc::Optim>();
     state->kind = kind;
     for (int64_t i = 0; i < n_params; ++i) {
-      const at::Tensor &p = ftc::tensor_of(params[i], ("parameter tensor " + std::to_string(i + 1)).c_str());
+      const at::Tensor &p = values[static_cast<size_t>(i)];
       if (!p.is_leaf()) {
         ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter tensor " + std::to_string(i + 1) +
                                                 " is not a leaf (it was computed from other tensors)");
@@ -225,16 +229,10 @@ int ftc_optim_new(ftc_optim *out, int kind, const ftc_tensor *params, int64_t n_
       state->params.push_back(p);
     }
     state->opt = make_optimizer(kind, state->params, hyper, n_hyper);
-    ftc_optim fresh = ftc::new_handle(new ftc_optim_s{std::move(state)});
-    ftc_optim old = *out;
-    *out = fresh;
-    ftc::delete_handle(old);
+    // The optimizer updates these tensors in place: `=` on their handles must write in place too.
+    for (int64_t i = 0; i < n_params; ++i) ftc::tensor_slot(params[i]).flags |= ftc::kShared;
+    ftc::replace_handle<ftc::OptimTable>(out, std::move(state));
   });
-}
-
-int ftc_optim_delete(ftc_optim *o) {
-  if (o != nullptr) ftc::delete_handle(*o);
-  return FTC_OK;
 }
 
 int ftc_optim_step(ftc_optim o) {
@@ -257,8 +255,8 @@ int ftc_optim_step_closure(ftc_optim o, ftc_closure closure, void *context, doub
       state.opt->zero_grad();
       ftc_tensor h = closure(context);
       if (h == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the closure did not produce a loss tensor");
-      at::Tensor l = h->t;
-      ftc::delete_handle(h);
+      at::Tensor l = ftc::tensor_of(h, "the closure's loss");
+      ftc::delete_tensor(h);
       if (l.numel() != 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the closure's loss must have one element");
       l.backward();
       return l.detach();
@@ -274,7 +272,7 @@ int ftc_optim_zero_grad(ftc_optim o, int set_to_none) {
 }
 
 int ftc_optim_get_lr(ftc_optim o, double *lr) {
-  return ftc::guard([&] { *lr = ftc::get_lr(ftc::optim_of(o)); });
+  return ftc::guard([&] { ftc::out_arg(lr, "lr") = ftc::get_lr(ftc::optim_of(o)); });
 }
 
 int ftc_optim_set_lr(ftc_optim o, double lr) {
@@ -285,7 +283,7 @@ int ftc_optim_set_lr(ftc_optim o, double lr) {
 }
 
 int ftc_optim_step_count(ftc_optim o, int64_t *steps) {
-  return ftc::guard([&] { *steps = ftc::optim_of(o).steps; });
+  return ftc::guard([&] { ftc::out_arg(steps, "steps") = ftc::optim_of(o).steps; });
 }
 
 int ftc_optim_clip_grad_norm(ftc_optim o, double max_norm, double norm_type, double *total_norm) {
@@ -306,14 +304,16 @@ int ftc_optim_clip_grad_value(ftc_optim o, double clip_value) {
 int ftc_scheduler_new(ftc_scheduler *out, ftc_optim o, int kind, const double *params, int n_params,
                       const int64_t *milestones, int n_milestones) {
   return ftc::guard([&] {
-    if (out == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
+    ftc::out_arg(out, "out");
     auto &opt = ftc::optim_of(o);
-    static const int needed[] = {2, 1, 1, 2, 8, 3};
+    static constexpr int needed[] = {2, 1, 1, 2, 8, 3};
+    if (n_params < 0 || (n_params > 0 && params == nullptr)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "invalid scheduler parameter list");
+    if (n_milestones < 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "negative number of milestones");
     if (kind < 0 || kind > FTC_SCHED_LINEAR) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown scheduler kind");
     if (n_params < needed[kind]) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "too few scheduler parameters");
     ftc::Scheduler s;
     s.kind = kind;
-    s.optim = o->o;
+    s.optim = ftc::optim_ptr(o);
     s.params.assign(params, params + n_params);
     if (milestones != nullptr) s.milestones.assign(milestones, milestones + n_milestones);
     if (kind == FTC_SCHED_STEP && s.params[0] < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "step_size must be >= 1");
@@ -328,16 +328,8 @@ int ftc_scheduler_new(ftc_scheduler *out, ftc_optim o, int kind, const double *p
     }
     s.base_lr = ftc::get_lr(opt);
     s.step(false, 0.0);  // PyTorch's initial step
-    ftc_scheduler fresh = ftc::new_handle(new ftc_scheduler_s{std::move(s)});
-    ftc_scheduler old = *out;
-    *out = fresh;
-    ftc::delete_handle(old);
+    ftc::replace_handle<ftc::SchedulerTable>(out, std::make_shared<ftc::Scheduler>(std::move(s)));
   });
-}
-
-int ftc_scheduler_delete(ftc_scheduler *s) {
-  if (s != nullptr) ftc::delete_handle(*s);
-  return FTC_OK;
 }
 
 int ftc_scheduler_step(ftc_scheduler s, int has_metric, double metric) {
@@ -345,7 +337,7 @@ int ftc_scheduler_step(ftc_scheduler s, int has_metric, double metric) {
 }
 
 int ftc_scheduler_last_lr(ftc_scheduler s, double *lr) {
-  return ftc::guard([&] { *lr = ftc::get_lr(*ftc::scheduler_of(s).optim); });
+  return ftc::guard([&] { ftc::out_arg(lr, "lr") = ftc::get_lr(*ftc::scheduler_of(s).optim); });
 }
 
 }  // extern "C"

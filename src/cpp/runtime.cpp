@@ -17,6 +17,13 @@ namespace {
 
 thread_local std::string last_error;
 
+// Catch scopes of this thread (ftorch_errors' torch_catch_begin/end): depth, and the first
+// failure recorded in the innermost open scope.
+struct CatchState {
+  std::vector<std::pair<int, std::string>> scopes;
+};
+thread_local CatchState catch_state;
+
 std::string public_version(const std::string &v) { return v.substr(0, v.find('+')); }
 
 // The version of the LibTorch loaded in this process: found next to the shared library that
@@ -79,50 +86,6 @@ void clear_last_error() noexcept { last_error.clear(); }
 void require_runtime() {
   const RuntimeState &s = runtime_state();
   if (!s.problem.empty()) fail(FTC_ERR_VERSION, s.problem);
-}
-
-namespace {
-
-struct HandlePool {
-  std::vector<ftc_tensor> free;
-  ~HandlePool() {
-    for (ftc_tensor h : free) delete h;
-  }
-};
-
-thread_local HandlePool handle_pool;
-constexpr size_t kPoolSize = 64;
-
-}  // namespace
-
-ftc_tensor new_tensor_handle(at::Tensor t) {
-  ++live_handles();
-  auto &free = handle_pool.free;
-  if (!free.empty()) {
-    ftc_tensor h = free.back();
-    free.pop_back();
-    h->t = std::move(t);
-    return h;
-  }
-  return new ftc_tensor_s{std::move(t)};
-}
-
-void recycle(ftc_tensor h) noexcept {
-  h->t.reset();
-  auto &free = handle_pool.free;
-  if (free.size() < kPoolSize) {
-    try {
-      free.push_back(h);
-      return;
-    } catch (...) {
-    }
-  }
-  delete h;
-}
-
-std::atomic<int64_t> &live_handles() {
-  static std::atomic<int64_t> count{0};
-  return count;
 }
 
 c10::ScalarType scalar_type(int dtype) {
@@ -212,10 +175,48 @@ const char *ftc_version(void) { return FTORCH_VERSION; }
 
 const char *ftc_torch_version_built(void) { return FTORCH_TORCH_VERSION; }
 
-const char *ftc_torch_version_runtime(void) { return ftc::runtime_state().runtime_version.c_str(); }
+const char *ftc_torch_version_runtime(void) {
+  // The first call detects the version; that may fail (it reads files): report "" then.
+  try {
+    return ftc::runtime_state().runtime_version.c_str();
+  } catch (...) {
+    return "";
+  }
+}
 
 int ftc_check_runtime(void) {
   return ftc::guard([] {});
+}
+
+void ftc_catch_begin(void) {
+  try {
+    ftc::catch_state.scopes.emplace_back(FTC_OK, std::string());
+  } catch (...) {
+  }
+}
+
+int ftc_catch_record(int status, const char *msg, int64_t msglen) {
+  auto &scopes = ftc::catch_state.scopes;
+  if (scopes.empty()) return 0;
+  auto &first = scopes.back();
+  if (first.first == FTC_OK && status != FTC_OK) {
+    first.first = status;
+    try {
+      if (msg != nullptr && msglen > 0) first.second.assign(msg, static_cast<size_t>(msglen));
+    } catch (...) {
+    }
+  }
+  return 1;
+}
+
+int ftc_catch_end(int *status) {
+  auto &scopes = ftc::catch_state.scopes;
+  if (scopes.empty()) return 0;
+  auto scope = std::move(scopes.back());
+  scopes.pop_back();
+  if (status != nullptr) *status = scope.first;
+  if (scope.first != FTC_OK) ftc::set_last_error(std::move(scope.second));
+  return 1;
 }
 
 int ftc_device_available(int device_type, int device_index) {
@@ -226,7 +227,5 @@ int ftc_device_available(int device_type, int device_index) {
     return 0;
   }
 }
-
-int64_t ftc_live_handles(void) { return ftc::live_handles().load(); }
 
 }  // extern "C"

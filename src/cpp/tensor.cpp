@@ -74,13 +74,16 @@ void require_shape(const at::Tensor &t, const Dims &shape, const char *what) {
   }
 }
 
-// Replace *out by a new handle holding t; the old handle (if any) is freed only on success.
-void install(ftc_tensor *out, at::Tensor t) {
-  if (out == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
-  ftc_tensor fresh = ftc::new_tensor_handle(std::move(t));
-  ftc_tensor old = *out;
-  *out = fresh;
-  ftc::delete_handle(old);
+// A tensor whose memory or metadata the caller will keep pointing into after the call: a
+// temporary is released when the call returns, so that would dangle.
+const at::Tensor &lasting_tensor(ftc_tensor h, const char *purpose) {
+  auto &slot = ftc::tensor_slot(h);
+  if ((slot.flags & ftc::kTemporary) != 0) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("a pointer to the ") + purpose +
+                                            " of an expression's result would dangle: assign the expression to a "
+                                            "tensor first");
+  }
+  return slot.value;
 }
 
 }  // namespace
@@ -102,7 +105,7 @@ int ftc_tensor_new(ftc_tensor *out, int fill, int ndims, const int64_t *shape, i
       case FTC_FILL_ONES: t = torch::ones(sizes, opts); break;
       default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown fill " + std::to_string(fill));
     }
-    install(out, std::move(t));
+    ftc::install(out, std::move(t));
   });
 }
 
@@ -118,53 +121,60 @@ int ftc_tensor_from_blob(ftc_tensor *out, void *data, int ndims, const int64_t *
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "data pointer is null");
     }
     // No deleter: the memory belongs to the caller (a Fortran array), LibTorch never frees it.
-    at::Tensor t = torch::from_blob(data, sizes, strides, at::TensorOptions().dtype(type));
-    if (permute != nullptr) t = t.permute(checked_permutation(permute, ndims, "permute_dims"));
+    // A permutation is applied to the sizes and strides directly (not as a view of another
+    // tensor), so that the tensor is the only owner of its storage.
+    at::Tensor t;
+    if (permute != nullptr) {
+      const auto order = checked_permutation(permute, ndims, "permute_dims");
+      Dims psizes(sizes.size()), pstrides(sizes.size());
+      for (size_t i = 0; i < order.size(); ++i) {
+        psizes[i] = sizes[static_cast<size_t>(order[i])];
+        pstrides[i] = strides[static_cast<size_t>(order[i])];
+      }
+      t = torch::from_blob(data, psizes, pstrides, at::TensorOptions().dtype(type));
+    } else {
+      t = torch::from_blob(data, sizes, strides, at::TensorOptions().dtype(type));
+    }
     if (dev.type() != c10::DeviceType::CPU) t = t.to(dev);
     if (requires_grad != 0) t.requires_grad_(true);
-    install(out, std::move(t));
+    ftc::install(out, std::move(t));
   });
 }
 
-int ftc_tensor_delete(ftc_tensor *t) {
-  if (t != nullptr) ftc::delete_handle(*t);
-  return FTC_OK;
-}
-
 int ftc_tensor_rank(ftc_tensor t, int *rank) {
-  return ftc::guard([&] { *rank = static_cast<int>(ftc::tensor_of(t).dim()); });
+  return ftc::guard([&] { ftc::out_arg(rank, "rank") = static_cast<int>(ftc::tensor_of(t).dim()); });
 }
 
 int ftc_tensor_shape(ftc_tensor t, const int64_t **sizes, int *ndims) {
   return ftc::guard([&] {
-    const auto &x = ftc::tensor_of(t);
-    *sizes = x.sizes().data();
-    *ndims = static_cast<int>(x.dim());
+    const auto &x = lasting_tensor(t, "shape");
+    ftc::out_arg(sizes, "sizes") = x.sizes().data();
+    ftc::out_arg(ndims, "ndims") = static_cast<int>(x.dim());
   });
 }
 
 int ftc_tensor_strides(ftc_tensor t, const int64_t **strides, int *ndims) {
   return ftc::guard([&] {
-    const auto &x = ftc::tensor_of(t);
-    *strides = x.strides().data();
-    *ndims = static_cast<int>(x.dim());
+    const auto &x = lasting_tensor(t, "strides");
+    ftc::out_arg(strides, "strides") = x.strides().data();
+    ftc::out_arg(ndims, "ndims") = static_cast<int>(x.dim());
   });
 }
 
 int ftc_tensor_dtype(ftc_tensor t, int *dtype) {
-  return ftc::guard([&] { *dtype = static_cast<int>(ftc::tensor_of(t).scalar_type()); });
+  return ftc::guard([&] { ftc::out_arg(dtype, "dtype") = static_cast<int>(ftc::tensor_of(t).scalar_type()); });
 }
 
 int ftc_tensor_device(ftc_tensor t, int *device_type, int *device_index) {
   return ftc::guard([&] {
     const auto dev = ftc::tensor_of(t).device();
-    *device_type = ftc::device_type_code(dev.type());
-    *device_index = dev.is_cpu() ? -1 : static_cast<int>(dev.index());
+    ftc::out_arg(device_type, "device_type") = ftc::device_type_code(dev.type());
+    ftc::out_arg(device_index, "device_index") = dev.is_cpu() ? -1 : static_cast<int>(dev.index());
   });
 }
 
 int ftc_tensor_requires_grad(ftc_tensor t, int *requires_grad) {
-  return ftc::guard([&] { *requires_grad = ftc::tensor_of(t).requires_grad() ? 1 : 0; });
+  return ftc::guard([&] { ftc::out_arg(requires_grad, "requires_grad") = ftc::tensor_of(t).requires_grad() ? 1 : 0; });
 }
 
 int ftc_tensor_print(ftc_tensor t) {
@@ -180,6 +190,7 @@ int ftc_tensor_zero(ftc_tensor t) {
 
 int ftc_tensor_copy_into(ftc_tensor src, ftc_tensor dst, int non_blocking) {
   return ftc::guard([&] {
+    ftc::take_temporaries({src, dst});
     const auto &s = ftc::tensor_of(src, "source tensor");
     auto &d = ftc::tensor_of(dst, "target tensor");
     if (s.sizes() != d.sizes()) {
@@ -193,7 +204,7 @@ int ftc_tensor_copy_into(ftc_tensor src, ftc_tensor dst, int non_blocking) {
 
 int ftc_tensor_data_view(ftc_tensor t, int dtype, int ndims, int64_t *shape, void **data) {
   return ftc::guard([&] {
-    const auto &x = ftc::tensor_of(t);
+    const auto &x = lasting_tensor(t, "data");
     if (!x.device().is_cpu()) {
       ftc::fail(FTC_ERR_DEVICE, "a no-copy view needs a CPU tensor; copy it to a Fortran array instead");
     }
@@ -211,6 +222,8 @@ int ftc_tensor_data_view(ftc_tensor t, int dtype, int ndims, int64_t *shape, voi
                                               " is not laid out in Fortran (column-major) order; copy it with "
                                               "torch_tensor_to_array instead");
     }
+    if (ndims > 0 && shape == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output argument 'shape' is a null pointer");
+    ftc::out_arg(data, "data");
     for (int i = 0; i < ndims; ++i) shape[i] = x.size(i);
     *data = x.data_ptr();
   });

@@ -38,16 +38,14 @@ int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *
                    int loss_kind, int reduction, double max_grad_norm, double *loss, double *seconds) {
   return ftc::guard([&] {
     const auto start = std::chrono::steady_clock::now();
+    ftc::take_temporaries({target});
+    const auto input_values = ftc::tensors_of(inputs, n_inputs, "input tensor");
     auto &module = ftc::model_of(m);
     auto &opt = ftc::optim_of(o);
     ftc::Scheduler *sched = s != nullptr ? &ftc::scheduler_of(s) : nullptr;
     const at::Tensor &y = ftc::tensor_of(target, "target tensor");
     if (reduction == 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a training step needs a reduced loss (mean or sum)");
-    std::vector<c10::IValue> args;
-    args.reserve(static_cast<size_t>(n_inputs));
-    for (int i = 0; i < n_inputs; ++i) {
-      args.emplace_back(ftc::tensor_of(inputs[i], ("input tensor " + std::to_string(i + 1)).c_str()));
-    }
+    std::vector<c10::IValue> args(input_values.begin(), input_values.end());
     at::AutoGradMode grad(true);
     torch::jit::GraphOptimizerEnabledGuard optimize(ftc::jit_optimize());
     opt.opt->zero_grad();

@@ -5,7 +5,7 @@ module ftorch
   use ftorch_devices, only: torch_kCPU, torch_kCUDA, torch_kHIP, torch_kXPU, torch_kMPS
   use ftorch_errors, only: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, &
                            FTORCH_ERR_DEVICE, FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, &
-                           FTORCH_ERR_INTERNAL
+                           FTORCH_ERR_INTERNAL, torch_catch_begin, torch_catch_end
   use ftorch_runtime, only: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, &
                             ftorch_check_runtime, torch_device_available, ftorch_live_handles
   use ftorch_tensor_type, only: torch_tensor, torch_tensor_from_array, torch_tensor_from_blob, torch_tensor_empty, &
@@ -47,7 +47,8 @@ module ftorch
             torch_kNone, torch_kMean, torch_kSum
   public :: torch_kCPU, torch_kCUDA, torch_kHIP, torch_kXPU, torch_kMPS
   public :: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, FTORCH_ERR_DEVICE, &
-            FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, FTORCH_ERR_INTERNAL
+            FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, FTORCH_ERR_INTERNAL, torch_catch_begin, &
+            torch_catch_end
   public :: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, ftorch_check_runtime, &
             torch_device_available, ftorch_live_handles
   public :: torch_tensor, torch_tensor_from_array, torch_tensor_from_blob, torch_tensor_empty, torch_tensor_zeros, &

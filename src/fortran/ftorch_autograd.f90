@@ -6,7 +6,7 @@ module ftorch_autograd
   use, intrinsic :: iso_c_binding, only: c_int, c_null_ptr, c_ptr
   use ftorch_errors, only: ftorch_check
   use ftorch_interop, only: c_flag
-  use ftorch_tensor_type, only: torch_tensor, torch_tensor_zero_grad, ftorch_release_temporary
+  use ftorch_tensor_type, only: torch_tensor, torch_tensor_zero_grad
   implicit none
   private
 
@@ -82,11 +82,8 @@ contains
     logical, intent(in), optional :: retain_graph       !< keep the graph for another backward
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    integer(c_int) :: status
-    status = ftc_tensor_backward(tensor%p, external_gradient%p, c_flag(retain_graph))
-    call ftorch_release_temporary(tensor)
-    call ftorch_release_temporary(external_gradient)
-    call ftorch_check(status, "torch_tensor_backward", stat, errmsg)
+    call ftorch_check(ftc_tensor_backward(tensor%p, external_gradient%p, c_flag(retain_graph)), &
+                      "torch_tensor_backward", stat, errmsg)
   end subroutine backward_with_gradient
 
   subroutine backward_implicit(tensor, retain_graph, stat, errmsg)
@@ -94,10 +91,8 @@ contains
     logical, intent(in), optional :: retain_graph
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    integer(c_int) :: status
-    status = ftc_tensor_backward(tensor%p, c_null_ptr, c_flag(retain_graph))
-    call ftorch_release_temporary(tensor)
-    call ftorch_check(status, "torch_tensor_backward", stat, errmsg)
+    call ftorch_check(ftc_tensor_backward(tensor%p, c_null_ptr, c_flag(retain_graph)), "torch_tensor_backward", &
+                      stat, errmsg)
   end subroutine backward_implicit
 
   !> The gradient accumulated in `tensor` by backward, copied into `gradient` (its storage, so an

@@ -6,8 +6,7 @@ module ftorch_loss
   use, intrinsic :: iso_fortran_env, only: real64
   use ftorch_errors, only: ftorch_check
   use ftorch_types, only: torch_kNone, torch_kMean, torch_kSum
-  use ftorch_tensor_type, only: torch_tensor, ftorch_set_temporary
-  use ftorch_math, only: assignment(=)
+  use ftorch_tensor_type, only: torch_tensor
   implicit none
   private
 
@@ -31,7 +30,7 @@ module ftorch_loss
       type(c_ptr), value :: input, target, weight, pos_weight
       integer(c_int64_t), value :: ignore_index
       real(c_double), value :: param, label_smoothing
-      type(c_ptr), intent(out) :: out
+      type(c_ptr), intent(inout) :: out
       integer(c_int) :: status
     end function ftc_loss
   end interface
@@ -50,12 +49,10 @@ contains
     character(len=*), intent(in) :: procedure
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: w, pw, out
-    type(torch_tensor) :: result
+    type(c_ptr) :: w, pw
     integer(c_int) :: reduction
     integer(c_int64_t) :: ignore
     real(c_double) :: smoothing
-    integer :: status
     reduction = torch_kMean
     if (present(reduction_type)) reduction = int(reduction_type, c_int)
     ignore = -100
@@ -66,13 +63,8 @@ contains
     if (present(weight)) w = weight%p
     pw = c_null_ptr
     if (present(pos_weight)) pw = pos_weight%p
-    out = c_null_ptr
-    status = ftc_loss(kind, input_tensor%p, target_tensor%p, w, pw, reduction, ignore, real(param, c_double), &
-                      smoothing, out)
-    call ftorch_check(status, procedure, stat, errmsg)
-    if (status /= 0) return
-    call ftorch_set_temporary(result, out)
-    loss_tensor = result
+    call ftorch_check(ftc_loss(kind, input_tensor%p, target_tensor%p, w, pw, reduction, ignore, real(param, c_double), &
+                               smoothing, loss_tensor%p), procedure, stat, errmsg)
   end subroutine compute
 
   !> Mean squared error (F.mse_loss); input and target of the same shape.

@@ -14,10 +14,14 @@ module ftorch_model
             torch_model_parameter_name, torch_model_num_parameters, torch_model_freeze, torch_model_unfreeze, &
             torch_jit_set_optimize
 
-  !> A TorchScript model handle; `p` is null until loaded.
+  !> A TorchScript model handle; `p` is null until loaded. `m2 = m1` (also as components of user
+  !> types and in arrays) makes a second handle to the same model: both run and train the same
+  !> module, and either may be deleted first.
   type :: torch_model
     type(c_ptr) :: p = c_null_ptr
   contains
+    procedure, private :: torch_model_share
+    generic :: assignment(=) => torch_model_share
     procedure :: print_parameters => torch_model_print_parameters
     procedure :: is_training => torch_model_is_training
     final :: torch_model_delete
@@ -74,6 +78,12 @@ module ftorch_model
       integer(c_int), value :: device_type, device_index, requires_grad, is_training
       integer(c_int) :: status
     end function ftc_model_load
+    function ftc_model_share(src, dst) result(status) bind(c, name="ftc_model_share")
+      import :: c_ptr, c_int
+      type(c_ptr), value :: src
+      type(c_ptr), intent(inout) :: dst
+      integer(c_int) :: status
+    end function ftc_model_share
     function ftc_model_delete(m) result(status) bind(c, name="ftc_model_delete")
       import :: c_ptr, c_int
       type(c_ptr), intent(inout) :: m
@@ -308,8 +318,15 @@ contains
     call ftc_set_jit_optimize(c_flag(enabled))
   end subroutine torch_jit_set_optimize
 
-  !> Free the model (a no-op if not loaded); also the finalizer.
-  subroutine torch_model_delete(model)
+  ! `dst = src`: a second handle to the model of src.
+  impure elemental subroutine torch_model_share(dst, src)
+    class(torch_model), intent(inout) :: dst
+    type(torch_model), intent(in) :: src
+    call ftorch_check(ftc_model_share(src%p, dst%p), "assignment(=)")
+  end subroutine torch_model_share
+
+  !> Free the model (a no-op if not loaded, or for a copy of a deleted handle); also the finalizer.
+  impure elemental subroutine torch_model_delete(model)
     type(torch_model), intent(inout) :: model
     integer(c_int) :: status
     status = ftc_model_delete(model%p)

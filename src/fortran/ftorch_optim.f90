@@ -17,19 +17,25 @@ module ftorch_optim
             torch_scheduler_cosine_annealing_lr, torch_scheduler_reduce_on_plateau, torch_scheduler_linear_lr, &
             torch_scheduler_step, torch_scheduler_get_last_lr, torch_scheduler_delete
 
-  !> An optimizer over a set of parameter tensors; `p` is null until constructed.
+  !> An optimizer over a set of parameter tensors; `p` is null until constructed. `o2 = o1` makes
+  !> a second handle to the same optimizer.
   type :: torch_optim
     type(c_ptr) :: p = c_null_ptr
   contains
+    procedure, private :: torch_optim_share
+    generic :: assignment(=) => torch_optim_share
     procedure :: step => torch_optim_step
     procedure :: zero_grad => torch_optim_zero_grad
     final :: torch_optim_delete
   end type torch_optim
 
-  !> A learning-rate schedule driving an optimizer (which it keeps alive).
+  !> A learning-rate schedule driving an optimizer (which it keeps alive). `s2 = s1` makes a
+  !> second handle to the same scheduler.
   type :: torch_scheduler
     type(c_ptr) :: p = c_null_ptr
   contains
+    procedure, private :: torch_scheduler_share
+    generic :: assignment(=) => torch_scheduler_share
     procedure :: step => torch_scheduler_step
     final :: torch_scheduler_delete
   end type torch_scheduler
@@ -61,6 +67,18 @@ module ftorch_optim
       real(c_double), intent(in) :: hyper(*)
       integer(c_int) :: status
     end function ftc_optim_new
+    function ftc_optim_share(src, dst) result(status) bind(c, name="ftc_optim_share")
+      import :: c_ptr, c_int
+      type(c_ptr), value :: src
+      type(c_ptr), intent(inout) :: dst
+      integer(c_int) :: status
+    end function ftc_optim_share
+    function ftc_scheduler_share(src, dst) result(status) bind(c, name="ftc_scheduler_share")
+      import :: c_ptr, c_int
+      type(c_ptr), value :: src
+      type(c_ptr), intent(inout) :: dst
+      integer(c_int) :: status
+    end function ftc_scheduler_share
     function ftc_optim_delete(o) result(status) bind(c, name="ftc_optim_delete")
       import :: c_ptr, c_int
       type(c_ptr), intent(inout) :: o
@@ -367,7 +385,14 @@ contains
   end subroutine torch_optim_clip_grad_value
 
   !> Free the optimizer (a no-op if not constructed); also the finalizer.
-  subroutine torch_optim_delete(optim)
+  ! `dst = src`: a second handle to the optimizer of src.
+  impure elemental subroutine torch_optim_share(dst, src)
+    class(torch_optim), intent(inout) :: dst
+    type(torch_optim), intent(in) :: src
+    call ftorch_check(ftc_optim_share(src%p, dst%p), "assignment(=)")
+  end subroutine torch_optim_share
+
+  impure elemental subroutine torch_optim_delete(optim)
     type(torch_optim), intent(inout) :: optim
     integer(c_int) :: status
     status = ftc_optim_delete(optim%p)
@@ -523,7 +548,14 @@ contains
   end function torch_scheduler_get_last_lr
 
   !> Free the scheduler (a no-op if not constructed); also the finalizer.
-  subroutine torch_scheduler_delete(scheduler)
+  ! `dst = src`: a second handle to the scheduler of src.
+  impure elemental subroutine torch_scheduler_share(dst, src)
+    class(torch_scheduler), intent(inout) :: dst
+    type(torch_scheduler), intent(in) :: src
+    call ftorch_check(ftc_scheduler_share(src%p, dst%p), "assignment(=)")
+  end subroutine torch_scheduler_share
+
+  impure elemental subroutine torch_scheduler_delete(scheduler)
     type(torch_scheduler), intent(inout) :: scheduler
     integer(c_int) :: status
     status = ftc_scheduler_delete(scheduler%p)

@@ -1,9 +1,9 @@
 !> Training helpers: the one-call training step (with an optional progress log) and checkpoints
 !> of model, optimizer and scheduler together.
 module ftorch_train
-  use, intrinsic :: iso_c_binding, only: c_char, c_double, c_int, c_int64_t, c_null_ptr, c_ptr
+  use, intrinsic :: iso_c_binding, only: c_associated, c_char, c_double, c_int, c_int64_t, c_null_ptr, c_ptr
   use, intrinsic :: iso_fortran_env, only: int64, real64, output_unit
-  use ftorch_errors, only: ftorch_check
+  use ftorch_errors, only: ftorch_check, ftorch_fail, FTORCH_ERR_NULL_HANDLE
   use ftorch_interop, only: c_string
   use ftorch_types, only: torch_kMean
   use ftorch_tensor_type, only: torch_tensor
@@ -72,8 +72,7 @@ contains
     do i = 1, size(input_tensors)
       handles(i) = input_tensors(i)%p
     end do
-    sched = c_null_ptr
-    if (present(scheduler)) sched = scheduler%p
+    if (.not. handles_of("torch_train_step", stat, errmsg, scheduler=scheduler, s=sched)) return
     kind = torch_kMSELoss
     if (present(loss_type)) kind = int(loss_type, c_int)
     reduction = torch_kMean
@@ -114,7 +113,7 @@ contains
     character(len=*), intent(inout), optional :: errmsg
     type(c_ptr) :: m, o, s
     integer(c_int64_t) :: n
-    call handles_of(model, optim, scheduler, m, o, s)
+    if (.not. handles_of("torch_checkpoint_save", stat, errmsg, model, optim, scheduler, m, o, s)) return
     n = 0
     if (present(step)) n = step
     call ftorch_check(ftc_checkpoint_save(c_string(filename), m, o, s, n), "torch_checkpoint_save", stat, errmsg)
@@ -132,22 +131,41 @@ contains
     character(len=*), intent(inout), optional :: errmsg
     type(c_ptr) :: m, o, s
     integer(c_int64_t) :: n
-    call handles_of(model, optim, scheduler, m, o, s)
+    if (.not. handles_of("torch_checkpoint_load", stat, errmsg, model, optim, scheduler, m, o, s)) return
     n = 0
     call ftorch_check(ftc_checkpoint_load(c_string(filename), m, o, s, n), "torch_checkpoint_load", stat, errmsg)
     if (present(step)) step = int(n)
   end subroutine torch_checkpoint_load
 
-  subroutine handles_of(model, optim, scheduler, m, o, s)
+  ! The handles of the objects given (null for those absent). An object that is given but not
+  ! constructed is an error: passing it must never mean "absent".
+  logical function handles_of(procedure, stat, errmsg, model, optim, scheduler, m, o, s) result(ok)
+    character(len=*), intent(in) :: procedure
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
     type(torch_model), intent(in), optional :: model
     type(torch_optim), intent(in), optional :: optim
     type(torch_scheduler), intent(in), optional :: scheduler
-    type(c_ptr), intent(out) :: m, o, s
-    m = c_null_ptr
-    o = c_null_ptr
-    s = c_null_ptr
-    if (present(model)) m = model%p
-    if (present(optim)) o = optim%p
-    if (present(scheduler)) s = scheduler%p
-  end subroutine handles_of
+    type(c_ptr), intent(out), optional :: m, o, s
+    character(len=:), allocatable :: missing
+    missing = ""
+    if (present(m)) m = c_null_ptr
+    if (present(o)) o = c_null_ptr
+    if (present(s)) s = c_null_ptr
+    if (present(model)) then
+      if (present(m)) m = model%p
+      if (.not. c_associated(model%p)) missing = "model (not loaded)"
+    end if
+    if (present(optim)) then
+      if (present(o)) o = optim%p
+      if (.not. c_associated(optim%p)) missing = "optimizer (not constructed)"
+    end if
+    if (present(scheduler)) then
+      if (present(s)) s = scheduler%p
+      if (.not. c_associated(scheduler%p)) missing = "scheduler (not constructed)"
+    end if
+    ok = len(missing) == 0
+    if (.not. ok) call ftorch_fail(FTORCH_ERR_NULL_HANDLE, procedure, "the " // missing // " was passed; " // &
+                                   "leave an optional object out rather than passing an unconstructed one", stat, errmsg)
+  end function handles_of
 end module ftorch_train

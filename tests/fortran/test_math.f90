@@ -132,12 +132,15 @@ program test_math
 contains
 
   ! Write "name dtype n" and the values in row-major order (as torch's reshape(-1)).
-  subroutine record(name, t)
+  ! `expression` is read once (named as `t`): on a compiler that does not finalize function
+  ! results, the first FTorch call that reads an expression's result releases it.
+  subroutine record(name, expression)
     character(len=*), intent(in) :: name
-    type(torch_tensor), intent(in) :: t
-    type(torch_tensor) :: flat
+    type(torch_tensor), intent(in) :: expression
+    type(torch_tensor) :: flat, t
     real(real64), allocatable :: values(:)
     integer :: n, dtype
+    t = expression
     n = int(product(t%get_shape()))
     dtype = t%get_dtype()
     allocate(values(n))

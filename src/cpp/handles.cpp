@@ -1,0 +1,181 @@
+// handles.cpp - handle tables, per-thread live counts and the release of temporaries
+// (see handles.hpp for the rules).
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "internal.hpp"
+
+namespace ftc {
+namespace {
+
+// Each thread counts the handles it creates and frees; a thread that ends hands its balance
+// to `retired`. Reading the total locks; counting never does.
+struct CountRegistry {
+  std::mutex mutex;
+  std::vector<std::atomic<int64_t> *> counters;
+  int64_t retired = 0;
+};
+
+CountRegistry &registry() {
+  static CountRegistry *r = new CountRegistry();  // never destroyed (threads may outlive main)
+  return *r;
+}
+
+struct ThreadCount {
+  std::atomic<int64_t> n{0};
+  ThreadCount() {
+    auto &r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.counters.push_back(&n);
+  }
+  ~ThreadCount() {
+    auto &r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.retired += n.load(std::memory_order_relaxed);
+    r.counters.erase(std::remove(r.counters.begin(), r.counters.end(), &n), r.counters.end());
+  }
+};
+
+thread_local ThreadCount thread_count;
+thread_local std::vector<ftc_tensor> consumed_list;
+
+}  // namespace
+
+void count_handles(int64_t delta) noexcept {
+  // Only this thread writes its counter: a relaxed load and store, no read-modify-write.
+  thread_count.n.store(thread_count.n.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
+}
+
+int64_t live_handle_count() noexcept {
+  (void)thread_count;  // register this thread, so that the sum below includes it
+  auto &r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  int64_t total = r.retired;
+  for (const auto *c : r.counters) total += c->load(std::memory_order_relaxed);
+  return total;
+}
+
+std::vector<ftc_tensor> &consumed() { return consumed_list; }
+
+void release_consumed(size_t from) noexcept {
+  auto &list = consumed_list;
+  while (list.size() > from) {
+    ftc_tensor h = list.back();
+    list.pop_back();
+    TensorTable::instance().release(h);
+  }
+}
+
+void bad_handle(const void *handle, const char *kind, const char *what) {
+  if (handle == nullptr) {
+    fail(FTC_ERR_NULL_HANDLE, std::string(what) + " is not " + (std::string(kind) == "tensor" ? "constructed" : "loaded") +
+                                  " (null handle)");
+  }
+  fail(FTC_ERR_NULL_HANDLE, std::string(what) + " is not a live " + kind +
+                                ": it was deleted, or is a copy of a " + kind +
+                                " that has since been deleted (stale handle)");
+}
+
+TensorTable::Slot &tensor_slot(ftc_tensor h, const char *what) {
+  auto *s = TensorTable::instance().find(h);
+  if (s == nullptr) bad_handle(h, "tensor", what);
+  if ((s->flags & kTemporary) != 0) {
+    auto &list = consumed_list;
+    if (std::find(list.begin(), list.end(), h) == list.end()) list.push_back(h);
+  }
+  return *s;
+}
+
+std::vector<at::Tensor> tensors_of(const ftc_tensor *handles, int64_t n, const char *what) {
+  if (n < 0) fail(FTC_ERR_INVALID_ARGUMENT, std::string("negative number of ") + what + "s (" + std::to_string(n) + ")");
+  if (n > 0 && handles == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, std::string(what) + " array pointer is null");
+  auto &table = TensorTable::instance();
+  for (int64_t i = 0; i < n; ++i) {  // schedule every temporary first
+    if (table.find(handles[i]) != nullptr) tensor_slot(handles[i]);
+  }
+  std::vector<at::Tensor> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    out.push_back(tensor_of(handles[i], (std::string(what) + " " + std::to_string(i + 1)).c_str()));
+  }
+  return out;
+}
+
+void take_temporaries(std::initializer_list<ftc_tensor> handles) {
+  auto &table = TensorTable::instance();
+  for (ftc_tensor h : handles) {
+    if (table.find(h) != nullptr) tensor_slot(h);
+  }
+}
+
+ftc_tensor new_tensor_handle(at::Tensor t, uint8_t flags) {
+  return static_cast<ftc_tensor>(TensorTable::instance().acquire(std::move(t), flags));
+}
+
+void install(ftc_tensor *out, at::Tensor t, uint8_t flags) {
+  if (out == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
+  ftc_tensor fresh = new_tensor_handle(std::move(t), flags);
+  ftc_tensor old = *out;
+  *out = fresh;
+  TensorTable::instance().release(old);
+}
+
+bool delete_tensor(ftc_tensor h) noexcept { return TensorTable::instance().release(h); }
+
+torch::jit::Module &model_of(ftc_model h) {
+  auto *s = ModelTable::instance().find(h);
+  if (s == nullptr || !s->value) bad_handle(h, "model", "model");
+  return *s->value;
+}
+
+std::shared_ptr<Optim> &optim_ptr(ftc_optim h) {
+  auto *s = OptimTable::instance().find(h);
+  if (s == nullptr || !s->value) bad_handle(h, "optimizer", "optimizer");
+  return s->value;
+}
+
+std::shared_ptr<Scheduler> &scheduler_ptr(ftc_scheduler h) {
+  auto *s = SchedulerTable::instance().find(h);
+  if (s == nullptr || !s->value) bad_handle(h, "scheduler", "scheduler");
+  return s->value;
+}
+
+// *dst = a second handle to the object of src (an unloaded src makes dst unloaded too).
+template <class Table, class Handle>
+int share(Handle src, Handle *dst, const char *kind) {
+  return guard([&] {
+    auto *s = Table::instance().find(src);
+    if (s == nullptr && src != nullptr) bad_handle(src, kind, (std::string("source ") + kind).c_str());
+    if (dst == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
+    if (s == nullptr) {
+      delete_handle<Table>(dst);
+    } else if (*dst != src) {
+      replace_handle<Table>(dst, s->value);
+    }
+  });
+}
+
+}  // namespace ftc
+
+extern "C" {
+
+int64_t ftc_live_handles(void) { return ftc::live_handle_count(); }
+
+int ftc_tensor_delete(ftc_tensor *t) { return ftc::delete_handle<ftc::TensorTable>(t); }
+
+int ftc_model_delete(ftc_model *m) { return ftc::delete_handle<ftc::ModelTable>(m); }
+
+int ftc_optim_delete(ftc_optim *o) { return ftc::delete_handle<ftc::OptimTable>(o); }
+
+int ftc_scheduler_delete(ftc_scheduler *s) { return ftc::delete_handle<ftc::SchedulerTable>(s); }
+
+int ftc_model_share(ftc_model src, ftc_model *dst) { return ftc::share<ftc::ModelTable>(src, dst, "model"); }
+
+int ftc_optim_share(ftc_optim src, ftc_optim *dst) { return ftc::share<ftc::OptimTable>(src, dst, "optimizer"); }
+
+int ftc_scheduler_share(ftc_scheduler src, ftc_scheduler *dst) {
+  return ftc::share<ftc::SchedulerTable>(src, dst, "scheduler");
+}
+
+}  // extern "C"

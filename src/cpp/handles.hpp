@@ -1,0 +1,233 @@
+// handles.hpp - the lifetime of every handle the C API gives out (tensors, models, optimizers,
+// schedulers), in one place.
+//
+// A handle is not a pointer but a (slot, generation) pair packed into a pointer-sized value:
+//  - deleting a handle frees its slot and bumps the slot's generation, so every copy of the old
+//    value (Fortran's intrinsic assignment, sourced allocation, a compiler that finalizes a copy)
+//    becomes *stale*: using it is a clear error, deleting it again is a no-op, and it can never
+//    reach whatever object later reuses the slot;
+//  - a value that was never a handle (an uninitialised c_ptr) is rejected the same way;
+//  - results of expressions are temporaries. Where the Fortran compiler finalizes function
+//    results (flang, gfortran >= 13) the finalizer deletes them at the end of the statement;
+//    where it does not (gfortran 12), they are released by the first C call that reads them,
+//    through `tensor_of` and `guard`, whatever that call is and whether it succeeds or fails.
+// Slots live in chunks that are never freed or moved, so a lookup is two loads and a compare.
+// Free slots are cached per thread; the live count is kept per thread and summed when read.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace ftc {
+
+// Handle-count bookkeeping of the calling thread (no shared counter on the hot path).
+void count_handles(int64_t delta) noexcept;
+// Live handles of every kind, over all threads (past and present).
+int64_t live_handle_count() noexcept;
+
+enum HandleFlags : uint8_t {
+  kTemporary = 1,  // result of an expression: released by the first call that reads it
+  kShared = 2,     // bound to a model's or optimizer's parameter: `=` writes in place, always
+  kFinalized = 4,  // result of an expression that the compiler finalizes at the end of the
+                   // statement (which deletes it): readers leave it alone, `=` takes it over
+};
+
+template <class T>
+class HandleTable {
+ public:
+  struct Slot {
+    T value{};
+    uint32_t generation = 1;
+    bool live = false;
+    uint8_t flags = 0;
+  };
+
+  static HandleTable &instance() {
+    static HandleTable *table = new HandleTable();  // never destroyed: threads may outlive main
+    return *table;
+  }
+
+  void *acquire(T value, uint8_t flags = 0) {
+    const uint32_t index = take_index();
+    Slot &s = slot(index);
+    s.value = std::move(value);
+    s.flags = flags;
+    s.live = true;
+    count_handles(1);
+    return reinterpret_cast<void *>((static_cast<uintptr_t>(s.generation) << 32) | (uintptr_t{index} + 1));
+  }
+
+  // The live slot of `handle`, or nullptr for null, stale or foreign values.
+  Slot *find(const void *handle) const noexcept {
+    const auto bits = reinterpret_cast<uintptr_t>(handle);
+    const auto low = static_cast<uint32_t>(bits & 0xffffffffu);
+    if (low == 0 || low > kCapacity) return nullptr;
+    const uint32_t index = low - 1;
+    Slot *chunk = chunks_[index >> kChunkBits].load(std::memory_order_acquire);
+    if (chunk == nullptr) return nullptr;
+    Slot &s = chunk[index & (kChunkSize - 1)];
+    if (!s.live || s.generation != static_cast<uint32_t>(bits >> 32)) return nullptr;
+    return &s;
+  }
+
+  // Free the slot of a live handle; false (and nothing done) for null, stale or foreign values.
+  bool release(const void *handle) noexcept {
+    Slot *s = find(handle);
+    if (s == nullptr) return false;
+    s->live = false;
+    s->flags = 0;
+    if (++s->generation == 0) s->generation = 1;
+    T old = std::move(s->value);
+    s->value = T{};
+    give_back(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(handle) & 0xffffffffu) - 1);
+    count_handles(-1);
+    return true;  // `old` (a tensor, a model...) is destroyed here, after the slot is consistent
+  }
+
+ private:
+  static constexpr uint32_t kChunkBits = 12;
+  static constexpr uint32_t kChunkSize = 1u << kChunkBits;
+  static constexpr uint32_t kMaxChunks = 1u << 16;
+  static constexpr uint32_t kCapacity = kChunkSize * kMaxChunks;
+  static constexpr size_t kCacheSize = 64;
+
+  struct Cache {
+    HandleTable *table = nullptr;
+    std::vector<uint32_t> free;
+    ~Cache() {
+      if (table == nullptr || free.empty()) return;
+      try {
+        std::lock_guard<std::mutex> lock(table->mutex_);
+        table->free_.insert(table->free_.end(), free.begin(), free.end());
+      } catch (...) {
+      }
+    }
+  };
+
+  HandleTable() = default;
+
+  Cache &cache() {
+    static thread_local Cache c;
+    c.table = this;
+    return c;
+  }
+
+  Slot &slot(uint32_t index) const {
+    return chunks_[index >> kChunkBits].load(std::memory_order_acquire)[index & (kChunkSize - 1)];
+  }
+
+  uint32_t take_index() {
+    Cache &c = cache();
+    if (!c.free.empty()) {
+      const uint32_t i = c.free.back();
+      c.free.pop_back();
+      return i;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!free_.empty()) {
+      const uint32_t i = free_.back();
+      free_.pop_back();
+      return i;
+    }
+    if (next_ >= kCapacity) throw std::bad_alloc();
+    if ((next_ & (kChunkSize - 1)) == 0) {
+      chunks_[next_ >> kChunkBits].store(new Slot[kChunkSize], std::memory_order_release);
+    }
+    return next_++;
+  }
+
+  void give_back(uint32_t index) noexcept {
+    try {
+      Cache &c = cache();
+      if (c.free.size() < kCacheSize) {
+        c.free.push_back(index);
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      free_.push_back(index);
+    } catch (...) {
+      // Out of memory for the free list: the slot is not reused (never unsafe).
+    }
+  }
+
+  std::atomic<Slot *> chunks_[kMaxChunks] = {};
+  std::mutex mutex_;
+  std::vector<uint32_t> free_;  // guarded by mutex_
+  uint32_t next_ = 0;           // guarded by mutex_
+};
+
+using TensorTable = HandleTable<at::Tensor>;
+using ModelTable = HandleTable<std::shared_ptr<torch::jit::Module>>;
+using OptimTable = HandleTable<std::shared_ptr<Optim>>;
+using SchedulerTable = HandleTable<std::shared_ptr<Scheduler>>;
+
+// ---------------------------------------------------------------------------- temporaries
+
+// Temporaries read during the current C call of this thread; released when the call returns.
+std::vector<ftc_tensor> &consumed();
+void release_consumed(size_t from) noexcept;
+
+// Marks where the current call's temporaries start (calls nest: an LBFGS closure runs Fortran
+// code that calls back into the C API) and releases them when the call returns.
+class ConsumedMark {
+ public:
+  ConsumedMark() noexcept : from_(consumed().size()) {}
+  ~ConsumedMark() { release_consumed(from_); }
+  ConsumedMark(const ConsumedMark &) = delete;
+  ConsumedMark &operator=(const ConsumedMark &) = delete;
+
+ private:
+  size_t from_;
+};
+
+// ---------------------------------------------------------------------------- access
+
+// Error for a handle that does not resolve: null (never constructed) or stale/foreign.
+[[noreturn]] void bad_handle(const void *handle, const char *kind, const char *what);
+
+// The slot of a tensor handle; a temporary is scheduled for release at the end of the call.
+TensorTable::Slot &tensor_slot(ftc_tensor h, const char *what = "tensor");
+inline at::Tensor &tensor_of(ftc_tensor h, const char *what = "tensor") { return tensor_slot(h, what).value; }
+// Every handle of an array, resolved before any is checked, so that each temporary among them
+// is released even when an earlier one is invalid.
+std::vector<at::Tensor> tensors_of(const ftc_tensor *handles, int64_t n, const char *what);
+
+// Schedule the temporaries among several tensor arguments first, so that each is released even
+// when checking an earlier argument fails.
+void take_temporaries(std::initializer_list<ftc_tensor> handles);
+
+ftc_tensor new_tensor_handle(at::Tensor t, uint8_t flags = 0);
+// *out = a new handle holding t; the previous handle of *out (if live) is freed only after.
+void install(ftc_tensor *out, at::Tensor t, uint8_t flags = 0);
+bool delete_tensor(ftc_tensor h) noexcept;
+
+torch::jit::Module &model_of(ftc_model h);
+std::shared_ptr<Optim> &optim_ptr(ftc_optim h);
+inline Optim &optim_of(ftc_optim h) { return *optim_ptr(h); }
+std::shared_ptr<Scheduler> &scheduler_ptr(ftc_scheduler h);
+inline Scheduler &scheduler_of(ftc_scheduler h) { return *scheduler_ptr(h); }
+
+template <class Table, class Handle, class Value>
+void replace_handle(Handle *out, Value value) {
+  if (out == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
+  auto &table = Table::instance();
+  Handle fresh = static_cast<Handle>(table.acquire(std::move(value)));
+  Handle old = *out;
+  *out = fresh;
+  table.release(old);
+}
+
+template <class Table, class Handle>
+int delete_handle(Handle *h) noexcept {
+  if (h != nullptr) {
+    Table::instance().release(*h);
+    *h = nullptr;
+  }
+  return FTC_OK;
+}
+
+}  // namespace ftc
