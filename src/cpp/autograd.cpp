@@ -57,12 +57,13 @@ int ftc_tensor_get_gradient(ftc_tensor t, ftc_tensor *gradient) {
   return ftc::guard([&] {
     const at::Tensor &x = ftc::tensor_of(t);
     ftc::out_arg(gradient, "gradient");
+    if (!x.is_leaf()) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the tensor is not a leaf: gradients are kept for leaf tensors only");
+    }
     const at::Tensor &g = x.grad();
     if (!g.defined()) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, x.requires_grad() && !x.is_leaf()
-                                              ? "the tensor is not a leaf: gradients are kept for leaf tensors only"
-                                              : "the tensor has no gradient yet (call torch_tensor_backward first, "
-                                                "on a result that depends on it)");
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the tensor has no gradient yet (call torch_tensor_backward first, "
+                                          "on a result that depends on it)");
     }
     auto *dst = ftc::TensorTable::instance().find(*gradient);
     if (dst == nullptr) {

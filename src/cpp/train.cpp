@@ -4,6 +4,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <sstream>
+#include <thread>
 
 #include "internal.hpp"
 
@@ -28,6 +31,15 @@ void fsync_path(const std::string &path) {
 std::string directory_of(const std::string &file) {
   const auto slash = file.rfind('/');
   return slash == std::string::npos ? "." : (slash == 0 ? "/" : file.substr(0, slash));
+}
+
+// A temporary file name next to `file`, unique per host, process and thread.
+std::string temporary_name(const std::string &file) {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  std::ostringstream os;
+  os << file << ".tmp." << host << "." << ::getpid() << "." << std::hash<std::thread::id>{}(std::this_thread::get_id());
+  return os.str();
 }
 
 }  // namespace
@@ -72,7 +84,7 @@ int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *
     ++opt.steps;
     const double value = l.item<double>();
     if (sched != nullptr) sched->step(true, value);
-    if (loss != nullptr) *loss = value;
+    if (loss != nullptr) *loss = value;  // optional outputs: null means "not wanted"
     if (seconds != nullptr) {
       *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
@@ -113,7 +125,7 @@ int ftc_checkpoint_save(const char *filename, ftc_model m, ftc_optim o, ftc_sche
     if (s != nullptr) archive.write("scheduler.state", c10::IValue(ftc::scheduler_of(s).state()));
 
     // Write next to the target and rename over it: a crash leaves the previous file intact.
-    const std::string tmp = file + ".tmp." + std::to_string(::getpid());
+    const std::string tmp = temporary_name(file);
     try {
       archive.save_to(tmp);
     } catch (const c10::Error &e) {
@@ -133,9 +145,19 @@ int ftc_checkpoint_load(const char *filename, ftc_model m, ftc_optim o, ftc_sche
   return ftc::guard([&] {
     if (filename == nullptr || filename[0] == '\0') ftc::fail(FTC_ERR_INVALID_ARGUMENT, "file name is empty");
     const std::string file(filename);
+    // Tensors are mapped to the model's device (a checkpoint written on a GPU loads on a CPU).
+    std::optional<c10::Device> device;
+    if (m != nullptr) {
+      for (const auto &p : ftc::model_of(m).parameters()) {
+        device = p.device();
+        break;
+      }
+    } else if (o != nullptr && !ftc::optim_of(o).params.empty()) {
+      device = ftc::optim_of(o).params.front().device();
+    }
     torch::serialize::InputArchive archive;
     try {
-      archive.load_from(file);
+      archive.load_from(file, device);
     } catch (const c10::Error &e) {
       ftc::fail(FTC_ERR_IO, "cannot read checkpoint '" + file + "' (missing, truncated or not a checkpoint): " +
                                 e.what_without_backtrace());
@@ -173,9 +195,15 @@ int ftc_checkpoint_load(const char *filename, ftc_model m, ftc_optim o, ftc_sche
       }
       for (const auto &b : module.named_buffers()) {
         at::Tensor t;
-        if (archive.try_read("model.buffer." + b.name, t, /*is_buffer=*/true) && t.sizes() == b.value.sizes()) {
-          copies.emplace_back(b.value, t);
+        if (!archive.try_read("model.buffer." + b.name, t, /*is_buffer=*/true)) {
+          ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint is of a different model: it has no buffer " + b.name);
         }
+        if (t.sizes() != b.value.sizes()) {
+          ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint is of a different model: buffer " + b.name + " has shape " +
+                                                  ftc::shape_string(t.sizes()) + " there and " +
+                                                  ftc::shape_string(b.value.sizes()) + " here");
+        }
+        copies.emplace_back(b.value, t);
       }
     }
     torch::serialize::InputArchive optim_state;
@@ -196,23 +224,39 @@ int ftc_checkpoint_load(const char *filename, ftc_model m, ftc_optim o, ftc_sche
     if (s != nullptr) {
       if (!archive.try_read("scheduler.state", value)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint holds no scheduler");
       for (const auto &v : value.toListRef()) sched_state.push_back(v.toDouble());
-      if (sched_state.empty() || static_cast<int>(sched_state[0]) != ftc::scheduler_of(s).kind) {
+      const auto expected = ftc::scheduler_of(s).state().size();
+      if (sched_state.size() != expected || static_cast<int>(sched_state[0]) != ftc::scheduler_of(s).kind) {
         ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's scheduler is of another kind");
       }
     }
     archive.read("step", value);
     const int64_t saved_step = value.toInt();
 
+    // The optimizer state is the one part LibTorch validates only while loading it: load it first,
+    // and put the previous state back if that fails, before anything else changes.
+    if (o != nullptr) {
+      auto &opt = ftc::optim_of(o);
+      std::stringstream previous;
+      {
+        torch::serialize::OutputArchive snapshot;
+        opt.opt->save(snapshot);
+        snapshot.save_to(previous);
+      }
+      try {
+        opt.opt->load(optim_state);
+      } catch (...) {
+        torch::serialize::InputArchive restore;
+        restore.load_from(previous);
+        opt.opt->load(restore);
+        throw;
+      }
+      opt.steps = optim_steps;
+    }
+    if (s != nullptr) ftc::scheduler_of(s).set_state(sched_state);  // size and kind checked above
     {
       at::NoGradGuard no_grad;
       for (auto &c : copies) c.first.copy_(c.second);
     }
-    if (o != nullptr) {
-      auto &opt = ftc::optim_of(o);
-      opt.opt->load(optim_state);
-      opt.steps = optim_steps;
-    }
-    if (s != nullptr) ftc::scheduler_of(s).set_state(sched_state);
     if (step != nullptr) *step = saved_step;
   });
 }

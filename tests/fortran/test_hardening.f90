@@ -1,0 +1,422 @@
+!> What ordinary Fortran does to tensors must never corrupt memory or leak: copies of tensors in
+!> arrays and components, sourced allocation, double deletes, expressions passed to every
+!> procedure, `x = f(x)` under autograd, failures of functions caught by a catch scope.
+!> Writes hardening_*.txt into the data directory for tests/test_hardening.py to replay in PyTorch.
+program test_hardening
+  use, intrinsic :: iso_c_binding, only: c_associated, c_int64_t
+  use, intrinsic :: iso_fortran_env, only: int64, real64
+  use ftorch
+  use testing, only: check, check_close, summary, data_path, rss_kib
+  implicit none
+
+  type :: state_t
+    type(torch_tensor) :: a
+    type(torch_tensor) :: pair(2)
+  end type state_t
+
+  type :: bag_t
+    type(torch_tensor), allocatable :: v(:)
+  end type bag_t
+
+  integer(c_int64_t) :: base
+
+  base = ftorch_live_handles()
+  call copies_of_tensors()
+  call copies_of_objects()
+  call stale_handles()
+  call expressions_everywhere()
+  call assignment_of_scalars()
+  call x_equals_f_of_x()
+  call time_stepping()
+  call model_time_stepping()
+  call catch_scopes()
+  call unconstructed_objects()
+  call check(ftorch_live_handles() == base, "every handle made by this program was freed")
+  call summary()
+
+contains
+
+  function values_of(t) result(v)
+    type(torch_tensor), intent(in) :: t
+    real(real64), allocatable :: v(:)
+    allocate(v(product(t%get_shape())))
+    call torch_tensor_to_array(t, v)
+  end function values_of
+
+  subroutine copies_of_tensors()
+    real(real64), target :: mem(2, 3)
+    type(torch_tensor) :: ts1(3), ts2(3), ts3(3)
+    type(state_t) :: s1, s2
+    type(bag_t) :: b1, b2
+    integer :: i, stat
+    integer(c_int64_t) :: before
+    before = ftorch_live_handles()
+    do i = 1, 3
+      call torch_tensor_zeros(ts1(i), 1, [2_c_int64_t], torch_kFloat64, torch_kCPU)
+      ts1(i) = real(i, real64)
+    end do
+    ts2 = ts1
+    call check(all([(c_associated(ts2(i)%p), i = 1, 3)]) .and. ftorch_live_handles() == before + 6, &
+               "ts2 = ts1 on arrays makes three new tensors")
+    ts1(2) = 20.0_real64
+    call check(all(values_of(ts2(2)) == 2.0_real64), "array copies are copies, not shares")
+    do i = 1, 3
+      call torch_tensor_from_array(ts3(i), mem(:, i), torch_kCPU)
+    end do
+    ts3 = ts1
+    call check(all(mem(:, 1) == 1.0_real64) .and. all(mem(:, 2) == 20.0_real64) .and. all(mem(:, 3) == 3.0_real64), &
+               "ts3 = ts1 on constructed arrays writes into the aliased Fortran memory")
+    call torch_delete(ts1)
+    call check(all(values_of(ts2(3)) == 3.0_real64), "a copy outlives the deleted original")
+
+    s1%a = ts2(1)
+    s1%pair = ts2(2:3)
+    s2 = s1
+    call check(c_associated(s2%a%p) .and. .not. c_associated(s2%a%p, s1%a%p), &
+               "a user type's tensor component is copied by s2 = s1, not shared")
+    call torch_delete(s1%a)
+    call torch_delete(s1%pair)
+    call check(all(values_of(s2%pair(2)) == 3.0_real64), "components copied by s2 = s1 outlive the original")
+    call torch_delete(s2%a)
+    call torch_delete(s2%pair)
+
+    allocate(b1%v(2))
+    b1%v = ts2(1:2)
+    b2 = b1  ! flang copies each element; gfortran 12 copies the handles bitwise (shares them)
+    call torch_delete(b1%v)
+    i = b2%v(1)%get_rank(stat=stat)
+    call check(stat == 0 .or. stat == FTORCH_ERR_NULL_HANDLE, &
+               "an allocatable component copied by b2 = b1 is a copy or a stale share, never a crash")
+    call torch_delete(b2%v)
+    call torch_delete(b2%v)  ! twice: harmless
+    call torch_delete(ts2)
+    call torch_delete(ts3)
+    call check(ftorch_live_handles() == before, "copies of tensors in arrays and components leave no handles")
+  end subroutine copies_of_tensors
+
+  subroutine copies_of_objects()
+    type(torch_model) :: m1, m2, ms(2)
+    type(torch_optim) :: o1, o2
+    type(torch_scheduler) :: sc1, sc2
+    type(torch_tensor) :: x, y, w
+    real(real64), target :: xv(5), yv(5), yv2(5)
+    integer(c_int64_t) :: before
+    before = ftorch_live_handles()
+    xv = 0.25_real64
+    call torch_model_load(m1, data_path("simplenet_f64.pt"), torch_kCPU)
+    call torch_tensor_from_array(x, xv, torch_kCPU)
+    call torch_tensor_from_array(y, yv, torch_kCPU)
+    call torch_model_forward(m1, [x], [y])
+    yv2 = yv
+    m2 = m1
+    ms = m1
+    call torch_delete(m1)
+    yv = 0
+    call torch_model_forward(m2, [x], [y])
+    call check(all(yv == yv2), "m2 = m1 shares the model: it runs after m1 is deleted")
+    call torch_model_parameter(m2, 1, w)
+    call torch_optim_SGD(o1, [w], learning_rate=0.1_real64)
+    call torch_scheduler_step_lr(sc1, o1, 1, 0.5_real64)
+    o2 = o1
+    sc2 = sc1
+    call torch_delete(o1)
+    call torch_delete(sc1)
+    call torch_scheduler_step(sc2)
+    call check(abs(torch_optim_get_learning_rate(o2) - 0.05_real64) < 1e-15_real64, &
+               "optimizer and scheduler copies share them and outlive the originals")
+    call torch_delete(ms)
+    call torch_delete(m2)
+    call torch_delete(o2)
+    call torch_delete(sc2)
+    call torch_delete(sc2)
+    call torch_delete(x); call torch_delete(y); call torch_delete(w)
+    call check(ftorch_live_handles() == before, "copies of models, optimizers and schedulers leave no handles")
+  end subroutine copies_of_objects
+
+  subroutine stale_handles()
+    type(torch_tensor) :: a, b, c, d
+    type(torch_tensor), allocatable :: al(:)
+    type(torch_tensor) :: src(2)
+    integer :: stat, rank
+    character(len=256) :: msg
+    call torch_tensor_ones(a, 1, [3_c_int64_t], torch_kFloat64, torch_kCPU)
+    b%p = a%p  ! what a bitwise copy does
+    call torch_tensor_delete(a)
+    msg = ""
+    rank = b%get_rank(stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_NULL_HANDLE .and. index(msg, "stale") > 0, &
+               "a copy of a deleted tensor is a clear error: " // trim(msg))
+    call torch_tensor_delete(b)  ! a second delete of the same handle: a no-op
+    call torch_tensor_zeros(c, 1, [3_c_int64_t], torch_kFloat64, torch_kCPU)
+    call torch_tensor_ones(d, 1, [3_c_int64_t], torch_kFloat64, torch_kCPU)
+    c = 5.0_real64
+    call check(all(values_of(c) == 5.0_real64) .and. all(values_of(d) == 1.0_real64), &
+               "after a double delete, two new tensors are still distinct")
+    call torch_tensor_ones(src(1), 1, [2_c_int64_t], torch_kFloat64, torch_kCPU)
+    call torch_tensor_ones(src(2), 1, [2_c_int64_t], torch_kFloat64, torch_kCPU)
+    allocate(al, source=src)  ! sourced allocation copies handles bitwise
+    call torch_delete(src)
+    rank = al(1)%get_rank(stat=stat)
+    call check(stat == FTORCH_ERR_NULL_HANDLE, "a sourced copy of a deleted tensor is a clear error")
+    call torch_delete(al)
+    b%p = transfer(12345_int64, b%p)  ! never a handle
+    rank = b%get_rank(stat=stat)
+    call check(stat == FTORCH_ERR_NULL_HANDLE, "a value that was never a handle is rejected")
+    call torch_tensor_delete(b)
+    call torch_delete(c); call torch_delete(d)
+  end subroutine stale_handles
+
+  ! Every public procedure that reads a tensor, given an expression, 10^4 times: no handle is
+  ! left behind (the call releases it, or the compiler's finalizer does).
+  subroutine expressions_everywhere()
+    integer, parameter :: n = 10000
+    real(real64), target :: av(5), bv(5), outv(5), onev(1), gv(5)
+    type(torch_tensor) :: a, b, out, one, g, p, loss, labels
+    type(torch_model) :: model
+    type(torch_optim) :: opt
+    real(real64) :: lossv
+    integer(c_int64_t) :: before
+    integer(int64) :: rss_warm, rss_end
+    integer :: i, stat, k
+    integer(c_int64_t), pointer :: shp(:)
+    logical :: flag
+    character(len=256) :: msg
+    av = [1, 2, 3, 4, 5] * 0.1_real64
+    bv = 0.5_real64
+    call torch_tensor_from_array(a, av, torch_kCPU)
+    call torch_tensor_from_array(b, bv, torch_kCPU)
+    call torch_tensor_from_array(out, outv, torch_kCPU)
+    call torch_tensor_from_array(one, onev, torch_kCPU)
+    call torch_tensor_from_array(g, gv, torch_kCPU)
+    call torch_tensor_from_array(p, gv, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_zeros(loss, 0, [integer(c_int64_t) ::], torch_kFloat64, torch_kCPU)
+    call torch_model_load(model, data_path("simplenet_f64.pt"), torch_kCPU, requires_grad=.true.)
+    call torch_optim_SGD(opt, [p], learning_rate=0.0_real64)
+    before = ftorch_live_handles()
+    rss_warm = 0
+    do i = 1, n
+      if (i == n / 10) rss_warm = rss_kib()
+      k = torch_tensor_get_rank(a * 1.0_real64)
+      k = torch_tensor_get_dtype(a + 0.0_real64)
+      k = torch_tensor_get_device_type(a * 1)
+      k = torch_tensor_get_device_index(a * 1)
+      flag = torch_tensor_requires_grad(a * 2)
+      flag = torch_tensor_is_leaf(a * 2)
+      call torch_tensor_to_array(a * 2.0_real64, outv)
+      call torch_tensor_to(a * 3.0_real64, out)
+      call torch_tensor_sum(one, a * b)
+      call torch_tensor_mean(one, a * b)
+      call torch_model_forward(model, [a * 1.0_real64], [out])
+      call torch_model_forward(model, [a * 1.0_real64], [out], requires_grad=.true.)
+      call torch_loss_mse(loss, out * 2.0_real64, b * 1.0_real64)
+      call torch_loss_l1(loss, a * 2.0_real64, b * 1.0_real64)
+      call torch_tensor_backward(torch_sum(p * b))
+      call torch_tensor_backward(p * 2.0_real64, b * 1.0_real64)
+      call torch_tensor_set_gradient(p, b * 0.0_real64)
+      call torch_tensor_get_gradient(g, p * 1.0_real64, stat=stat)   ! not a leaf: a clean error
+      call torch_optim_SGD(opt, [p * 1.0_real64], stat=stat)         ! not a leaf: a clean error
+      call torch_tensor_backward(a * 2.0_real64, stat=stat)          ! no graph: a clean error
+      call torch_model_forward(model, [a * 1.0_real64, b * 1.0_real64], [out], stat=stat)  ! 2 inputs: error
+      call torch_tensor_to_array(a * 2.0_real64, gv(1:3), stat=stat) ! wrong shape: error
+      shp => torch_tensor_get_shape(a * 2.0_real64, stat=stat)       ! would dangle: error
+      call torch_train_step(model, opt, [a * 1.0_real64], b * 1.0_real64, loss=lossv, stat=stat)
+      labels = torch_relu(a - 0.2_real64)
+      call torch_tensor_delete(labels)
+    end do
+    rss_end = rss_kib()
+    print '(a,i0,a,i0,a)', "expressions loop: RSS ", rss_warm, " -> ", rss_end, " KiB"
+    call check(ftorch_live_handles() == before, "expressions passed to every procedure leave no handle behind")
+    call check(rss_end - rss_warm < 4096, "10^4 iterations of expressions to every procedure keep RSS flat")
+    msg = ""
+    shp => torch_tensor_get_shape(a * 2.0_real64, stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "dangle") > 0 .and. .not. associated(shp), &
+               "a pointer into an expression's result is refused: " // trim(msg))
+    call torch_delete(a); call torch_delete(b); call torch_delete(out); call torch_delete(one)
+    call torch_delete(g); call torch_delete(p); call torch_delete(loss); call torch_delete(model)
+    call torch_delete(opt)
+  end subroutine expressions_everywhere
+
+  subroutine assignment_of_scalars()
+    real(real64), target :: v(4)
+    integer(int64), target :: iv(3)
+    type(torch_tensor) :: t, ti
+    call torch_tensor_from_array(t, v, torch_kCPU)
+    call torch_tensor_from_array(ti, iv, torch_kCPU)
+    t = 2.5_real64
+    ti = 7
+    call check(all(v == 2.5_real64) .and. all(iv == 7), "tensor = scalar fills the tensor and its Fortran array")
+    call torch_delete(t); call torch_delete(ti)
+  end subroutine assignment_of_scalars
+
+  ! x = x*y, x = x**2, x = sin(x) on a tensor over a Fortran array, then backward: the values
+  ! land in the array and the gradient is the one PyTorch gives for the same lines.
+  subroutine x_equals_f_of_x()
+    real(real64), target :: x0v(3), xv(3), yv(3), gx(3), gy(3), lv(1)
+    type(torch_tensor) :: x0, x, y, l, tg
+    integer :: unit
+    x0v = [0.3_real64, -0.7_real64, 1.1_real64]
+    yv = [1.5_real64, 0.5_real64, -2.0_real64]
+    call torch_tensor_from_array(x0, x0v, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_from_array(y, yv, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_from_array(x, xv, torch_kCPU)
+    call torch_tensor_from_array(l, lv, torch_kCPU)
+    x = x0
+    x = x * y
+    x = x ** 2
+    x = torch_sin(x)
+    x = x * x + y
+    call torch_tensor_sum(l, x)
+    call torch_tensor_backward(l)
+    call torch_tensor_from_array(tg, gx, torch_kCPU)
+    call torch_tensor_get_gradient(tg, x0)
+    call torch_tensor_from_array(tg, gy, torch_kCPU)
+    call torch_tensor_get_gradient(tg, y)
+    open(newunit=unit, file=data_path("hardening_xfx.txt"), status="replace", action="write")
+    write(unit, '(*(es25.17e3))') xv
+    write(unit, '(*(es25.17e3))') gx
+    write(unit, '(*(es25.17e3))') gy
+    close(unit)
+    call check(all(x0v == [0.3_real64, -0.7_real64, 1.1_real64]), "x = f(x) never changes the initial values")
+    call torch_delete(x0); call torch_delete(x); call torch_delete(y); call torch_delete(l); call torch_delete(tg)
+  end subroutine x_equals_f_of_x
+
+  ! Differentiable time stepping on a Fortran state array: state = state + dt*tendency(state)
+  ! for 50 steps, then backward to the initial state and to the weights; repeated 200 times to
+  ! show memory stays flat.
+  subroutine time_stepping()
+    integer, parameter :: nsteps = 50, nrepeat = 200
+    real(real64), parameter :: dt = 0.05_real64
+    real(real64), target :: sv(4), s0v(4), wv(4), lv(1), g0(4), gw(4)
+    type(torch_tensor) :: s, s0, w, l, tg
+    integer(c_int64_t) :: before
+    integer(int64) :: rss_warm, rss_end
+    integer :: k, r, unit
+    s0v = [0.1_real64, 0.4_real64, -0.3_real64, 0.8_real64]
+    wv = [1.2_real64, -0.6_real64, 0.9_real64, 0.3_real64]
+    call torch_tensor_from_array(s0, s0v, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_from_array(w, wv, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_from_array(s, sv, torch_kCPU)
+    call torch_tensor_from_array(l, lv, torch_kCPU)
+    before = ftorch_live_handles()
+    rss_warm = 0
+    do r = 1, nrepeat
+      if (r == nrepeat / 4) rss_warm = rss_kib()
+      s = s0
+      do k = 1, nsteps
+        s = s + dt * torch_tanh(s * w)
+        s = s ** 2 * 0.01_real64 + s * 0.999_real64
+      end do
+      call torch_tensor_sum(l, s * s)
+      call s0%zero_grad()
+      call w%zero_grad()
+      call torch_tensor_backward(l)
+    end do
+    rss_end = rss_kib()
+    print '(a,i0,a,i0,a)', "time stepping: RSS ", rss_warm, " -> ", rss_end, " KiB"
+    call check(rss_end - rss_warm < 4096, "200 differentiable 50-step runs keep RSS flat")
+    call check(ftorch_live_handles() == before, "differentiable time stepping leaves no handle behind")
+    call torch_tensor_from_array(tg, g0, torch_kCPU)
+    call torch_tensor_get_gradient(tg, s0)
+    call torch_tensor_from_array(tg, gw, torch_kCPU)
+    call torch_tensor_get_gradient(tg, w)
+    open(newunit=unit, file=data_path("hardening_timestep.txt"), status="replace", action="write")
+    write(unit, '(*(es25.17e3))') sv
+    write(unit, '(*(es25.17e3))') g0
+    write(unit, '(*(es25.17e3))') gw
+    close(unit)
+    call torch_delete(s); call torch_delete(s0); call torch_delete(w); call torch_delete(l); call torch_delete(tg)
+  end subroutine time_stepping
+
+  ! A hybrid model: state = state + dt * net(state) for 10 steps through a TorchScript model, then
+  ! backward to the model's weights.
+  subroutine model_time_stepping()
+    integer, parameter :: nsteps = 10
+    real(real64), parameter :: dt = 0.1_real64
+    real(real64), target :: sv(5), tendv(5), lv(1), gw(5, 5), gb(5)
+    type(torch_tensor) :: s, tend, l, w, b, tg
+    type(torch_model) :: net
+    integer :: k, unit
+    call torch_model_load(net, data_path("simplenet_f64.pt"), torch_kCPU, requires_grad=.true.)
+    sv = [-1.0_real64, -0.5_real64, 0.0_real64, 0.5_real64, 1.0_real64]
+    call torch_tensor_from_array(s, sv, torch_kCPU)
+    call torch_tensor_from_array(tend, tendv, torch_kCPU)
+    call torch_tensor_from_array(l, lv, torch_kCPU)
+    do k = 1, nsteps
+      call torch_model_forward(net, [s], [tend], requires_grad=.true.)
+      s = s + dt * tend
+    end do
+    call torch_tensor_sum(l, s * s)
+    call torch_tensor_backward(l)
+    call torch_model_parameter(net, "fc.weight", w)
+    call torch_model_parameter(net, "fc.bias", b)
+    call torch_tensor_from_array(tg, gw, torch_kCPU)
+    call torch_tensor_get_gradient(tg, w)
+    call torch_tensor_from_array(tg, gb, torch_kCPU)
+    call torch_tensor_get_gradient(tg, b)
+    open(newunit=unit, file=data_path("hardening_model.txt"), status="replace", action="write")
+    write(unit, '(*(es25.17e3))') sv
+    write(unit, '(*(es25.17e3))') gw   ! column-major of the (5, 5) weight's transpose
+    write(unit, '(*(es25.17e3))') gb
+    close(unit)
+    call check(.true., "state = state + dt*net(state) runs and backpropagates (values checked by pytest)")
+    call torch_delete(s); call torch_delete(tend); call torch_delete(l); call torch_delete(w)
+    call torch_delete(b); call torch_delete(tg); call torch_delete(net)
+  end subroutine model_time_stepping
+
+  subroutine catch_scopes()
+    real(real64), target :: av(6), cv(6), dv(3)
+    type(torch_tensor) :: a, c, d, r
+    integer :: stat, inner
+    character(len=256) :: msg
+    av = 1.0_real64
+    cv = 9.0_real64
+    call torch_tensor_from_array(a, av, torch_kCPU)
+    call torch_tensor_from_array(c, cv, torch_kCPU)
+    call torch_tensor_from_array(d, dv, torch_kCPU)
+    call torch_catch_begin()
+    r = torch_reshape(a, [7])
+    call torch_catch_end(stat, msg)
+    call check(stat /= 0 .and. index(msg, "[torch_reshape]") == 1 .and. .not. c_associated(r%p), &
+               "a failing function in a catch scope returns stat and errmsg: " // trim(msg))
+    call torch_catch_begin()
+    c = a + d
+    call torch_catch_end(stat, msg)
+    call check(stat /= 0 .and. index(msg, "[operator(+)]") == 1 .and. all(cv == 9.0_real64), &
+               "a failing operator is caught, the first failure is kept and the target is left alone")
+    call torch_catch_begin()
+    call torch_catch_begin()
+    r = torch_permute(a, [1, 1])
+    call torch_catch_end(inner)
+    c = a * 2.0_real64
+    call torch_catch_end(stat)
+    call check(inner /= 0 .and. stat == 0 .and. all(cv == 2.0_real64), &
+               "catch scopes nest, and a library call works after a caught failure")
+    call torch_catch_end(stat, msg)
+    call check(stat /= 0, "ending a catch scope that was never begun is an error")
+    call torch_delete(a); call torch_delete(c); call torch_delete(d)
+  end subroutine catch_scopes
+
+  subroutine unconstructed_objects()
+    type(torch_model) :: model
+    type(torch_optim) :: opt
+    type(torch_scheduler) :: sched
+    type(torch_tensor) :: x, y
+    integer :: stat
+    character(len=256) :: msg
+    msg = ""
+    call torch_checkpoint_save(data_path("never.ckpt"), model=model, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_NULL_HANDLE .and. index(msg, "model") > 0, &
+               "an unloaded model passed to checkpoint_save is an error, not 'absent'")
+    call torch_checkpoint_load(data_path("never.ckpt"), optim=opt, stat=stat)
+    call check(stat == FTORCH_ERR_NULL_HANDLE, "an unconstructed optimizer passed to checkpoint_load is an error")
+    call torch_model_load(model, data_path("simplenet_f64.pt"), torch_kCPU, requires_grad=.true., is_training=.true.)
+    call torch_model_parameter(model, 1, x)
+    call torch_optim_SGD(opt, [x])
+    call torch_tensor_zeros(y, 1, [5_c_int64_t], torch_kFloat64, torch_kCPU)
+    call torch_train_step(model, opt, [y], y, scheduler=sched, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_NULL_HANDLE .and. index(msg, "scheduler") > 0, &
+               "an unconstructed scheduler passed to train_step is an error")
+    call torch_delete(model); call torch_delete(opt); call torch_delete(x); call torch_delete(y)
+  end subroutine unconstructed_objects
+
+end program test_hardening

@@ -1,0 +1,422 @@
+!> What FTorch does with threads, run by tests/test_threads.py with OMP_NUM_THREADS=4.
+!> Usage: test_threads <data dir>
+!>
+!> What is allowed (and checked here):
+!>  - each thread loading and training its OWN model, optimizer and tensors, concurrently: the
+!>    result is bit-identical to running the same trainings one after the other;
+!>  - several threads running forward (no grad) on ONE shared model, each with its own input and
+!>    output tensors;
+!>  - grad-mode scopes, the last error and catch scopes belong to the calling thread;
+!>  - a handle created on one thread and deleted on another: the live-handle count stays exact.
+!> What is not allowed: using one tensor, optimizer or model from several threads at once where
+!> one of them writes to it (training a shared model, backward through shared parameters,
+!> assigning to a shared tensor): LibTorch does not lock tensors.
+!>
+!> Reproducibility: inside an OpenMP parallel region LibTorch runs every operation on the
+!> calling thread (at::parallel_for sees the enclosing region), outside it may split large
+!> operations over its own threads. The tensors here are below LibTorch's grain size (32768
+!> elements), so the serial reference run on the main thread follows the same reduction order.
+!> For large tensors, compare runs made inside the same kind of region (or with one intra-op
+!> thread) if bitwise equality matters.
+program test_threads
+  use, intrinsic :: iso_fortran_env, only: real64, int64
+  use, intrinsic :: iso_c_binding, only: c_int64_t
+  use omp_lib, only: omp_get_thread_num, omp_get_num_threads
+  use ftorch
+  use testing, only: check, summary, data_path
+  implicit none
+
+  integer, parameter :: NT = 4          ! threads of the concurrent sections
+  integer, parameter :: NSTEPS = 20     ! training steps per thread
+  integer, parameter :: NPARAM = 58     ! parameter elements of train_mlp.pt: 4*8 + 8 + 8*2 + 2
+  integer, parameter :: NFWD = 200      ! forward calls per thread on the shared model
+
+  character(len=:), allocatable :: mlp_file, missing_file
+  integer(c_int64_t) :: live_start
+
+  mlp_file = data_path("train_mlp.pt")
+  missing_file = data_path("no_such_model_for_threads.pt")
+  live_start = ftorch_live_handles()
+
+  call concurrent_training()
+  call shared_model_inference()
+  call grad_mode_scopes_per_thread()
+  call errors_per_thread()
+  call handles_across_threads()
+  call check(ftorch_live_handles() == live_start, &
+             "after every thread deleted its objects the live-handle count is back to its starting value")
+  call summary()
+
+contains
+
+  ! Deterministic training data of thread `id` (different for every id).
+  subroutine thread_data(id, x, y)
+    integer, intent(in) :: id
+    real(real64), intent(out) :: x(16, 4), y(16, 2)
+    integer :: i, j
+    do j = 1, 4
+      do i = 1, 16
+        x(i, j) = sin(0.31d0 * i + 0.73d0 * j + 1.3d0 * id)
+      end do
+    end do
+    y(:, 1) = sin(2 * x(:, 1)) + x(:, 2) * x(:, 3)
+    y(:, 2) = cos(x(:, 4)) - x(:, 1) + 0.1d0 * id
+  end subroutine thread_data
+
+  ! Load a fresh copy of train_mlp.pt and train it for NSTEPS steps on the data of thread `id`:
+  ! even ids with torch_train_step and Adam, odd ids with the building-block loop (forward with
+  ! requires_grad, MSE loss, backward, step) and SGD with momentum. With `lockstep` (inside a
+  ! parallel region) the team synchronises after loading and after every step, so that all the
+  ! threads really are inside LibTorch at the same time.
+  subroutine train_one(id, lockstep, losses, flat)
+    integer, intent(in) :: id
+    logical, intent(in) :: lockstep
+    real(real64), intent(out) :: losses(NSTEPS), flat(NPARAM)
+    real(real64), target :: x(16, 4), y(16, 2), pred(16, 2), loss_value(1)
+    real(real64), allocatable :: values(:)
+    type(torch_model) :: model
+    type(torch_optim) :: optim
+    type(torch_tensor) :: tx, ty, out(1), tloss, reshaped
+    type(torch_tensor), allocatable :: params(:)
+    integer :: step, i, n, k
+
+    call thread_data(id, x, y)
+    call torch_model_load(model, mlp_file, torch_kCPU, is_training=.true.)
+    allocate(params(torch_model_parameter_count(model)))
+    call torch_model_parameters(model, params)
+    call torch_tensor_from_array(tx, x, torch_kCPU)
+    call torch_tensor_from_array(ty, y, torch_kCPU)
+    if (mod(id, 2) == 0) then
+      call torch_optim_Adam(optim, params, learning_rate=0.01d0)
+    else
+      call torch_optim_SGD(optim, params, learning_rate=0.05d0, momentum=0.9d0)
+    end if
+    if (lockstep) then
+      !$omp barrier
+    end if
+    do step = 1, NSTEPS
+      if (mod(id, 2) == 0) then
+        call torch_train_step(model, optim, [tx], ty, losses(step))
+      else
+        call optim%zero_grad()
+        call torch_tensor_from_array(out(1), pred, torch_kCPU)
+        call torch_model_forward(model, [tx], out, requires_grad=.true.)
+        call torch_tensor_from_array(tloss, loss_value, torch_kCPU)
+        call torch_loss_mse(tloss, out(1), ty)
+        call torch_tensor_backward(tloss)
+        losses(step) = loss_value(1)
+        call optim%step()
+        call torch_delete(out)
+        call torch_delete(tloss)
+      end if
+      if (lockstep) then
+        !$omp barrier
+      end if
+    end do
+
+    k = 0
+    do i = 1, size(params)
+      n = int(product(params(i)%get_shape()))
+      if (allocated(values)) deallocate(values)
+      allocate(values(n))
+      reshaped = torch_reshape(params(i), [n])
+      call torch_tensor_to_array(reshaped, values)
+      call torch_delete(reshaped)
+      if (k + n <= NPARAM) flat(k + 1:k + n) = values
+      k = k + n
+    end do
+    if (k /= NPARAM) flat = -huge(1.0d0)   ! a different model: fails the comparisons below
+    call torch_delete(params)
+    call torch_delete(optim)
+    call torch_delete(tx)
+    call torch_delete(ty)
+    call torch_delete(model)
+  end subroutine train_one
+
+  ! a. NT threads each train their own model at the same time; then the same trainings run one
+  ! after the other on the main thread. Everything must agree to the last bit.
+  subroutine concurrent_training()
+    real(real64) :: losses_par(NSTEPS, 0:NT - 1), flat_par(NPARAM, 0:NT - 1)
+    real(real64) :: losses_ser(NSTEPS, 0:NT - 1), flat_ser(NPARAM, 0:NT - 1)
+    integer :: team, id, other
+    logical :: distinct
+
+    team = 0
+    losses_par = 0
+    flat_par = 0
+    !$omp parallel num_threads(NT) default(shared) private(id)
+    id = omp_get_thread_num()
+    !$omp single
+    team = omp_get_num_threads()
+    !$omp end single
+    call train_one(id, .true., losses_par(:, id), flat_par(:, id))
+    !$omp end parallel
+    call check(team == NT, "the concurrent sections run with the requested number of threads")
+
+    do id = 0, NT - 1
+      call train_one(id, .false., losses_ser(:, id), flat_ser(:, id))
+    end do
+
+    call check(all(losses_ser(NSTEPS, :) < 0.5d0 * losses_ser(1, :)), &
+               "every serial training run reduces its loss (the runs compared below do train)")
+    distinct = .true.
+    do id = 0, NT - 1
+      do other = id + 1, NT - 1
+        if (all(flat_ser(:, id) == flat_ser(:, other))) distinct = .false.
+      end do
+    end do
+    call check(distinct, "threads trained on different data end with different parameters")
+    call check(all(losses_par == losses_ser), &
+               "concurrent per-thread trainings give bit-identical losses to the same trainings run serially")
+    call check(all(flat_par == flat_ser), &
+               "concurrent per-thread trainings give bit-identical final parameters to the serial runs")
+  end subroutine concurrent_training
+
+  ! Input of forward call k of thread id on the shared model.
+  subroutine inference_input(id, k, x)
+    integer, intent(in) :: id, k
+    real(real64), intent(out) :: x(16, 4)
+    integer :: i, j
+    do j = 1, 4
+      do i = 1, 16
+        x(i, j) = cos(0.1d0 * i * j + 0.37d0 * k + 2.1d0 * id)
+      end do
+    end do
+  end subroutine inference_input
+
+  ! NFWD forward calls on the shared model, each thread with its own tensors.
+  subroutine infer_many(model, id, lockstep, results, any_grad)
+    type(torch_model), intent(in) :: model
+    integer, intent(in) :: id
+    logical, intent(in) :: lockstep
+    real(real64), intent(out) :: results(16, 2, NFWD)
+    logical, intent(out) :: any_grad
+    real(real64), target :: x(16, 4), y(16, 2)
+    type(torch_tensor) :: tin(1), tout(1)
+    integer :: k
+    call torch_tensor_from_array(tin(1), x, torch_kCPU)
+    call torch_tensor_from_array(tout(1), y, torch_kCPU)
+    any_grad = .false.
+    if (lockstep) then
+      !$omp barrier
+    end if
+    do k = 1, NFWD
+      call inference_input(id, k, x)
+      call torch_model_forward(model, tin, tout)
+      results(:, :, k) = y
+      any_grad = any_grad .or. tout(1)%requires_grad()
+    end do
+    call torch_delete(tin)
+    call torch_delete(tout)
+  end subroutine infer_many
+
+  ! b. Forward without grad on ONE model shared by all threads, compared with the serial calls.
+  subroutine shared_model_inference()
+    type(torch_model) :: shared
+    real(real64), allocatable :: par(:, :, :, :), ser(:, :, :, :)
+    logical :: grad_par(0:NT - 1), grad_ser(0:NT - 1)
+    integer :: id
+
+    allocate(par(16, 2, NFWD, 0:NT - 1), ser(16, 2, NFWD, 0:NT - 1))
+    par = 0
+    grad_par = .true.
+    call torch_model_load(shared, mlp_file, torch_kCPU)
+    !$omp parallel num_threads(NT) default(shared) private(id)
+    id = omp_get_thread_num()
+    call infer_many(shared, id, .true., par(:, :, :, id), grad_par(id))
+    !$omp end parallel
+    do id = 0, NT - 1
+      call infer_many(shared, id, .false., ser(:, :, :, id), grad_ser(id))
+    end do
+    call torch_delete(shared)
+    call check(all(par == ser), &
+               "concurrent forward calls on one shared model equal the serial calls bit for bit")
+    call check(.not. any(grad_par) .and. .not. any(grad_ser), &
+               "forward without requires_grad records no graph on any thread")
+  end subroutine shared_model_inference
+
+  ! c. Grad-mode scopes belong to the thread that opens them.
+  subroutine grad_mode_scopes_per_thread()
+    logical :: enabled(0:1), recorded(0:1), after(0:1)
+    integer :: team, id, foreign_stat
+    character(len=256) :: foreign_msg
+
+    team = 0
+    enabled = .true.
+    recorded = .true.
+    after = .false.
+    foreign_stat = 0
+    foreign_msg = ""
+    !$omp parallel num_threads(2) default(shared) private(id)
+    id = omp_get_thread_num()
+    !$omp single
+    team = omp_get_num_threads()
+    !$omp end single
+    call scope_worker(id, enabled(id), recorded(id), after(id), foreign_stat, foreign_msg)
+    !$omp end parallel
+    call check(team == 2 .and. .not. enabled(0) .and. enabled(1), &
+               "inside one thread's no-grad scope another thread still has grad mode enabled")
+    call check(.not. recorded(0) .and. recorded(1), &
+               "operations record a graph only on the thread outside the no-grad scope")
+    call check(foreign_stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(foreign_msg, "no open scope") > 0, &
+               "a thread cannot end a no-grad scope opened by another thread")
+    call check(all(after) .and. torch_grad_enabled(), "ending the scope restores grad mode on its own thread")
+  end subroutine grad_mode_scopes_per_thread
+
+  ! Thread 0 opens a no-grad scope; while it is open (between the barriers) both threads look at
+  ! their grad mode and compute with a leaf that requires grad, and thread 1 tries to end it.
+  subroutine scope_worker(id, enabled, recorded, after, foreign_stat, foreign_msg)
+    integer, intent(in) :: id
+    logical, intent(out) :: enabled, recorded, after
+    integer, intent(inout) :: foreign_stat
+    character(len=*), intent(inout) :: foreign_msg
+    type(torch_tensor) :: w, prod
+    call torch_tensor_ones(w, 1, [3_c_int64_t], torch_kFloat64, torch_kCPU, requires_grad=.true.)
+    if (id == 0) call torch_no_grad_begin()
+    !$omp barrier
+    enabled = torch_grad_enabled()
+    prod = w * w
+    recorded = prod%requires_grad()
+    if (id == 1) call torch_no_grad_end(stat=foreign_stat, errmsg=foreign_msg)
+    !$omp barrier
+    if (id == 0) call torch_no_grad_end()
+    after = torch_grad_enabled()
+    call torch_delete(prod)
+    call torch_delete(w)
+  end subroutine scope_worker
+
+  ! d. Failures, their messages and catch scopes belong to the calling thread.
+  subroutine errors_per_thread()
+    type(torch_model) :: shared
+    logical :: ok(0:1)
+    integer :: team, id, catch_stat(0:1)
+    character(len=512) :: catch_msg(0:1)
+
+    call torch_model_load(shared, mlp_file, torch_kCPU)
+    team = 0
+    ok = .false.
+    catch_stat = 0
+    catch_msg = ""
+    !$omp parallel num_threads(2) default(shared) private(id)
+    id = omp_get_thread_num()
+    !$omp single
+    team = omp_get_num_threads()
+    !$omp end single
+    call error_worker(shared, id, ok(id), catch_stat(id), catch_msg(id))
+    !$omp end parallel
+    call torch_delete(shared)
+    call check(team == 2 .and. ok(0) .and. ok(1), &
+               "concurrent failures and successes on two threads each report only their own error message")
+    call check(catch_stat(1) /= 0 .and. index(catch_msg(1), "no catch scope is open on this thread") > 0, &
+               "a catch scope opened on one thread cannot be ended from another thread")
+    call check(catch_stat(0) /= 0 .and. index(catch_msg(0), "[torch_reshape]") == 1, &
+               "a catch scope keeps the failure of its own thread")
+  end subroutine errors_per_thread
+
+  ! Thread 0 fails to load a missing file NREP times; at the same time thread 1 alternates a
+  ! successful forward and one with a wrongly shaped output. Each checks its own messages. Then
+  ! thread 0 opens a catch scope that thread 1 tries to end, and fails inside it.
+  subroutine error_worker(shared, id, ok, catch_stat, catch_msg)
+    integer, parameter :: NREP = 200
+    type(torch_model), intent(in) :: shared
+    integer, intent(in) :: id
+    logical, intent(out) :: ok
+    integer, intent(inout) :: catch_stat
+    character(len=*), intent(inout) :: catch_msg
+    real(real64), target :: x(16, 4), y(16, 2), wrong(16, 3), three(3)
+    type(torch_model) :: missing
+    type(torch_tensor) :: tin(1), tout(1), tbad(1), t3, r
+    character(len=512) :: msg
+    integer :: rep, stat
+    logical :: good
+
+    x = 0.5d0
+    three = 1
+    call torch_tensor_from_array(tin(1), x, torch_kCPU)
+    call torch_tensor_from_array(tout(1), y, torch_kCPU)
+    call torch_tensor_from_array(tbad(1), wrong, torch_kCPU)
+    call torch_tensor_from_array(t3, three, torch_kCPU)
+    ok = .true.
+    !$omp barrier
+    do rep = 1, NREP
+      msg = ""
+      if (id == 0) then
+        call torch_model_load(missing, missing_file, torch_kCPU, stat=stat, errmsg=msg)
+        good = stat == FTORCH_ERR_IO .and. index(msg, "[torch_model_load]") == 1 .and. &
+               index(msg, "no_such_model_for_threads.pt") > 0
+      else if (mod(rep, 2) == 1) then
+        call torch_model_forward(shared, tin, tout, stat=stat, errmsg=msg)
+        good = stat == 0 .and. msg == ""
+      else
+        call torch_model_forward(shared, tin, tbad, stat=stat, errmsg=msg)
+        good = stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "[torch_model_forward]") == 1 .and. &
+               index(msg, "output tensor 1 has shape") > 0 .and. index(msg, "no_such_model") == 0
+      end if
+      if (ok .and. .not. good) then
+        !$omp critical (report)
+        write(*, '(a,i0,a,i0,a,i0,a,a)') "  thread ", id, " call ", rep, ": stat ", stat, ", message: ", trim(msg)
+        !$omp end critical (report)
+      end if
+      ok = ok .and. good
+    end do
+
+    if (id == 0) call torch_catch_begin()
+    !$omp barrier
+    if (id == 1) call torch_catch_end(catch_stat, catch_msg)
+    !$omp barrier
+    if (id == 0) then
+      r = torch_reshape(t3, [4])
+      call torch_catch_end(catch_stat, catch_msg)
+    end if
+    call torch_delete(r)
+    call torch_delete(t3)
+    call torch_delete(tin)
+    call torch_delete(tout)
+    call torch_delete(tbad)
+    call torch_delete(missing)
+  end subroutine error_worker
+
+  ! e. Handles created on one thread and deleted on another are counted exactly.
+  subroutine handles_across_threads()
+    integer, parameter :: PER_THREAD = 3
+    type(torch_tensor) :: made(PER_THREAD, 0:NT - 1), given(PER_THREAD, 0:NT - 1)
+    integer(c_int64_t) :: before, inside, after_region, after_delete, after_threads_delete
+    integer :: id, i
+
+    before = ftorch_live_handles()
+    inside = -1
+    ! Threads create, the main thread deletes after the region.
+    !$omp parallel num_threads(NT) default(shared) private(id, i)
+    id = omp_get_thread_num()
+    do i = 1, PER_THREAD
+      call torch_tensor_zeros(made(i, id), 2, [2_c_int64_t, int(i, c_int64_t)], torch_kFloat64, torch_kCPU)
+    end do
+    !$omp barrier
+    !$omp single
+    inside = ftorch_live_handles()
+    !$omp end single
+    !$omp end parallel
+    after_region = ftorch_live_handles()
+    call torch_delete(made)
+    after_delete = ftorch_live_handles()
+
+    ! The main thread creates, the threads delete.
+    do id = 0, NT - 1
+      do i = 1, PER_THREAD
+        call torch_tensor_ones(given(i, id), 1, [int(i, c_int64_t)], torch_kFloat32, torch_kCPU)
+      end do
+    end do
+    !$omp parallel num_threads(NT) default(shared) private(id)
+    id = omp_get_thread_num()
+    call torch_delete(given(:, id))
+    !$omp end parallel
+    after_threads_delete = ftorch_live_handles()
+
+    call check(inside == before + PER_THREAD * NT .and. after_region == inside, &
+               "the live-handle count includes the handles that every thread has created")
+    call check(after_delete == before, &
+               "handles created on worker threads and deleted on the main thread leave the count at its start")
+    call check(after_threads_delete == before, &
+               "handles created on the main thread and deleted on worker threads leave the count at its start")
+  end subroutine handles_across_threads
+end program test_threads
