@@ -12,7 +12,7 @@ foreach(_name IN ITEMS ftorch_types ftorch_devices ftorch_errors ftorch_interop 
     add_custom_command(
       OUTPUT "${_gen}/${_name}.f90"
       COMMAND "${Python_EXECUTABLE}" -m fypp -I "${_src}" "${_src}/${_name}.fypp" "${_gen}/${_name}.f90"
-      DEPENDS "${_src}/${_name}.fypp" "${_src}/ftorch_common.fypp"
+      DEPENDS "${_src}/${_name}.fypp" "${_src}/ftorch_common.fypp" "${_src}/ftorch_enums.fypp"
       COMMENT "fypp ${_name}.fypp"
       VERBATIM)
     list(APPEND FTORCH_FORTRAN_SOURCES "${_gen}/${_name}.f90")

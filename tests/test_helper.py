@@ -128,7 +128,7 @@ def test_wheel_contents_and_pinned_torch(wheel):
     expected = {
         "ftorch/__init__.py", "ftorch/__main__.py", "ftorch/_doctor.py", "ftorch/_build_info.py",
         "ftorch/fpm.toml", "ftorch/lib/libftorch_c.so", "ftorch/lib/pkgconfig/ftorch.pc",
-        "ftorch/include/ftorch_c.h", "ftorch/share/cmake/FTorch/FTorchConfig.cmake",
+        "ftorch/include/ftorch_c.h", "ftorch/include/ftorch_c_enums.h", "ftorch/share/cmake/FTorch/FTorchConfig.cmake",
         "ftorch/share/cmake/FTorch/FTorchConfigVersion.cmake", "ftorch/share/cmake/FTorch/FTorchTargets.cmake",
         "ftorch/src/fortran/ftorch.f90", "ftorch/src/fortran/ftorch_tensor.f90",
         "ftorch/src/fortran/ftorch_model.f90", "ftorch/src/fortran/ftorch_test_utils.f90",

@@ -10,6 +10,7 @@
 #define FTORCH_C_RUNTIME_H
 
 #include <stdint.h>
+#include "ftorch_c_enums.h"
 
 #if defined(__GNUC__)
 #define FTC_API __attribute__((visibility("default")))
@@ -21,17 +22,7 @@
 extern "C" {
 #endif
 
-enum ftc_status {
-  FTC_OK = 0,
-  FTC_ERR_INVALID_ARGUMENT = 1, /* bad argument value (shape, rank, layout, count, ...) */
-  FTC_ERR_NULL_HANDLE = 2,      /* object was never constructed (or already deleted) */
-  FTC_ERR_DTYPE = 3,            /* unsupported or mismatched data type */
-  FTC_ERR_DEVICE = 4,           /* device unknown or not available */
-  FTC_ERR_IO = 5,               /* file missing, unreadable, corrupt or unwritable */
-  FTC_ERR_TORCH = 6,            /* LibTorch raised an error (message carries its reason) */
-  FTC_ERR_VERSION = 7,          /* LibTorch at run time differs from the one we were built with */
-  FTC_ERR_INTERNAL = 99         /* anything else */
-};
+/* Status codes (enum ftc_status), dtypes, devices and reductions: see ftorch_c_enums.h. */
 
 /* Message of the last failure on this thread ("" when the last call succeeded). */
 FTC_API const char *ftc_last_error(void);

@@ -90,12 +90,12 @@ void require_runtime() {
 
 c10::ScalarType scalar_type(int dtype) {
   switch (dtype) {
-    case 1: return c10::ScalarType::Char;
-    case 2: return c10::ScalarType::Short;
-    case 3: return c10::ScalarType::Int;
-    case 4: return c10::ScalarType::Long;
-    case 6: return c10::ScalarType::Float;
-    case 7: return c10::ScalarType::Double;
+    case FTC_INT8: return c10::ScalarType::Char;
+    case FTC_INT16: return c10::ScalarType::Short;
+    case FTC_INT32: return c10::ScalarType::Int;
+    case FTC_INT64: return c10::ScalarType::Long;
+    case FTC_FLOAT32: return c10::ScalarType::Float;
+    case FTC_FLOAT64: return c10::ScalarType::Double;
     default:
       fail(FTC_ERR_DTYPE, "unsupported dtype " + std::to_string(dtype) +
                               " (supported: torch_kInt8=1, torch_kInt16=2, torch_kInt32=3, "
@@ -105,12 +105,12 @@ c10::ScalarType scalar_type(int dtype) {
 
 c10::Device device(int device_type, int device_index) {
   switch (device_type) {
-    case 0:
+    case FTC_CPU:
       if (device_index > 0) {
         fail(FTC_ERR_DEVICE, "CPU device index must be -1 or 0, got " + std::to_string(device_index));
       }
       return c10::Device(c10::DeviceType::CPU);
-    case 1: {
+    case FTC_CUDA: {
       const int idx = device_index < 0 ? 0 : device_index;
       if (!torch::cuda::is_available()) {
         fail(FTC_ERR_DEVICE, "CUDA/HIP device " + std::to_string(idx) +
@@ -123,12 +123,12 @@ c10::Device device(int device_type, int device_index) {
       }
       return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(idx));
     }
-    case 12: {
+    case FTC_XPU: {
       const int idx = device_index < 0 ? 0 : device_index;
       if (!at::hasXPU()) fail(FTC_ERR_DEVICE, "XPU device requested but no XPU is available to this LibTorch");
       return c10::Device(c10::DeviceType::XPU, static_cast<c10::DeviceIndex>(idx));
     }
-    case 13: {
+    case FTC_MPS: {
       if (!at::hasMPS()) fail(FTC_ERR_DEVICE, "MPS device requested but MPS is not available to this LibTorch");
       return c10::Device(c10::DeviceType::MPS, 0);
     }
@@ -140,11 +140,11 @@ c10::Device device(int device_type, int device_index) {
 
 int device_type_code(c10::DeviceType type) {
   switch (type) {
-    case c10::DeviceType::CPU: return 0;
-    case c10::DeviceType::CUDA: return 1;
-    case c10::DeviceType::HIP: return 1;
-    case c10::DeviceType::XPU: return 12;
-    case c10::DeviceType::MPS: return 13;
+    case c10::DeviceType::CPU: return FTC_CPU;
+    case c10::DeviceType::CUDA: return FTC_CUDA;
+    case c10::DeviceType::HIP: return FTC_HIP;
+    case c10::DeviceType::XPU: return FTC_XPU;
+    case c10::DeviceType::MPS: return FTC_MPS;
     default: return static_cast<int>(type);
   }
 }

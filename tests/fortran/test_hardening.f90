@@ -272,9 +272,9 @@ contains
     call torch_tensor_from_array(tg, gy, torch_kCPU)
     call torch_tensor_get_gradient(tg, y)
     open(newunit=unit, file=data_path("hardening_xfx.txt"), status="replace", action="write")
-    write(unit, '(*(es25.17e3))') xv
-    write(unit, '(*(es25.17e3))') gx
-    write(unit, '(*(es25.17e3))') gy
+    write(unit, '(*(1x,es25.17e3))') xv
+    write(unit, '(*(1x,es25.17e3))') gx
+    write(unit, '(*(1x,es25.17e3))') gy
     close(unit)
     call check(all(x0v == [0.3_real64, -0.7_real64, 1.1_real64]), "x = f(x) never changes the initial values")
     call torch_delete(x0); call torch_delete(x); call torch_delete(y); call torch_delete(l); call torch_delete(tg)
@@ -320,9 +320,9 @@ contains
     call torch_tensor_from_array(tg, gw, torch_kCPU)
     call torch_tensor_get_gradient(tg, w)
     open(newunit=unit, file=data_path("hardening_timestep.txt"), status="replace", action="write")
-    write(unit, '(*(es25.17e3))') sv
-    write(unit, '(*(es25.17e3))') g0
-    write(unit, '(*(es25.17e3))') gw
+    write(unit, '(*(1x,es25.17e3))') sv
+    write(unit, '(*(1x,es25.17e3))') g0
+    write(unit, '(*(1x,es25.17e3))') gw
     close(unit)
     call torch_delete(s); call torch_delete(s0); call torch_delete(w); call torch_delete(l); call torch_delete(tg)
   end subroutine time_stepping
@@ -354,9 +354,9 @@ contains
     call torch_tensor_from_array(tg, gb, torch_kCPU)
     call torch_tensor_get_gradient(tg, b)
     open(newunit=unit, file=data_path("hardening_model.txt"), status="replace", action="write")
-    write(unit, '(*(es25.17e3))') sv
-    write(unit, '(*(es25.17e3))') gw   ! column-major of the (5, 5) weight's transpose
-    write(unit, '(*(es25.17e3))') gb
+    write(unit, '(*(1x,es25.17e3))') sv
+    write(unit, '(*(1x,es25.17e3))') gw   ! column-major of the (5, 5) weight's transpose
+    write(unit, '(*(1x,es25.17e3))') gb
     close(unit)
     call check(.true., "state = state + dt*net(state) runs and backpropagates (values checked by pytest)")
     call torch_delete(s); call torch_delete(tend); call torch_delete(l); call torch_delete(w)

@@ -23,6 +23,7 @@ program test_threads
   use, intrinsic :: iso_c_binding, only: c_int64_t
   use omp_lib, only: omp_get_thread_num, omp_get_num_threads
   use ftorch
+  use ftorch_errors, only: ftorch_check
   use testing, only: check, summary, data_path
   implicit none
 
@@ -42,6 +43,7 @@ program test_threads
   call shared_model_inference()
   call grad_mode_scopes_per_thread()
   call errors_per_thread()
+  call errmsg_path_under_contention()
   call handles_across_threads()
   call check(ftorch_live_handles() == live_start, &
              "after every thread deleted its objects the live-handle count is back to its starting value")
@@ -285,14 +287,16 @@ contains
     call torch_delete(w)
   end subroutine scope_worker
 
-  ! d. Failures, their messages and catch scopes belong to the calling thread.
+  ! d. Failures, their messages and catch scopes belong to the calling thread. The expected
+  ! messages are taken from the same failures made first on the main thread alone.
   subroutine errors_per_thread()
     type(torch_model) :: shared
     logical :: ok(0:1)
     integer :: team, id, catch_stat(0:1)
-    character(len=512) :: catch_msg(0:1)
+    character(len=512) :: catch_msg(0:1), expected(4)
 
     call torch_model_load(shared, mlp_file, torch_kCPU)
+    call expected_messages(expected)
     team = 0
     ok = .false.
     catch_stat = 0
@@ -302,59 +306,102 @@ contains
     !$omp single
     team = omp_get_num_threads()
     !$omp end single
-    call error_worker(shared, id, ok(id), catch_stat(id), catch_msg(id))
+    call error_worker(shared, id, expected, ok(id), catch_stat(id), catch_msg(id))
     !$omp end parallel
     call torch_delete(shared)
+    call check(all(expected(1:2) /= "") .and. index(expected(1), "[torch_model_load]") == 1 .and. &
+               index(expected(2), "[torch_tensor_zeros]") == 1 .and. index(expected(3), "[torch_reshape]") == 1 .and. &
+               expected(3) /= expected(4), "each failure used below has its own message on the main thread")
     call check(team == 2 .and. ok(0) .and. ok(1), &
-               "concurrent failures and successes on two threads each report only their own error message")
+               "two threads failing at the same time each get exactly their own stat and errmsg")
     call check(catch_stat(1) /= 0 .and. index(catch_msg(1), "no catch scope is open on this thread") > 0, &
                "a catch scope opened on one thread cannot be ended from another thread")
-    call check(catch_stat(0) /= 0 .and. index(catch_msg(0), "[torch_reshape]") == 1, &
+    call check(catch_stat(0) /= 0 .and. catch_msg(0) == expected(3), &
                "a catch scope keeps the failure of its own thread")
   end subroutine errors_per_thread
 
-  ! Thread 0 fails to load a missing file NREP times; at the same time thread 1 alternates a
-  ! successful forward and one with a wrongly shaped output. Each checks its own messages. Then
-  ! thread 0 opens a catch scope that thread 1 tries to end, and fails inside it.
-  subroutine error_worker(shared, id, ok, catch_stat, catch_msg)
-    integer, parameter :: NREP = 200
+  ! The failures of error_worker, made on one thread: a missing model file, an unsupported
+  ! dtype, and two bad reshapes caught by catch scopes.
+  subroutine expected_messages(expected)
+    character(len=*), intent(out) :: expected(4)
+    integer :: stat, which
+    type(torch_model) :: missing
+    type(torch_tensor) :: t
+    expected = ""
+    call torch_model_load(missing, missing_file, torch_kCPU, stat=stat, errmsg=expected(1))
+    call torch_tensor_zeros(t, 1, [3_c_int64_t], 5, torch_kCPU, stat=stat, errmsg=expected(2))
+    do which = 0, 1
+      call caught_reshape(which, stat, expected(3 + which))
+    end do
+  end subroutine expected_messages
+
+  ! A reshape of a 3-element tensor to a shape that depends on `which`, in a catch scope.
+  subroutine caught_reshape(which, stat, msg)
+    integer, intent(in) :: which
+    integer, intent(out) :: stat
+    character(len=*), intent(inout) :: msg
+    real(real64), target :: three(3)
+    type(torch_tensor) :: t3, r
+    three = 1
+    call torch_tensor_from_array(t3, three, torch_kCPU)
+    call torch_catch_begin()
+    if (which == 0) then
+      r = torch_reshape(t3, [4])
+    else
+      r = torch_reshape(t3, [5, 7])
+    end if
+    call torch_catch_end(stat, msg)
+    call torch_delete(r)
+    call torch_delete(t3)
+  end subroutine caught_reshape
+
+  ! Both threads fail NREP times at the same time, with different failures: thread 0 loads a
+  ! missing file, thread 1 asks for an unsupported dtype; on odd repetitions thread 1 also makes
+  ! a successful call, which must leave errmsg alone; both then fail inside a catch scope. Every
+  ! message must equal the one the same failure gives on one thread. Then thread 0 opens a catch
+  ! scope that thread 1 tries to end, and fails inside it.
+  subroutine error_worker(shared, id, expected, ok, catch_stat, catch_msg)
+    integer, parameter :: NREP = 2000
     type(torch_model), intent(in) :: shared
     integer, intent(in) :: id
+    character(len=*), intent(in) :: expected(4)
     logical, intent(out) :: ok
     integer, intent(inout) :: catch_stat
     character(len=*), intent(inout) :: catch_msg
-    real(real64), target :: x(16, 4), y(16, 2), wrong(16, 3), three(3)
+    real(real64), target :: x(16, 4), y(16, 2)
     type(torch_model) :: missing
-    type(torch_tensor) :: tin(1), tout(1), tbad(1), t3, r
+    type(torch_tensor) :: tin(1), tout(1), t
     character(len=512) :: msg
     integer :: rep, stat
     logical :: good
 
     x = 0.5d0
-    three = 1
     call torch_tensor_from_array(tin(1), x, torch_kCPU)
     call torch_tensor_from_array(tout(1), y, torch_kCPU)
-    call torch_tensor_from_array(tbad(1), wrong, torch_kCPU)
-    call torch_tensor_from_array(t3, three, torch_kCPU)
     ok = .true.
     !$omp barrier
     do rep = 1, NREP
       msg = ""
       if (id == 0) then
         call torch_model_load(missing, missing_file, torch_kCPU, stat=stat, errmsg=msg)
-        good = stat == FTORCH_ERR_IO .and. index(msg, "[torch_model_load]") == 1 .and. &
-               index(msg, "no_such_model_for_threads.pt") > 0
-      else if (mod(rep, 2) == 1) then
-        call torch_model_forward(shared, tin, tout, stat=stat, errmsg=msg)
-        good = stat == 0 .and. msg == ""
+        good = stat == FTORCH_ERR_IO .and. msg == expected(1)
       else
-        call torch_model_forward(shared, tin, tbad, stat=stat, errmsg=msg)
-        good = stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "[torch_model_forward]") == 1 .and. &
-               index(msg, "output tensor 1 has shape") > 0 .and. index(msg, "no_such_model") == 0
+        call torch_tensor_zeros(t, 1, [3_c_int64_t], 5, torch_kCPU, stat=stat, errmsg=msg)
+        good = stat == FTORCH_ERR_DTYPE .and. msg == expected(2)
+        if (good .and. mod(rep, 2) == 1) then
+          msg = "untouched"
+          call torch_model_forward(shared, tin, tout, stat=stat, errmsg=msg)
+          good = stat == 0 .and. msg == "untouched"
+        end if
+      end if
+      if (good) then
+        msg = ""
+        call caught_reshape(id, stat, msg)
+        good = stat == FTORCH_ERR_TORCH .and. msg == expected(3 + id)
       end if
       if (ok .and. .not. good) then
         !$omp critical (report)
-        write(*, '(a,i0,a,i0,a,i0,a,a)') "  thread ", id, " call ", rep, ": stat ", stat, ", message: ", trim(msg)
+        write(*, '(a,i0,a,i0,a,i0,a,a)') "  thread ", id, " repetition ", rep, ": stat ", stat, ", errmsg: ", trim(msg)
         !$omp end critical (report)
       end if
       ok = ok .and. good
@@ -365,16 +412,75 @@ contains
     if (id == 1) call torch_catch_end(catch_stat, catch_msg)
     !$omp barrier
     if (id == 0) then
-      r = torch_reshape(t3, [4])
-      call torch_catch_end(catch_stat, catch_msg)
+      call caught_reshape_in_open_scope(catch_stat, catch_msg)
     end if
-    call torch_delete(r)
-    call torch_delete(t3)
     call torch_delete(tin)
     call torch_delete(tout)
-    call torch_delete(tbad)
+    call torch_delete(t)
     call torch_delete(missing)
   end subroutine error_worker
+
+  ! A failing reshape inside the catch scope the caller opened; ends that scope.
+  subroutine caught_reshape_in_open_scope(stat, msg)
+    integer, intent(out) :: stat
+    character(len=*), intent(inout) :: msg
+    real(real64), target :: three(3)
+    type(torch_tensor) :: t3, r
+    three = 1
+    call torch_tensor_from_array(t3, three, torch_kCPU)
+    r = torch_reshape(t3, [4])
+    call torch_catch_end(stat, msg)
+    call torch_delete(r)
+    call torch_delete(t3)
+  end subroutine caught_reshape_in_open_scope
+
+  ! d (continued). The path from a failed C call to stat/errmsg, ftorch_check, which every
+  ! procedure with `stat` goes through, hammered by NT threads at once: each thread's last error
+  ! (thread-local in the C layer) is set by a failure of its own, then ftorch_check turns it into
+  ! errmsg NCHECK times. Without the C calls' cost between them, the threads spend most of
+  ! their time in ftorch_check, where a message length kept in static storage (as gfortran 12
+  ! does for the result of a deferred-length character function) would mix the threads' messages.
+  subroutine errmsg_path_under_contention()
+    integer :: wrong(0:NT - 1), team, id
+    team = 0
+    wrong = -1
+    !$omp parallel num_threads(NT) default(shared) private(id)
+    id = omp_get_thread_num()
+    !$omp single
+    team = omp_get_num_threads()
+    !$omp end single
+    call errmsg_worker(id, wrong(id))
+    !$omp end parallel
+    if (any(wrong /= 0)) write(*, '(a,*(1x,i0))') "  wrong messages per thread:", wrong
+    call check(team == NT .and. all(wrong == 0), &
+               "stat/errmsg of failures on several threads at once are always the thread's own message")
+  end subroutine errmsg_path_under_contention
+
+  subroutine errmsg_worker(id, wrong)
+    integer, parameter :: NCHECK = 500000
+    integer, intent(in) :: id
+    integer, intent(out) :: wrong
+    character(len=512) :: expected, msg
+    type(torch_tensor) :: t
+    integer :: i, stat, status
+    ! A failure of this thread's own: an unsupported dtype (even ids) or device type (odd ids)
+    ! whose number depends on the thread, so that every thread's message differs.
+    expected = ""
+    if (mod(id, 2) == 0) then
+      call torch_tensor_zeros(t, 1, [2_c_int64_t], 5 + 100 * id, torch_kCPU, stat=status, errmsg=expected)
+    else
+      call torch_tensor_zeros(t, 1, [2_c_int64_t], torch_kFloat64, 90 + 1000 * id, stat=status, errmsg=expected)
+    end if
+    wrong = 0
+    if (status == 0 .or. index(expected, "[torch_tensor_zeros]") /= 1) wrong = 1
+    !$omp barrier
+    do i = 1, NCHECK
+      msg = ""
+      call ftorch_check(status, "torch_tensor_zeros", stat, msg)
+      if (stat /= status .or. msg /= expected) wrong = wrong + 1
+    end do
+    call torch_delete(t)
+  end subroutine errmsg_worker
 
   ! e. Handles created on one thread and deleted on another are counted exactly.
   subroutine handles_across_threads()

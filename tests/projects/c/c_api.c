@@ -1,4 +1,5 @@
-/* The C API from plain C: construction over caller memory, queries, statuses and messages. */
+/* The C API from plain C: construction over caller memory, queries, statuses and messages, and
+ * robustness: null output pointers, negative counts, stale and foreign handles, temporaries. */
 #include <stdio.h>
 #include <string.h>
 
@@ -25,19 +26,57 @@ int main(void) {
 
   check(ftc_check_runtime() == FTC_OK, "runtime matches the build");
   check(strcmp(ftc_version(), "") != 0 && strcmp(ftc_torch_version_built(), "") != 0, "versions are reported");
-  status = ftc_tensor_from_blob(&t, data, 2, shape, NULL, NULL, 7, 0, -1, 0);
+  status = ftc_tensor_from_blob(&t, data, 2, shape, NULL, NULL, FTC_FLOAT64, FTC_CPU, -1, 0);
   check(status == FTC_OK && t != NULL, "from_blob over a C array");
   check(ftc_tensor_shape(t, &sizes, &ndims) == FTC_OK && ndims == 2 && sizes[0] == 2 && sizes[1] == 3, "shape");
   check(ftc_tensor_zero(t) == FTC_OK && data[5] == 0.0, "zeroing the tensor zeroes the C array");
   check(ftc_live_handles() == 1, "one live handle");
-  status = ftc_tensor_new(&u, FTC_FILL_ONES, 2, shape, 6, 1, -1, 0);
+  status = ftc_tensor_new(&u, FTC_FILL_ONES, 2, shape, FTC_FLOAT32, FTC_CUDA, -1, 0);
   check(status == FTC_ERR_DEVICE && strstr(ftc_last_error(), "CUDA") != NULL, "CUDA request fails with a message");
   check(u == NULL, "the output handle is untouched on failure");
   status = ftc_tensor_rank(NULL, &ndims);
   check(status == FTC_ERR_NULL_HANDLE, "a null handle is an error, not a crash");
   check(ftc_tensor_rank(t, &ndims) == FTC_OK && strcmp(ftc_last_error(), "") == 0,
         "success clears the last error");
-  ftc_tensor_delete(&t);
+  check(ftc_tensor_rank(t, NULL) == FTC_ERR_INVALID_ARGUMENT && strstr(ftc_last_error(), "rank") != NULL,
+        "a null output pointer is an error naming it");
+  check(ftc_tensor_shape(t, NULL, &ndims) == FTC_ERR_INVALID_ARGUMENT, "a null shape pointer is an error");
+  {
+    ftc_tensor inputs[1] = {t}, outputs[1] = {t};
+    ftc_model m = NULL;
+    check(ftc_model_forward(m, inputs, -1, outputs, 1, 0) == FTC_ERR_INVALID_ARGUMENT, "a negative input count is an error");
+  }
+  {
+    ftc_tensor copy = t, r = NULL, s = NULL;
+    ftc_tensor_delete(&t);
+    check(ftc_tensor_rank(copy, &ndims) == FTC_ERR_NULL_HANDLE && strstr(ftc_last_error(), "stale") != NULL,
+          "a copy of a deleted handle is stale: a clear error");
+    ftc_tensor_delete(&copy);
+    check(ftc_tensor_new(&r, FTC_FILL_ZEROS, 2, shape, FTC_FLOAT64, FTC_CPU, -1, 0) == FTC_OK &&
+              ftc_tensor_new(&s, FTC_FILL_ONES, 2, shape, FTC_FLOAT64, FTC_CPU, -1, 0) == FTC_OK && r != s,
+          "after a double delete, two new tensors get distinct handles");
+    ftc_tensor_delete(&r);
+    ftc_tensor_delete(&s);
+    check(ftc_tensor_rank((ftc_tensor)(uintptr_t)0x123456789ULL, &ndims) == FTC_ERR_NULL_HANDLE,
+          "a value that was never a handle is rejected");
+  }
+  {
+    ftc_tensor a = NULL, tmp = NULL, out = NULL;
+    int64_t before;
+    ftc_tensor_new(&a, FTC_FILL_ONES, 2, shape, FTC_FLOAT64, FTC_CPU, -1, 0);
+    before = ftc_live_handles();
+    check(ftc_tensor_unary(FTC_EXP, a, FTC_TEMPORARY, &tmp) == FTC_OK && ftc_live_handles() == before + 1,
+          "a temporary result is a live handle");
+    check(ftc_tensor_binary(FTC_ADD, tmp, a, FTC_NAMED, &out) == FTC_OK && ftc_live_handles() == before + 1,
+          "the first call that reads a temporary releases it");
+    check(ftc_tensor_rank(tmp, &ndims) == FTC_ERR_NULL_HANDLE, "a released temporary is stale");
+    ftc_tensor_unary(FTC_EXP, a, FTC_TEMPORARY, &tmp);
+    check(ftc_tensor_binary(FTC_ADD, NULL, tmp, FTC_NAMED, &out) == FTC_ERR_NULL_HANDLE &&
+              ftc_live_handles() == before + 1,
+          "a temporary is released even when the call reading it fails");
+    ftc_tensor_delete(&out);
+    ftc_tensor_delete(&a);
+  }
   ftc_tensor_delete(&t);
   check(t == NULL && ftc_live_handles() == 0, "delete nulls the handle and is idempotent");
   printf("%d passed, %d failed\n", passed, failed);
