@@ -24,7 +24,7 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 def run(cmd, *, cwd=None, env=None, check=True, timeout=1800):
     """Run a command, returning the completed process; on failure show its output."""
     proc = subprocess.run(
-        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, errors="replace", timeout=timeout
     )
     if check and proc.returncode != 0:
         raise AssertionError(

@@ -19,6 +19,9 @@ command -v make >/dev/null || need+=(make)
 if [ "${FTORCH_WITH_FLANG:-1}" = 1 ] && ! command -v flang-new-19 >/dev/null; then
   need+=(flang-19)
 fi
+if [ "${FTORCH_WITH_FLANG:-1}" = 1 ] && [ ! -e /usr/lib/llvm-19/lib/libomp.so ]; then
+  need+=(libomp-19-dev)  # OpenMP runtime for flang (tests/test_threads.py)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "==> installing system packages: ${need[*]}"
   as_root apt-get update -qq

@@ -1,7 +1,8 @@
 !> Optimizers (`torch_optim`: SGD, Adam, AdamW, RMSprop, Adagrad, LBFGS), learning-rate
 !> schedulers (`torch_scheduler`) and gradient clipping, with torch.optim's semantics.
 module ftorch_optim
-  use, intrinsic :: iso_c_binding, only: c_double, c_funloc, c_funptr, c_int, c_int64_t, c_null_ptr, c_ptr
+  use, intrinsic :: iso_c_binding, only: c_double, c_f_pointer, c_funloc, c_funptr, c_int, c_int64_t, c_loc, &
+                                         c_null_ptr, c_ptr
   use, intrinsic :: iso_fortran_env, only: real64
   use ftorch_errors, only: ftorch_check, ftorch_fail, FTORCH_ERR_INVALID_ARGUMENT
   use ftorch_tensor_type, only: torch_tensor
@@ -54,8 +55,11 @@ module ftorch_optim
   integer(c_int), parameter :: SCHED_STEP = 0, SCHED_MULTISTEP = 1, SCHED_EXPONENTIAL = 2, SCHED_COSINE = 3, &
                                SCHED_PLATEAU = 4, SCHED_LINEAR = 5
 
-  ! The closure of the LBFGS step under way (one per thread of control: steps do not nest).
-  procedure(torch_closure), pointer :: active_closure => null()
+  ! The closure of an LBFGS step, handed to the C layer as the step's context (no shared state:
+  ! concurrent steps on several threads each carry their own).
+  type :: closure_box
+    procedure(torch_closure), pointer, nopass :: f => null()
+  end type closure_box
 
   interface
     function ftc_optim_new(out, kind, params, n_params, hyper, n_hyper) result(status) bind(c, name="ftc_optim_new")
@@ -289,13 +293,11 @@ contains
     real(real64), intent(out), optional :: loss
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    procedure(torch_closure), pointer :: outer
+    type(closure_box), target :: box
     real(c_double) :: value
     integer(c_int) :: status
-    outer => active_closure
-    active_closure => closure
-    status = ftc_optim_step_closure(optim%p, c_funloc(closure_trampoline), c_null_ptr, value)
-    active_closure => outer
+    box%f => closure
+    status = ftc_optim_step_closure(optim%p, c_funloc(closure_trampoline), c_loc(box), value)
     if (present(loss)) loss = value
     call ftorch_check(status, "torch_optim_step_closure", stat, errmsg)
   end subroutine torch_optim_step_closure
@@ -305,10 +307,11 @@ contains
     type(c_ptr), value :: context
     type(c_ptr) :: handle
     type(torch_tensor) :: loss
-    call active_closure(loss)
+    type(closure_box), pointer :: box
+    call c_f_pointer(context, box)
+    call box%f(loss)
     handle = loss%p
     loss%p = c_null_ptr
-    if (.false.) handle = context
   end function closure_trampoline
 
   !> Clear the gradients of the optimizer's parameters (to undefined, PyTorch's default, or to

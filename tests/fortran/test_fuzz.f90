@@ -58,6 +58,7 @@ program test_fuzz
   logical, allocatable :: obj_grad(:), obj_inf(:)   ! per tensor handle: may have a .grad; made in inference mode
   integer :: n_obj = 0
   integer :: mst(NM) = S_NULL, mobj(NM) = 0, mkind(NM) = 0
+  logical :: minf(NM) = .false.   ! loaded in inference mode: its parameters are inference tensors
   integer :: ost(2) = S_NULL, oobj(2) = 0, sst(2) = S_NULL, sobj(2) = 0
   integer :: n_hobj = 0                              ! ids of model/optimizer/scheduler handles
   integer :: gstack(16), gdepth = 0
@@ -118,7 +119,7 @@ program test_fuzz
   call begin_action("setup")
   call torch_model_load(mdl(1), data_path("simplenet_f64.pt"), torch_kCPU, stat=s, errmsg=msg)
   call outcome("load simplenet_f64", E_OK, 0)
-  if (s == 0) call model_new(1, 1)
+  if (s == 0) call model_new(1, 1, .false.)
   call torch_tensor_from_array(pool(1), r64a, torch_kCPU, stat=s, errmsg=msg)
   call outcome("from_array r64a", E_OK, 0)
   if (s == 0) call new_live(1)
@@ -322,6 +323,14 @@ contains
     end if
   end function tag
 
+  !> Modeled dtype and shape of a live slot, for descriptions.
+  function shape_text(k) result(text)
+    integer, intent(in) :: k
+    character(len=:), allocatable :: text
+    text = ""
+    if (st(k) == S_LIVE) text = "dtype " // str(mdtype(k)) // " shape " // strs8(mshape(1:mrank(k), k))
+  end function shape_text
+
   logical function live(k)
     integer, intent(in) :: k
     live = st(k) == S_LIVE
@@ -392,7 +401,7 @@ contains
   end subroutine new_live
 
   !> The tensor of slot k is freed: every copy of its handle becomes stale.
-  subroutine kill(k)
+  subroutine kill_slot(k)
     integer, intent(in) :: k
     integer :: j, o
     if (st(k) /= S_LIVE) return
@@ -400,7 +409,7 @@ contains
     do j = 1, NP + 1
       if (st(j) == S_LIVE .and. obj(j) == o) st(j) = S_STALE
     end do
-  end subroutine kill
+  end subroutine kill_slot
 
   !> Slot k was deleted through its own variable.
   subroutine deleted(k)
@@ -408,7 +417,7 @@ contains
     type(torch_tensor), pointer :: t
     t => ref(k)
     if (c_associated(t%p)) call model_problem("torch_delete left a non-null handle in " // trim(tag(k)))
-    call kill(k)
+    call kill_slot(k)
     st(k) = S_NULL
   end subroutine deleted
 
@@ -505,7 +514,7 @@ contains
     type(c_ptr), intent(in) :: before
     character(len=*), intent(in) :: what
     if (s == 0) then
-      call kill(k)
+      call kill_slot(k)
       call new_live(k)
     else
       call unchanged(k, before, what)
@@ -575,14 +584,70 @@ contains
     dim_ok = d0 >= -rr .and. d0 <= rr - 1
   end function dim_ok
 
+  !> What an operator on slot k must do: fail for a bad operand; succeed on a live tensor, unless
+  !> it is an inference tensor used outside inference mode (autograd may refuse it).
+  integer function op_expect(k)
+    integer, intent(in) :: k
+    if (.not. live(k)) then
+      op_expect = E_FAIL
+    else if (obj_inf(obj(k))) then
+      op_expect = E_ANY
+    else
+      op_expect = E_OK
+    end if
+  end function op_expect
+
+  !> After a catch scope (status s) around an expression on slot k passed to a procedure called
+  !> with stat (status s2): judge the operator, then the procedure, which sees an unconstructed
+  !> tensor when the operator failed and must then fail with FTORCH_ERR_NULL_HANDLE.
+  subroutine operator_then(k, what, expect, code, partial)
+    integer, intent(in) :: k, expect, code
+    character(len=*), intent(in) :: what
+    logical, intent(in), optional :: partial   ! several expressions: one may fail, another not
+    logical :: several
+    several = .false.
+    if (present(partial)) several = partial
+    select case (op_expect(k))
+    case (E_FAIL)
+      call outcome("operator on a bad operand in a catch scope", E_FAIL, FTORCH_ERR_NULL_HANDLE)
+    case (E_OK)
+      call outcome("operator in a catch scope", E_OK, 0)
+    case default
+      call outcome("operator on an inference tensor in a catch scope", E_ANY, 0)
+    end select
+    if (s /= 0 .and. several .and. live(k)) then
+      call judge(what // " of expressions, one failed", E_ANY, 0, s2, msg2)
+    else if (s /= 0) then
+      call judge(what // " of a failed expression", E_FAIL, FTORCH_ERR_NULL_HANDLE, s2, msg2)
+    else
+      call judge(what // " of an expression", expect, code, s2, msg2)
+    end if
+  end subroutine operator_then
+
+  !> A tensor computed from slot `from` (handle id o_from, 0 if none) may be an inference tensor too.
+  subroutine inherit_inference(k, o_from)
+    integer, intent(in) :: k, o_from
+    if (o_from > 0 .and. st(k) == S_LIVE) then
+      if (obj_inf(o_from)) obj_inf(obj(k)) = .true.
+    end if
+  end subroutine inherit_inference
+
+  integer function obj_of(k)
+    integer, intent(in) :: k
+    obj_of = 0
+    if (st(k) == S_LIVE) obj_of = obj(k)
+  end function obj_of
+
   ! ============================================================== model/optim/scheduler slots
 
-  subroutine model_new(m, kind)
+  subroutine model_new(m, kind, inference)
     integer, intent(in) :: m, kind
+    logical, intent(in) :: inference
     n_hobj = n_hobj + 1
     mst(m) = S_LIVE
     mobj(m) = n_hobj
     mkind(m) = kind
+    minf(m) = inference
   end subroutine model_new
 
   !> A handle among `states` is freed: its copies become stale.
@@ -1044,23 +1109,20 @@ contains
     st(HELD_SLOT) = S_NULL
     if (.not. was_live) return
     ! Whether deallocation finalized the shared handle is the compiler's business: observe it.
-    q = 0
+    ! (With no pool entry sharing it, the finalizer must have freed the tensor: the leak check
+    ! after this action says so if not.)
     do j = 1, NP
       if (st(j) == S_LIVE .and. obj(j) == o) then
         r = pool(j)%get_rank(stat=q)
+        if (q == 0) then
+          n_dealloc_kept = n_dealloc_kept + 1
+        else
+          n_dealloc_finalized = n_dealloc_finalized + 1
+          call kill_slot(j)
+        end if
         exit
       end if
     end do
-    if (q == 0) then
-      n_dealloc_kept = n_dealloc_kept + 1
-    else
-      n_dealloc_finalized = n_dealloc_finalized + 1
-      do j = 1, NP
-        if (st(j) == S_LIVE .and. obj(j) == o) st(j) = S_STALE
-      end do
-    end if
-    ! No pool entry shared it: the tensor must have been freed by the finalizer (the leak check
-    ! after this action says so if not).
   end subroutine drop_held
 
   !> A handle that was never given out (an uninitialised c_ptr).
@@ -1160,7 +1222,7 @@ contains
 
   !> Queries of expressions (inside a catch scope: the operator itself may fail).
   subroutine act_query_expression()
-    integer :: k, form, expect, code, r, dt
+    integer :: k, form, r, dt
     integer(c_int64_t), pointer :: sizes(:)
     logical :: flag
     type(torch_tensor), pointer :: t
@@ -1187,18 +1249,11 @@ contains
       nullify(sizes)
     end select
     call torch_catch_end(s, msg)
-    ! The operator fails exactly for a bad operand; the query then sees an unconstructed tensor.
-    if (live(k)) then
-      call outcome("operator in a catch scope", E_OK, 0)
-      if (form >= 5) then
-        ! A pointer into an expression's result would dangle once the statement ends.
-        call judge("get_shape/get_stride of an expression", E_FAIL, FTORCH_ERR_INVALID_ARGUMENT, s2, msg2)
-      else
-        call judge("query of an expression", E_OK, 0, s2, msg2)
-      end if
+    if (form >= 5) then
+      ! A pointer into an expression's result would dangle once the statement ends.
+      call operator_then(k, "get_shape/get_stride", E_FAIL, FTORCH_ERR_INVALID_ARGUMENT)
     else
-      call outcome("operator on a bad operand in a catch scope", E_FAIL, FTORCH_ERR_NULL_HANDLE)
-      call judge("query of a failed expression", E_FAIL, FTORCH_ERR_NULL_HANDLE, s2, msg2)
+      call operator_then(k, "query", E_OK, 0)
     end if
   end subroutine act_query_expression
 
@@ -1251,12 +1306,7 @@ contains
       case default; call torch_tensor_to_array(torch_relu(t), r64a, stat=s2, errmsg=msg2)
       end select
       call torch_catch_end(s, msg)
-      if (live(k)) then
-        call outcome("operator in a catch scope", E_OK, 0)
-      else
-        call outcome("operator on a bad operand in a catch scope", E_FAIL, FTORCH_ERR_NULL_HANDLE)
-      end if
-      call judge("torch_tensor_to_array of an expression", expect, code, s2, msg2)
+      call operator_then(k, "torch_tensor_to_array", expect, code)
       return
     end if
     select case (dest)
@@ -1292,7 +1342,8 @@ contains
     case (5); drank = 1; ddtype = torch_kInt32
     case default; drank = 2; ddtype = torch_kInt64
     end select
-    call begin_action("data_pointer " // trim(tag(k)) // " dest=" // str(dest) // " expression=" // lstr(expr))
+    call begin_action("data_pointer " // trim(tag(k)) // " " // shape_text(k) // " dest=" // str(dest) // " expression=" // &
+      lstr(expr))
     if (expr) then
       call torch_catch_begin()
       select case (dest)
@@ -1304,14 +1355,8 @@ contains
       case default; call torch_tensor_data_pointer(t * 3_int64, pi64b, stat=s2, errmsg=msg2)
       end select
       call torch_catch_end(s, msg)
-      if (live(k)) then
-        call outcome("operator in a catch scope", E_OK, 0)
-        ! Its memory is freed when the statement ends: a pointer to it would dangle.
-        call judge("data_pointer to an expression's result", E_FAIL, FTORCH_ERR_INVALID_ARGUMENT, s2, msg2)
-      else
-        call outcome("operator on a bad operand in a catch scope", E_FAIL, FTORCH_ERR_NULL_HANDLE)
-        call judge("data_pointer to a failed expression", E_FAIL, FTORCH_ERR_NULL_HANDLE, s2, msg2)
-      end if
+      ! Its memory is freed when the statement ends: a pointer to it would dangle.
+      call operator_then(k, "torch_tensor_data_pointer", E_FAIL, FTORCH_ERR_INVALID_ARGUMENT)
       ok_assoc = any_pointer_associated()
       if (s2 /= 0 .and. ok_assoc) call model_problem("a failed data_pointer left the pointer associated")
       call nullify_pointers()
@@ -1398,12 +1443,7 @@ contains
       call torch_catch_begin()
       call torch_tensor_to(ta * 0.5_real64, tb, nb, stat=s2, errmsg=msg2)
       call torch_catch_end(s, msg)
-      if (live(a)) then
-        call outcome("operator in a catch scope", E_OK, 0)
-      else
-        call outcome("operator on a bad operand in a catch scope", E_FAIL, FTORCH_ERR_NULL_HANDLE)
-      end if
-      call judge("torch_tensor_to from an expression", expect, code, s2, msg2)
+      call operator_then(a, "torch_tensor_to", expect, code)
     else
       call torch_tensor_to(ta, tb, nb, stat=s, errmsg=msg)
       call outcome("torch_tensor_to", expect, code)
@@ -1449,9 +1489,10 @@ contains
   ! ------------------------------------------------------------------ arithmetic
 
   subroutine act_math()
-    integer :: a, b, c, form, expect, code, u, n, j, d1, d2
+    integer :: a, b, c, form, expect, code, u, nr, npd, j, d1, d2
     integer :: rs(3), pd(4)
     logical :: uses_b, safe, compound, was_live, kd, dims_valid, direct, c40, c50, c50b, c30
+    integer :: oa, ob
     type(torch_tensor), pointer :: ta, tb, tc
     type(c_ptr) :: before
     integer(int64) :: p
@@ -1472,7 +1513,8 @@ contains
     dims_valid = .true.
     direct = .false.
     ! Shape arguments for reshape and permute: often valid, often not.
-    n = rnd(0, 3)
+    nr = rnd(0, 3)
+    npd = rnd(0, 4)
     do j = 1, 3
       rs(j) = rnd(-1, 6)
     end do
@@ -1484,18 +1526,20 @@ contains
       pd(j) = rnd(-1, 4)
     end do
     if (live(a) .and. c40) then
-      n = 1
+      nr = 1
       rs(1) = int(numel(a))
       if (c50) rs(1) = -1
     else if (live(a) .and. c50b .and. mrank(a) <= 4) then
-      n = mrank(a)
-      call make_perm(n, c30, pd)
+      npd = mrank(a)
+      call make_perm(npd, c30, pd)
     end if
     call begin_action("math form " // str(form) // " u=" // str(u) // " " // trim(tag(c)) // " = f(" // trim(tag(a)) // &
-      ", " // trim(tag(b)) // ") reshape=" // strs(rs(1:n)) // " permute=" // strs(pd(1:n)) // " dims=" // str(d1) // &
+      ", " // trim(tag(b)) // ") reshape=" // strs(rs(1:nr)) // " permute=" // strs(pd(1:npd)) // " dims=" // str(d1) // &
       "," // str(d2) // " keepdim=" // lstr(kd))
     was_live = live(c)
     before = tc%p
+    oa = obj_of(a)
+    ob = obj_of(b)
     call torch_catch_begin()
     select case (form)
     case (1); tc = ta + tb; uses_b = .true.
@@ -1545,12 +1589,12 @@ contains
         if (live(a)) safe = is_float(a)
       end if
     case (18)
-      tc = torch_reshape(ta, rs(1:n))
+      tc = torch_reshape(ta, rs(1:nr))
       if (live(a)) then
-        p = product(int(rs(1:n), int64), mask=rs(1:n) /= -1)
-        if (any(rs(1:n) < -1) .or. count(rs(1:n) == -1) > 1) then
+        p = product(int(rs(1:nr), int64), mask=rs(1:nr) /= -1)
+        if (any(rs(1:nr) < -1) .or. count(rs(1:nr) == -1) > 1) then
           dims_valid = .false.
-        else if (count(rs(1:n) == -1) == 0) then
+        else if (count(rs(1:nr) == -1) == 0) then
           dims_valid = p == numel(a)
           safe = dims_valid
         else if (p > 0) then
@@ -1559,13 +1603,13 @@ contains
         end if
       end if
     case (19)
-      tc = torch_permute(ta, pd(1:n))
+      tc = torch_permute(ta, pd(1:npd))
       if (live(a)) then
-        dims_valid = n == mrank(a)
-        if (dims_valid .and. n > 0) dims_valid = all(pd(1:n) >= 1 - n .and. pd(1:n) <= n)
-        if (dims_valid .and. n > 0) then
-          do j = 1, n
-            if (count(modulo(pd(1:n) - 1, n) == modulo(pd(j) - 1, n)) > 1) dims_valid = .false.
+        dims_valid = npd == mrank(a)
+        if (dims_valid .and. npd > 0) dims_valid = all(pd(1:npd) >= 1 - npd .and. pd(1:npd) <= npd)
+        if (dims_valid .and. npd > 0) then
+          do j = 1, npd
+            if (count(modulo(pd(1:npd) - 1, npd) == modulo(pd(j) - 1, npd)) > 1) dims_valid = .false.
           end do
         end if
         safe = dims_valid
@@ -1614,6 +1658,8 @@ contains
     end if
     call outcome("operators, functions and assignment in a catch scope", expect, code)
     call settle(c, before, was_live)
+    call inherit_inference(c, oa)
+    if (uses_b) call inherit_inference(c, ob)
   end subroutine act_math
 
   !> torch_tensor_sum/mean(output, tensor): FTorch's forms, with stat.
@@ -1634,7 +1680,7 @@ contains
     expect = E_FAIL
     code = FTORCH_ERR_NULL_HANDLE
     if (live(k)) then
-      if (mean .and. .not. is_float(k)) then
+      if (mean .and. .not. is_float(k) .and. .not. expr) then   ! (the expression is floating point)
         code = FTORCH_ERR_TORCH
       else if (live(o)) then
         expect = E_ANY
@@ -1642,6 +1688,9 @@ contains
         if (numel(o) /= 1) code = FTORCH_ERR_INVALID_ARGUMENT
         if (code /= 0) expect = E_FAIL
       end if
+      ! A reduction of an inference tensor outside inference mode may fail first.
+      if (obj_inf(obj(k)) .and. expect == E_FAIL) code = 0
+      if (obj_inf(obj(k)) .and. expect /= E_FAIL) expect = E_ANY
     end if
     before = to%p
     if (expr) then
@@ -1652,12 +1701,7 @@ contains
         call torch_tensor_sum(to, t * t, stat=s2, errmsg=msg2)
       end if
       call torch_catch_end(s, msg)
-      if (live(k)) then
-        call outcome("operator in a catch scope", E_OK, 0)
-      else
-        call outcome("operator on a bad operand in a catch scope", E_FAIL, FTORCH_ERR_NULL_HANDLE)
-      end if
-      call judge("torch_tensor_sum/mean of an expression", expect, code, s2, msg2)
+      call operator_then(k, "torch_tensor_sum/mean", expect, code)
     else
       if (mean) then
         call torch_tensor_mean(to, t, stat=s, errmsg=msg)
@@ -1668,6 +1712,7 @@ contains
     end if
     if (.not. same_handle(to%p, before)) call model_problem("torch_tensor_sum/mean changed the output handle")
     if (live(o)) call changed(obj(o))
+    call inherit_inference(o, obj_of(k))
   end subroutine act_reduce_into
 
   ! ------------------------------------------------------------------ autograd
@@ -1695,17 +1740,11 @@ contains
         call torch_tensor_backward(t * 2.0_real64, torch_abs(t), stat=s2, errmsg=msg2)
       end if
       call torch_catch_end(s, msg)
-      if (live(k)) then
-        call outcome("operator in a catch scope", E_OK, 0)
-        ! An expression requires grad exactly when its operand does (and grad mode is on).
-        if (.not. mrg(k)) then
-          call judge("backward of an expression without grad", E_FAIL, FTORCH_ERR_INVALID_ARGUMENT, s2, msg2)
-        else
-          call judge("backward of an expression", E_ANY, 0, s2, msg2)
-        end if
+      ! An expression requires grad only when its operand does (and grad mode is on).
+      if (live(k) .and. .not. mrg(k)) then
+        call operator_then(k, "torch_tensor_backward", E_FAIL, FTORCH_ERR_INVALID_ARGUMENT, form == 2)
       else
-        call outcome("operator on a bad operand in a catch scope", E_FAIL, FTORCH_ERR_NULL_HANDLE)
-        call judge("backward of a failed expression", E_FAIL, FTORCH_ERR_NULL_HANDLE, s2, msg2)
+        call operator_then(k, "torch_tensor_backward", E_ANY, 0, form == 2)
       end if
     else
       expect = E_FAIL
@@ -1766,14 +1805,8 @@ contains
       call torch_catch_begin()
       call torch_tensor_get_gradient(tg, t * 1, stat=s2, errmsg=msg2)
       call torch_catch_end(s, msg)
-      if (live(k)) then
-        call outcome("operator in a catch scope", E_OK, 0)
-        ! The result of an expression is a leaf without a gradient, or not a leaf.
-        call judge("get_gradient of an expression", E_FAIL, FTORCH_ERR_INVALID_ARGUMENT, s2, msg2)
-      else
-        call outcome("operator on a bad operand in a catch scope", E_FAIL, FTORCH_ERR_NULL_HANDLE)
-        call judge("get_gradient of a failed expression", E_FAIL, FTORCH_ERR_NULL_HANDLE, s2, msg2)
-      end if
+      ! The result of an expression is a leaf without a gradient, or not a leaf.
+      call operator_then(k, "torch_tensor_get_gradient", E_FAIL, FTORCH_ERR_INVALID_ARGUMENT)
     else
       expect = E_FAIL
       code = FTORCH_ERR_NULL_HANDLE
@@ -1791,6 +1824,7 @@ contains
       call unchanged(g, before, "get_gradient")
     else
       call settle(g, before, was_live)
+      call inherit_inference(g, obj_of(k))
     end if
   end subroutine act_get_gradient
 
@@ -1836,7 +1870,7 @@ contains
         if (flag .and. .not. is_float(k)) then
           expect = E_FAIL
           code = FTORCH_ERR_TORCH
-        else if (flag .and. (obj_inf(obj(k)) .or. inference_active())) then
+        else if (obj_inf(obj(k)) .or. inference_active()) then
           expect = E_ANY
         end if
       end if
@@ -1888,7 +1922,7 @@ contains
   ! ------------------------------------------------------------------ losses
 
   subroutine act_loss()
-    integer :: l, x, y, w, kind, red, expect, code
+    integer :: l, x, y, w, kind, red, expect, code, ox, oy
     logical :: has_red, has_w, expr, was_live, param_ok
     real(real64) :: param
     type(torch_tensor), pointer :: tl, tx, ty, tw
@@ -1934,6 +1968,8 @@ contains
     end if
     was_live = live(l)
     before = tl%p
+    ox = obj_of(x)
+    oy = obj_of(y)
     if (expr) then
       call torch_catch_begin()
       call do_loss(kind, tl, tx * 1.0_real64, ty, has_red, red, has_w, tw, param)
@@ -1941,14 +1977,8 @@ contains
       msg2 = msg
       msg = ""
       call torch_catch_end(s, msg)
-      if (live(x)) then
-        call outcome("operator in a catch scope", E_OK, 0)
-        if (expect == E_OK .and. mdtype(x) /= torch_kFloat64) expect = E_ANY   ! x*1.0d0 keeps x's dtype
-        call judge("loss of an expression", expect, code, s2, msg2)
-      else
-        call outcome("operator on a bad operand in a catch scope", E_FAIL, FTORCH_ERR_NULL_HANDLE)
-        call judge("loss of a failed expression", E_FAIL, FTORCH_ERR_NULL_HANDLE, s2, msg2)
-      end if
+      if (expect == E_OK .and. mdtype(x) /= torch_kFloat64) expect = E_ANY
+      call operator_then(x, "loss", expect, code)
       if (s2 == 0) then
         call settle(l, before, was_live)
       else
@@ -1963,6 +1993,8 @@ contains
         call unchanged(l, before, "loss")
       end if
     end if
+    call inherit_inference(l, ox)
+    call inherit_inference(l, oy)
   end subroutine act_loss
 
   subroutine do_loss(kind, tl, tx, ty, has_red, red, has_w, tw, param)
@@ -2112,7 +2144,7 @@ contains
       else if (.not. same_shape(ins(1), outs(1))) then
         expect = E_FAIL
         if (.not. (has_rg .and. rg)) code = FTORCH_ERR_INVALID_ARGUMENT
-      else if (gdepth == 0 .and. .not. mrg(outs(1)) .and. .not. obj_inf(obj(outs(1))) .and. &
+      else if (gdepth == 0 .and. .not. mrg(outs(1)) .and. .not. obj_inf(obj(outs(1))) .and. .not. minf(m) .and. &
                .not. obj_inf(obj(ins(1))) .and. .not. (has_rg .and. rg) .and. form /= 3) then
         expect = E_OK
       end if
@@ -2138,12 +2170,7 @@ contains
       msg2 = msg
       msg = ""
       call torch_catch_end(s, msg)
-      if (live(ins(1))) then
-        call outcome("operator in a catch scope", E_OK, 0)
-      else
-        call outcome("operator on a bad operand in a catch scope", E_FAIL, FTORCH_ERR_NULL_HANDLE)
-      end if
-      call judge("torch_model_forward with an expression input", expect, code, s2, msg2)
+      call operator_then(ins(1), "torch_model_forward", expect, code)
     else
       expr_in = .false.
       do j = 1, nout
@@ -2167,6 +2194,9 @@ contains
     end if
     do j = 1, nout
       if (live(outs(j))) call changed(obj(outs(j)))
+      do a = 1, nin
+        call inherit_inference(outs(j), obj_of(ins(a)))
+      end do
     end do
   end subroutine act_forward
 
@@ -2260,7 +2290,7 @@ contains
     call outcome("torch_model_load", expect, code)
     if (s == 0) then
       call kill_handle(mst, mobj, m)
-      call model_new(m, kinds(file))
+      call model_new(m, kinds(file), inference_active())
     else if (.not. same_handle(mdl(m)%p, before)) then
       call model_problem("a failed load changed the model's handle")
     end if
@@ -2294,10 +2324,10 @@ contains
       mdl(j) = mdl(i2)
       call torch_catch_end(s, msg)
       call outcome("assignment(=) of models", expect, code)
-      if (s == 0 .and. .not. same_handle(mdl(j)%p, mdl(i2)%p)) then
+      if (s == 0 .and. .not. same_handle(mdl(j)%p, before)) then
         if (j /= i2) call kill_handle(mst, mobj, j)
         if (mst(i2) == S_LIVE) then
-          call model_new(j, mkind(i2))
+          call model_new(j, mkind(i2), minf(i2))
         else
           mst(j) = S_NULL
           if (c_associated(mdl(j)%p)) call model_problem("assigning an unloaded model left a handle")
@@ -2314,6 +2344,7 @@ contains
       mst(j) = mst(i2)
       mobj(j) = mobj(i2)
       mkind(j) = mkind(i2)
+      minf(j) = minf(i2)
     case default   ! garbage
       call torch_delete(mdl(j))
       call kill_handle(mst, mobj, j)
@@ -2335,8 +2366,11 @@ contains
     logical :: quiet
     m = rnd(1, NM)
     q = rnd(1, 9)
+    k = pick()
+    a = rnd(1, NP)
+    b = min(NP, a + rnd(-1, 2))
     call begin_action("model query " // str(q) // " of mdl(" // str(m) // "):" // STATE_LETTER(mst(m)) // " kind " // &
-      str(mkind(m)))
+      str(mkind(m)) // " into " // trim(tag(k)) // " or pool(" // str(a) // ":" // str(b) // ")")
     count = 0
     if (mkind(m) == 1 .or. mkind(m) == 4) count = 2
     expect = E_FAIL
@@ -2373,7 +2407,6 @@ contains
       end if
       call outcome("torch_model_freeze/unfreeze", expect, code)
     case (6, 7)   ! one parameter into a tensor slot, by index or by name
-      k = pick()
       t => ref(k)
       before = t%p
       if (q == 6) then
@@ -2393,9 +2426,8 @@ contains
       end if
       call outcome("torch_model_parameter", expect, code)
       call constructed(k, before, "torch_model_parameter")
+      if (s == 0 .and. minf(m)) obj_inf(obj(k)) = .true.
     case (8)   ! all parameters into a slice of the pool
-      a = rnd(1, NP)
-      b = min(NP, a + rnd(-1, 2))
       n = b - a + 1
       if (mst(m) == S_LIVE) then
         if (n /= count .or. any(st(a:b) == S_LIVE)) then
@@ -2408,6 +2440,7 @@ contains
       if (s == 0) then
         do j = a, b
           call new_live(j)
+          if (minf(m)) obj_inf(obj(j)) = .true.
         end do
       end if
     case default
@@ -2421,7 +2454,8 @@ contains
   ! ------------------------------------------------------------------ optimizers, schedulers
 
   subroutine act_optim()
-    integer :: o, j, form, kind, a, b, n, expect, code, steps
+    integer :: o, j, form, kind, a, b, n, expect, code
+    integer(int64) :: steps
     real(real64) :: lr, value
     integer(int64) :: bits
     logical :: any_bad, any_int, expr
@@ -2471,13 +2505,7 @@ contains
         msg2 = msg
         msg = ""
         call torch_catch_end(s, msg)
-        if (live(a)) then
-          call outcome("operator in a catch scope", E_OK, 0)
-          call judge("optimizer over an expression", E_ANY, 0, s2, msg2)
-        else
-          call outcome("operator on a bad operand in a catch scope", E_FAIL, FTORCH_ERR_NULL_HANDLE)
-          call judge("optimizer over a failed expression", E_FAIL, FTORCH_ERR_NULL_HANDLE, s2, msg2)
-        end if
+        call operator_then(a, "optimizer construction", E_ANY, 0)
         s = s2
       else
         call new_optim(opt(o), kind, pool(a:b), lr)

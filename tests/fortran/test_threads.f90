@@ -1,30 +1,53 @@
 !> What FTorch does with threads, run by tests/test_threads.py with OMP_NUM_THREADS=4.
 !> Usage: test_threads <data dir>
 !>
-!> What is allowed (and checked here):
-!>  - each thread loading and training its OWN model, optimizer and tensors, concurrently: the
-!>    result is bit-identical to running the same trainings one after the other;
-!>  - several threads running forward (no grad) on ONE shared model, each with its own input and
-!>    output tensors;
-!>  - grad-mode scopes, the last error and catch scopes belong to the calling thread;
-!>  - a handle created on one thread and deleted on another: the live-handle count stays exact.
-!> What is not allowed: using one tensor, optimizer or model from several threads at once where
-!> one of them writes to it (training a shared model, backward through shared parameters,
-!> assigning to a shared tensor): LibTorch does not lock tensors.
+!> Allowed, and checked here:
+!>  a. each thread loading and training its OWN model, optimizer and tensors, concurrently: the
+!>     result is bit-identical to running the same trainings one after the other;
+!>  b. several threads running forward (no grad) on ONE shared model, each with its own input and
+!>     output tensors;
+!>  c. grad-mode scopes belong to the thread that opens them;
+!>  d. the last error, stat/errmsg and catch scopes belong to the calling thread;
+!>  e. a handle created on one thread and deleted on another: the live-handle count stays exact.
+!> Not allowed: using one tensor, optimizer or model from several threads at once where one of
+!> them writes to it (training a shared model, backward through shared parameters, assigning to
+!> a shared tensor): LibTorch does not lock tensors.
 !>
-!> Reproducibility: inside an OpenMP parallel region LibTorch runs every operation on the
-!> calling thread (at::parallel_for sees the enclosing region), outside it may split large
-!> operations over its own threads. The tensors here are below LibTorch's grain size (32768
-!> elements), so the serial reference run on the main thread follows the same reduction order.
-!> For large tensors, compare runs made inside the same kind of region (or with one intra-op
-!> thread) if bitwise equality matters.
+!> Reproducibility: LibTorch's CPU parallelism is OpenMP, and it binds to the program's OpenMP
+!> runtime (gfortran's libgomp, flang's libomp). Inside an active parallel region it runs each
+!> operation on the calling thread; outside one it splits large operations (above its grain
+!> size of 32768 elements) over omp_get_max_threads() threads, which changes the rounding of
+!> reductions (a 4-million-element sum on the main thread differs in the last bits from the
+!> same sum inside a region unless OMP_NUM_THREADS=1). The tensors here are far below the grain
+!> size, so the serial reference runs on the main thread follow the same order of operations;
+!> with large tensors, compare runs made in the same setting if bitwise equality matters.
+! Per-thread state of the LBFGS closures (each thread steps its own model).
+module lbfgs_state
+  use ftorch
+  implicit none
+  type(torch_model), save :: lmodel
+  type(torch_tensor), save :: lx, ly
+  real(8), target, save :: lxv(16, 4), lyv(16, 2), lpred(16, 2)
+  !$omp threadprivate(lmodel, lx, ly, lxv, lyv, lpred)
+contains
+  subroutine lbfgs_closure(loss)
+    type(torch_tensor), intent(inout) :: loss
+    type(torch_tensor) :: out(1)
+    call torch_tensor_from_array(out(1), lpred, torch_kCPU)
+    call torch_model_forward(lmodel, [lx], out, requires_grad=.true.)
+    call torch_loss_mse(loss, out(1), ly)
+    call torch_delete(out)
+  end subroutine lbfgs_closure
+end module lbfgs_state
+
 program test_threads
-  use, intrinsic :: iso_fortran_env, only: real64, int64
+  use, intrinsic :: iso_fortran_env, only: real64
   use, intrinsic :: iso_c_binding, only: c_int64_t
   use omp_lib, only: omp_get_thread_num, omp_get_num_threads
   use ftorch
   use ftorch_errors, only: ftorch_check
   use testing, only: check, summary, data_path
+  use lbfgs_state, only: lmodel, lx, ly, lxv, lyv, lbfgs_closure
   implicit none
 
   integer, parameter :: NT = 4          ! threads of the concurrent sections
@@ -40,6 +63,7 @@ program test_threads
   live_start = ftorch_live_handles()
 
   call concurrent_training()
+  call concurrent_lbfgs()
   call shared_model_inference()
   call grad_mode_scopes_per_thread()
   call errors_per_thread()
@@ -173,6 +197,50 @@ contains
     call check(all(flat_par == flat_ser), &
                "concurrent per-thread trainings give bit-identical final parameters to the serial runs")
   end subroutine concurrent_training
+
+  ! LBFGS steps (which call back into a Fortran closure) on NT threads at once, each on its own
+  ! model: the same losses as the same runs made one after the other.
+  subroutine lbfgs_one(id, lockstep, losses)
+    integer, intent(in) :: id
+    logical, intent(in) :: lockstep
+    real(real64), intent(out) :: losses(5)
+    type(torch_optim) :: optim
+    type(torch_tensor), allocatable :: params(:)
+    integer :: step
+    call thread_data(id, lxv, lyv)
+    call torch_model_load(lmodel, mlp_file, torch_kCPU, is_training=.true.)
+    allocate(params(torch_model_parameter_count(lmodel)))
+    call torch_model_parameters(lmodel, params)
+    call torch_tensor_from_array(lx, lxv, torch_kCPU)
+    call torch_tensor_from_array(ly, lyv, torch_kCPU)
+    call torch_optim_LBFGS(optim, params, learning_rate=0.5d0, max_iter=5, history_size=10)
+    do step = 1, 5
+      if (lockstep) then
+        !$omp barrier
+      end if
+      call torch_optim_step_closure(optim, lbfgs_closure, losses(step))
+    end do
+    call torch_delete(params)
+    call torch_delete(optim)
+    call torch_delete(lx)
+    call torch_delete(ly)
+    call torch_delete(lmodel)
+  end subroutine lbfgs_one
+
+  subroutine concurrent_lbfgs()
+    real(real64) :: par(5, 0:NT - 1), ser(5, 0:NT - 1)
+    integer :: id
+    par = 0
+    !$omp parallel num_threads(NT) default(shared) private(id)
+    id = omp_get_thread_num()
+    call lbfgs_one(id, .true., par(:, id))
+    !$omp end parallel
+    do id = 0, NT - 1
+      call lbfgs_one(id, .false., ser(:, id))
+    end do
+    call check(all(ser(5, :) < ser(1, :)) .and. all(par == ser), &
+               "concurrent LBFGS steps with Fortran closures on per-thread models equal the serial runs")
+  end subroutine concurrent_lbfgs
 
   ! Input of forward call k of thread id on the shared model.
   subroutine inference_input(id, k, x)
