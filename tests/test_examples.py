@@ -34,13 +34,13 @@ def examples(installed, tmp_path_factory):
 
 @pytest.mark.parametrize("compiler", COMPILERS)
 @pytest.mark.parametrize("example", ["tensors", "inference", "errors", "autograd", "model_gradients",
-                                     "online_training"])
+                                     "online_training", "time_stepping"])
 def test_example_runs(examples, compiler, example):
     bdir, work = examples(compiler)
     args = ["400"] if example == "online_training" else []
     proc = run([bdir / example, work, *args])
     number = {"tensors": 1, "inference": 2, "errors": 3, "autograd": 4, "model_gradients": 5,
-              "online_training": 6}[example]
+              "online_training": 6, "time_stepping": 7}[example]
     assert f"example {number} finished" in proc.stdout
 
 

@@ -7,7 +7,7 @@ program errors
   implicit none
 
   type(torch_model) :: model
-  type(torch_tensor) :: inputs(1), outputs(1)
+  type(torch_tensor) :: inputs(1), outputs(1), flat
   real(real64), target :: state(16, 8), tendency(16, 8), wrong(16, 5)
   character(len=4096) :: dir
   character(len=512) :: msg
@@ -46,6 +46,13 @@ program errors
 
   ! Without stat=, the same failure would stop the program with
   ! "ERROR STOP [torch_model_forward] forward failed: ...".
+
+  ! Functions and operators cannot take stat=: a catch scope collects their first failure.
+  call torch_catch_begin()
+  flat = torch_reshape(inputs(1), [100])      ! 128 elements: not a valid shape
+  call torch_catch_end(stat, msg)
+  print '(a,i0,a,a)', "reshape in a catch scope: stat = ", stat, ", ", trim(msg)
+  if (stat == FTORCH_OK) error stop "example 3: the reshape should have failed"
   call torch_delete(inputs)
   call torch_delete(outputs)
   call torch_delete(model)

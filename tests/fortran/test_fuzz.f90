@@ -13,11 +13,70 @@
 !> Usage: test_fuzz <data_dir> <seed> [n_calls] [trace]
 !> The seed drives a xorshift64 generator of our own (not random_number), so a seed replays the
 !> same sequence of calls with every compiler; "trace" prints each action before it runs.
+!> The loss closure the fuzzer hands to torch_optim_step_closure, and what it is told to do.
+module test_fuzz_closure
+  use, intrinsic :: iso_c_binding, only: c_null_ptr
+  use ftorch
+  implicit none
+  private
+  public :: closure_loss, closure_mode, closure_calls, closure_tensor, closure_optim_copy, closure_reset
+
+  integer, save :: closure_mode = 1, closure_calls = 0
+  logical, save :: reentered = .false.
+  type(torch_tensor), pointer, save :: closure_tensor => null()
+  !> A raw copy of the handle of the optimizer being stepped (not a second handle).
+  type(torch_optim), save :: closure_optim_copy
+
+contains
+
+  recursive subroutine closure_loss(loss)
+    type(torch_tensor), intent(inout) :: loss
+    integer :: s
+    character(len=512) :: msg
+    closure_calls = closure_calls + 1
+    select case (closure_mode)
+    case (1)   ! the loss of a tensor; a bad one gives no loss
+      call torch_catch_begin()
+      loss = torch_sum(closure_tensor * closure_tensor)
+      call torch_catch_end(s)
+    case (2)   ! no loss at all
+    case (3)   ! a "loss" of more than one element (or none, for a bad tensor)
+      call torch_catch_begin()
+      loss = closure_tensor * 2
+      call torch_catch_end(s)
+    case (4)   ! delete the optimizer being stepped (through the raw copy of its handle)
+      call torch_catch_begin()
+      loss = torch_sum(closure_tensor * closure_tensor)
+      call torch_catch_end(s)
+      call torch_delete(closure_optim_copy)
+    case default   ! step the same optimizer again from inside its step, once
+      if (.not. reentered) then
+        reentered = .true.
+        closure_mode = 1
+        call torch_optim_step_closure(closure_optim_copy, closure_loss, stat=s, errmsg=msg)
+        closure_mode = 5
+      end if
+      call torch_catch_begin()
+      loss = torch_sum(closure_tensor * closure_tensor)
+      call torch_catch_end(s)
+    end select
+  end subroutine closure_loss
+
+  !> Forget the raw copy (never delete it: it is not a handle of its own).
+  subroutine closure_reset()
+    closure_optim_copy%p = c_null_ptr
+    reentered = .false.
+    closure_calls = 0
+  end subroutine closure_reset
+end module test_fuzz_closure
+
 program test_fuzz
   use, intrinsic :: iso_c_binding, only: c_associated, c_int, c_int64_t, c_loc, c_null_ptr, c_ptr
   use, intrinsic :: iso_fortran_env, only: int8, int16, int32, int64, real32, real64, output_unit
   use ftorch
   use testing, only: check, summary, data_path
+  use test_fuzz_closure, only: closure_loss, closure_mode, closure_calls, closure_tensor, closure_optim_copy, &
+                               closure_reset
   implicit none
 
   integer, parameter :: NP = 8, HELD_SLOT = NP + 1, NM = 3, MAXR = 16, MAXPROB = 25, RING = 12
@@ -69,6 +128,7 @@ program test_fuzz
   integer :: n_checked = 0, n_failed = 0, n_succeeded = 0
   integer :: n_unclean = 0, n_missed = 0, n_unexpected = 0, n_wrongcode = 0, n_model = 0, n_problems = 0
   integer :: n_dealloc_finalized = 0, n_dealloc_kept = 0
+  integer :: n_predicted(0:2) = 0   ! checked calls by prediction: either way, success, failure
   integer(int64) :: base, drift = 0
   logical :: trace = .false.
   character(len=300) :: ring_buffer(RING) = ""
@@ -140,6 +200,8 @@ program test_fuzz
 
   write(output_unit, '(a,i0,a,i0,a,i0,a,i0,a)') "actions: ", n_actions, ", checked calls: ", n_checked, &
     " (", n_failed, " failed, ", n_succeeded, " succeeded)"
+  write(output_unit, '(a,i0,a,i0,a,i0,a)') "predicted: ", n_predicted(E_FAIL), " to fail, ", n_predicted(E_OK), &
+    " to succeed, ", n_predicted(E_ANY), " either way"
   write(output_unit, '(a,i0,a,i0)') "deallocate(held) finalized the handle: ", n_dealloc_finalized, &
     " times, kept it: ", n_dealloc_kept
   write(output_unit, '(a,f0.2,a)') "time: ", real(t_end - t_start) / real(t_rate), " s"
@@ -250,6 +312,7 @@ contains
     character(len=*), intent(in) :: text
     character(len=64) :: note
     n_checked = n_checked + 1
+    n_predicted(expect) = n_predicted(expect) + 1
     if (stat_value /= 0) then
       n_failed = n_failed + 1
       if (len_trim(text) == 0) then
@@ -353,7 +416,7 @@ contains
   integer function pick_from(n)
     integer, intent(in) :: n
     integer :: candidates(NP + 1), nl, k
-    if (chance(35)) then
+    if (chance(50)) then
       nl = 0
       do k = 1, n
         if (st(k) == S_LIVE) then
@@ -696,6 +759,9 @@ contains
     case (171:184); call act_optim()
     case (185:190); call act_catch()
     case (191:192); call act_runtime()
+    case (193:194); call act_step_closure()
+    case (195:197); call act_train_step()
+    case (198:199); call act_checkpoint()
     case default;   call act_math()
     end select
   end subroutine one_action
@@ -766,6 +832,12 @@ contains
     end if
     call outcome("torch_tensor_zeros/ones/empty", expect, code)
     call constructed(k, before, "construction")
+    if (fill == 0 .and. s == 0) then
+      ! Uninitialised values could decide later outcomes (class indices, integer powers): zero
+      ! them so that a seed replays the same calls.
+      call t%zero(stat=s, errmsg=msg)
+      call outcome("zero after torch_tensor_empty", E_OK, 0)
+    end if
   end subroutine act_new_tensor
 
   subroutine do_new(t, fill, ndims, shp, dtype, dev, idx, rg)
@@ -1215,6 +1287,10 @@ contains
       call torch_tensor_print(t, stat=s, errmsg=msg)
       call outcome("torch_tensor_print", expect, code)
     case default
+      ! (An inference tensor's gradient cannot be zeroed in place outside inference mode.)
+      if (expect == E_OK) then
+        if (obj_inf(obj(k))) expect = E_ANY
+      end if
       call t%zero_grad(stat=s, errmsg=msg)
       call outcome("zero_grad", expect, code)
     end select
@@ -2083,7 +2159,7 @@ contains
     if (mst(m) == S_LIVE .and. kind == 3 .and. c(3)) nin = 2
     has_rg = chance(30)
     rg = chance(50)
-    form = rnd(1, 3)   ! 1: slices of the pool, 2: array constructors, 3: an expression input
+    form = rnd(1, 4)   ! 1: pool slices, 2: array constructors, 3: an expression input, 4: an expression output
     if (form == 1) then
       a = rnd(1, NP - nin + 1)
       b = rnd(1, NP - nout + 1)
@@ -2096,6 +2172,7 @@ contains
       end do
     end if
     if (form == 3 .and. nin == 0) nin = 1
+    if (form == 4) nout = 1
     ! Often a valid simplenet case first (two more checked constructions).
     if (kind == 1 .and. mst(m) == S_LIVE .and. nin == 1 .and. nout == 1 .and. c(4)) then
       call begin_action("forward setup: input from_array(r64a), output zeros([5])")
@@ -2153,7 +2230,26 @@ contains
     else if (kind == 3) then
       if (nin /= 2 .or. nout /= 1) expect = E_FAIL
     end if
-    if (form == 3) then
+    if (form == 4) then
+      ! The output is an expression: results written into a temporary. A bad operand fails in the
+      ! operator, and forward then sees an unconstructed output.
+      if (.not. any_bad .and. mst(m) == S_LIVE .and. expect == E_OK) expect = E_ANY
+      call torch_catch_begin()
+      select case (nin)
+      case (0)
+        call torch_model_forward(mdl(m), pool(1:0), [pool(outs(1)) * 1.0_real64], stat=s2, errmsg=msg2)
+      case (1)
+        call torch_model_forward(mdl(m), [pool(ins(1))], [pool(outs(1)) * 1.0_real64], stat=s2, errmsg=msg2)
+      case (2)
+        call torch_model_forward(mdl(m), [pool(ins(1)), pool(ins(2))], [pool(outs(1)) * 1.0_real64], &
+                                 stat=s2, errmsg=msg2)
+      case default
+        call torch_model_forward(mdl(m), [pool(ins(1)), pool(ins(2)), pool(ins(3))], [pool(outs(1)) * 1.0_real64], &
+                                 stat=s2, errmsg=msg2)
+      end select
+      call torch_catch_end(s, msg)
+      call operator_then(outs(1), "torch_model_forward (expression output)", expect, code)
+    else if (form == 3) then
       ! The input is the expression pool(ins(1)) * 1.0d0 (same dtype and shape): a bad operand
       ! fails in the operator, then forward sees an unconstructed input.
       expr_in = .true.
@@ -2663,6 +2759,197 @@ contains
       if (st(j) == S_LIVE) call refresh(j)
     end do
   end subroutine all_changed
+
+  !> torch_optim_step_closure with closures that misbehave: no loss, a loss of several elements,
+  !> deleting the optimizer being stepped, stepping it again from inside its step.
+  subroutine act_step_closure()
+    integer :: o, k, mode, expect, code
+    real(real64) :: value
+    o = rnd(1, 2)
+    k = pick()
+    mode = rnd(1, 5)
+    call begin_action("step_closure opt(" // str(o) // "):" // STATE_LETTER(ost(o)) // " closure mode " // str(mode) // &
+      " on " // trim(tag(k)) // " " // shape_text(k))
+    expect = E_FAIL
+    code = FTORCH_ERR_NULL_HANDLE
+    if (ost(o) == S_LIVE) then
+      expect = E_ANY
+      code = 0
+      if (mode == 2 .or. .not. live(k)) then
+        code = FTORCH_ERR_INVALID_ARGUMENT   ! no loss tensor
+      else if (mode == 3) then
+        if (numel(k) /= 1) code = FTORCH_ERR_INVALID_ARGUMENT
+      end if
+      if (code /= 0) expect = E_FAIL
+    end if
+    call closure_reset()
+    closure_mode = mode
+    closure_tensor => ref(k)
+    closure_optim_copy%p = opt(o)%p
+    call torch_optim_step_closure(opt(o), closure_loss, value, stat=s, errmsg=msg)
+    call outcome("torch_optim_step_closure", expect, code)
+    if (mode == 4 .and. closure_calls > 0) then
+      ! The closure deleted the optimizer: its variable now holds a stale handle.
+      call kill_handle(ost, oobj, o)
+    end if
+    call closure_reset()
+    nullify(closure_tensor)
+    call all_changed()
+  end subroutine act_step_closure
+
+  !> torch_train_step with bad objects, expressions as inputs and target, an unconstructed
+  !> scheduler, invalid loss kinds and reductions.
+  subroutine act_train_step()
+    integer :: m, o, j, a, n, tgt, variant, lt, red, expect, code, i2
+    logical :: has_sched, has_lt, has_red, any_bad, c60
+    m = rnd(1, NM)
+    o = rnd(1, 2)
+    j = rnd(1, 2)
+    c60 = chance(60)
+    n = rnd(0, 2)
+    if (c60) n = 1
+    variant = rnd(1, 2)   ! 1: named tensors, 2: expressions
+    if (variant == 2) n = 1
+    a = rnd(1, NP - max(n, 1) + 1)
+    tgt = pick_pool()
+    has_sched = chance(40)
+    has_lt = chance(50)
+    lt = rnd(0, 7)
+    has_red = chance(50)
+    red = rnd(0, 2)
+    call begin_action("train_step mdl(" // str(m) // "):" // STATE_LETTER(mst(m)) // " opt(" // str(o) // "):" // &
+      STATE_LETTER(ost(o)) // " inputs pool(" // str(a) // ":" // str(a + n - 1) // ") target " // trim(tag(tgt)) // &
+      " expressions " // lstr(variant == 2) // " scheduler " // lstr(has_sched) // STATE_LETTER(sst(j)) // &
+      " loss_type " // lstr(has_lt) // str(lt) // " reduction " // lstr(has_red) // str(red))
+    any_bad = .not. live(tgt) .or. mst(m) /= S_LIVE .or. ost(o) /= S_LIVE
+    if (has_sched) any_bad = any_bad .or. sst(j) /= S_LIVE
+    do i2 = a, a + n - 1
+      if (.not. live(i2)) any_bad = .true.
+    end do
+    expect = E_ANY
+    code = 0
+    if (any_bad) then
+      expect = E_FAIL
+      code = FTORCH_ERR_NULL_HANDLE
+    else if (has_red .and. red == 0) then
+      expect = E_FAIL
+      code = FTORCH_ERR_INVALID_ARGUMENT
+    end if
+    if (variant == 1) then
+      if (has_sched) then
+        call do_train(m, o, pool(a:a + n - 1), pool(tgt), has_lt, lt, has_red, red, sch(j))
+      else
+        call do_train(m, o, pool(a:a + n - 1), pool(tgt), has_lt, lt, has_red, red)
+      end if
+      call outcome("torch_train_step", expect, code)
+    else
+      ! Expressions as inputs and target (a bad operand makes an unconstructed tensor: same status).
+      call torch_catch_begin()
+      if (has_sched) then
+        call do_train(m, o, [pool(a) * 1.0_real64], pool(tgt) * 1.0_real64, has_lt, lt, has_red, red, sch(j))
+      else
+        call do_train(m, o, [pool(a) * 1.0_real64], pool(tgt) * 1.0_real64, has_lt, lt, has_red, red)
+      end if
+      s2 = s
+      msg2 = msg
+      msg = ""
+      call torch_catch_end(s, msg)
+      call outcome("operators in a catch scope", E_ANY, 0)
+      call judge("torch_train_step of expressions", expect, code, s2, msg2)
+    end if
+    call all_changed()
+  end subroutine act_train_step
+
+  subroutine do_train(m, o, inputs, target, has_lt, lt, has_red, red, scheduler)
+    integer, intent(in) :: m, o, lt, red
+    type(torch_tensor), intent(in) :: inputs(:), target
+    logical, intent(in) :: has_lt, has_red
+    type(torch_scheduler), intent(in), optional :: scheduler
+    real(real64) :: value
+    if (has_lt .and. has_red) then
+      call torch_train_step(mdl(m), opt(o), inputs, target, value, lt, red, scheduler, stat=s, errmsg=msg)
+    else if (has_lt) then
+      call torch_train_step(mdl(m), opt(o), inputs, target, value, lt, scheduler=scheduler, stat=s, errmsg=msg)
+    else if (has_red) then
+      call torch_train_step(mdl(m), opt(o), inputs, target, value, reduction_type=red, scheduler=scheduler, &
+                            stat=s, errmsg=msg)
+    else
+      call torch_train_step(mdl(m), opt(o), inputs, target, value, scheduler=scheduler, stat=s, errmsg=msg)
+    end if
+  end subroutine do_train
+
+  !> Checkpoints: saving to an unwritable path and loading a missing or corrupt file must fail
+  !> (with a bad object, for that reason first). Nothing is ever written.
+  subroutine act_checkpoint()
+    integer :: m, o, j, form, expect, code, step
+    logical :: with_m, with_o, with_s, any_bad, any_null
+    m = rnd(1, NM)
+    o = rnd(1, 2)
+    j = rnd(1, 2)
+    form = rnd(1, 3)
+    with_m = chance(60)
+    with_o = chance(50)
+    with_s = chance(30)
+    ! The combinations do_checkpoint passes: (model, optim, scheduler), (model, optim), (model),
+    ! (optim, scheduler) or nothing.
+    if (with_m) then
+      if (.not. with_o) with_s = .false.
+    else
+      with_s = with_o
+    end if
+    call begin_action("checkpoint form " // str(form) // " model " // lstr(with_m) // STATE_LETTER(mst(m)) // &
+      " optim " // lstr(with_o) // STATE_LETTER(ost(o)) // " scheduler " // lstr(with_s) // STATE_LETTER(sst(j)))
+    any_null = (with_m .and. mst(m) == S_NULL) .or. (with_o .and. ost(o) == S_NULL) .or. (with_s .and. sst(j) == S_NULL)
+    any_bad = (with_m .and. mst(m) /= S_LIVE) .or. (with_o .and. ost(o) /= S_LIVE) .or. (with_s .and. sst(j) /= S_LIVE)
+    expect = E_FAIL
+    code = 0
+    if (any_null .or. any_bad) code = FTORCH_ERR_NULL_HANDLE
+    select case (form)
+    case (1)
+      call do_checkpoint(.true., "/nonexistent-dir/fuzz.ckpt", with_m, m, with_o, o, with_s, j, step)
+      if (code == 0) code = FTORCH_ERR_IO
+    case (2)
+      call do_checkpoint(.false., data_path("does_not_exist.ckpt"), with_m, m, with_o, o, with_s, j, step)
+      if (code == 0) code = FTORCH_ERR_IO
+    case default
+      call do_checkpoint(.false., data_path("corrupt.pt"), with_m, m, with_o, o, with_s, j, step)
+      if (code == 0) code = FTORCH_ERR_IO
+    end select
+    call outcome("torch_checkpoint_save/load", expect, code)
+  end subroutine act_checkpoint
+
+  subroutine do_checkpoint(save, file, with_m, m, with_o, o, with_s, j, step)
+    logical, intent(in) :: save, with_m, with_o, with_s
+    character(len=*), intent(in) :: file
+    integer, intent(in) :: m, o, j
+    integer, intent(out) :: step
+    step = 0
+    if (save) then
+      if (with_m .and. with_o .and. with_s) then
+        call torch_checkpoint_save(file, mdl(m), opt(o), sch(j), 7, stat=s, errmsg=msg)
+      else if (with_m .and. with_o) then
+        call torch_checkpoint_save(file, mdl(m), opt(o), stat=s, errmsg=msg)
+      else if (with_m) then
+        call torch_checkpoint_save(file, mdl(m), stat=s, errmsg=msg)
+      else if (with_o) then
+        call torch_checkpoint_save(file, optim=opt(o), scheduler=sch(j), stat=s, errmsg=msg)
+      else
+        call torch_checkpoint_save(file, stat=s, errmsg=msg)
+      end if
+    else
+      if (with_m .and. with_o .and. with_s) then
+        call torch_checkpoint_load(file, mdl(m), opt(o), sch(j), step, stat=s, errmsg=msg)
+      else if (with_m .and. with_o) then
+        call torch_checkpoint_load(file, mdl(m), opt(o), stat=s, errmsg=msg)
+      else if (with_m) then
+        call torch_checkpoint_load(file, mdl(m), stat=s, errmsg=msg)
+      else if (with_o) then
+        call torch_checkpoint_load(file, optim=opt(o), scheduler=sch(j), step=step, stat=s, errmsg=msg)
+      else
+        call torch_checkpoint_load(file, stat=s, errmsg=msg)
+      end if
+    end if
+  end subroutine do_checkpoint
 
   ! ------------------------------------------------------------------ catch scopes, runtime
 
