@@ -18,6 +18,7 @@ FTC_API int ftc_model_load(ftc_model *out, const char *filename, int device_type
                    int requires_grad, int is_training);
 /* Free *m and set it to NULL (null and stale handles are left alone). */
 FTC_API int ftc_model_delete(ftc_model *m);
+FTC_API void ftc_model_release(ftc_model m);  /* see ftc_tensor_release */
 /* *dst = a second handle to the model of src (both run the same module; either may be deleted
  * first). A null src makes *dst null. */
 FTC_API int ftc_model_share(ftc_model src, ftc_model *dst);

@@ -30,6 +30,7 @@ enum ftc_optim_kind {
 FTC_API int ftc_optim_new(ftc_optim *out, int kind, const ftc_tensor *params, int64_t n_params, const double *hyper,
                           int n_hyper);
 FTC_API int ftc_optim_delete(ftc_optim *o);
+FTC_API void ftc_optim_release(ftc_optim o);  /* see ftc_tensor_release */
 /* *dst = a second handle to the optimizer of src (a null src makes *dst null). */
 FTC_API int ftc_optim_share(ftc_optim src, ftc_optim *dst);
 FTC_API int ftc_optim_step(ftc_optim o);
@@ -62,6 +63,7 @@ enum ftc_scheduler_kind {
 FTC_API int ftc_scheduler_new(ftc_scheduler *out, ftc_optim o, int kind, const double *params, int n_params,
                               const int64_t *milestones, int n_milestones);
 FTC_API int ftc_scheduler_delete(ftc_scheduler *s);
+FTC_API void ftc_scheduler_release(ftc_scheduler s);  /* see ftc_tensor_release */
 /* *dst = a second handle to the scheduler of src (a null src makes *dst null). */
 FTC_API int ftc_scheduler_share(ftc_scheduler src, ftc_scheduler *dst);
 /* One scheduler step; reduce-on-plateau needs the metric (has_metric = 1). */

@@ -30,6 +30,10 @@ FTC_API int ftc_tensor_from_blob(ftc_tensor *out, void *data, int ndims, const i
 /* Free *t and set it to NULL. A null handle, or a stale one (a copy of a handle deleted before),
  * is left alone: deleting twice is harmless. */
 FTC_API int ftc_tensor_delete(ftc_tensor *t);
+/* Free the tensor of handle t, writing nothing (a null, stale or foreign value is ignored). For
+ * finalizers: gfortran 12 passes wrong addresses for elements of array components it finalizes,
+ * so a finalizer must not write to its argument. The same for models, optimizers, schedulers. */
+FTC_API void ftc_tensor_release(ftc_tensor t);
 
 FTC_API int ftc_tensor_rank(ftc_tensor t, int *rank);
 /* Pointers into the tensor's own size/stride storage, valid while the tensor lives (an error

@@ -166,6 +166,14 @@ int ftc_tensor_delete(ftc_tensor *t) { return ftc::delete_handle<ftc::TensorTabl
 
 int ftc_model_delete(ftc_model *m) { return ftc::delete_handle<ftc::ModelTable>(m); }
 
+void ftc_tensor_release(ftc_tensor t) { ftc::TensorTable::instance().release(t); }
+
+void ftc_model_release(ftc_model m) { ftc::ModelTable::instance().release(m); }
+
+void ftc_optim_release(ftc_optim o) { ftc::OptimTable::instance().release(o); }
+
+void ftc_scheduler_release(ftc_scheduler s) { ftc::SchedulerTable::instance().release(s); }
+
 int ftc_optim_delete(ftc_optim *o) { return ftc::delete_handle<ftc::OptimTable>(o); }
 
 int ftc_scheduler_delete(ftc_scheduler *s) { return ftc::delete_handle<ftc::SchedulerTable>(s); }

@@ -24,7 +24,7 @@ module ftorch_model
     generic :: assignment(=) => torch_model_share
     procedure :: print_parameters => torch_model_print_parameters
     procedure :: is_training => torch_model_is_training
-    final :: torch_model_delete
+    final :: finalize_model
   end type torch_model
 
   !> A tensor sharing storage with one parameter, by name or by 1-based index.
@@ -33,6 +33,10 @@ module ftorch_model
   end interface torch_model_parameter
 
   interface
+    subroutine ftc_model_release(h) bind(c, name="ftc_model_release")
+      import :: c_ptr
+      type(c_ptr), value :: h
+    end subroutine ftc_model_release
     subroutine ftc_set_jit_optimize(enabled) bind(c, name="ftc_set_jit_optimize")
       import :: c_int
       integer(c_int), value :: enabled
@@ -325,7 +329,13 @@ contains
     call ftorch_check(ftc_model_share(src%p, dst%p), "assignment(=)")
   end subroutine torch_model_share
 
-  !> Free the model (a no-op if not loaded, or for a copy of a deleted handle); also the finalizer.
+  ! Finalizer: frees the object, writing nothing (see ftc_tensor_release).
+  impure elemental subroutine finalize_model(object)
+    type(torch_model), intent(inout) :: object
+    call ftc_model_release(object%p)
+  end subroutine finalize_model
+
+  !> Free the model (a no-op if not loaded, or for a copy of a deleted handle).
   impure elemental subroutine torch_model_delete(model)
     type(torch_model), intent(inout) :: model
     integer(c_int) :: status

@@ -27,7 +27,7 @@ module ftorch_optim
     generic :: assignment(=) => torch_optim_share
     procedure :: step => torch_optim_step
     procedure :: zero_grad => torch_optim_zero_grad
-    final :: torch_optim_delete
+    final :: finalize_optim
   end type torch_optim
 
   !> A learning-rate schedule driving an optimizer (which it keeps alive). `s2 = s1` makes a
@@ -38,7 +38,7 @@ module ftorch_optim
     procedure, private :: torch_scheduler_share
     generic :: assignment(=) => torch_scheduler_share
     procedure :: step => torch_scheduler_step
-    final :: torch_scheduler_delete
+    final :: finalize_scheduler
   end type torch_scheduler
 
   abstract interface
@@ -62,6 +62,14 @@ module ftorch_optim
   end type closure_box
 
   interface
+    subroutine ftc_scheduler_release(h) bind(c, name="ftc_scheduler_release")
+      import :: c_ptr
+      type(c_ptr), value :: h
+    end subroutine ftc_scheduler_release
+    subroutine ftc_optim_release(h) bind(c, name="ftc_optim_release")
+      import :: c_ptr
+      type(c_ptr), value :: h
+    end subroutine ftc_optim_release
     function ftc_optim_new(out, kind, params, n_params, hyper, n_hyper) result(status) bind(c, name="ftc_optim_new")
       import :: c_ptr, c_int, c_int64_t, c_double
       type(c_ptr), intent(inout) :: out
@@ -387,7 +395,6 @@ contains
                       "torch_optim_clip_grad_value", stat, errmsg)
   end subroutine torch_optim_clip_grad_value
 
-  !> Free the optimizer (a no-op if not constructed); also the finalizer.
   ! `dst = src`: a second handle to the optimizer of src.
   impure elemental subroutine torch_optim_share(dst, src)
     class(torch_optim), intent(inout) :: dst
@@ -395,6 +402,13 @@ contains
     call ftorch_check(ftc_optim_share(src%p, dst%p), "assignment(=)")
   end subroutine torch_optim_share
 
+  ! Finalizer: frees the object, writing nothing (see ftc_tensor_release).
+  impure elemental subroutine finalize_optim(object)
+    type(torch_optim), intent(inout) :: object
+    call ftc_optim_release(object%p)
+  end subroutine finalize_optim
+
+  !> Free the optimizer and null its handle (a no-op if not constructed, or for a stale copy).
   impure elemental subroutine torch_optim_delete(optim)
     type(torch_optim), intent(inout) :: optim
     integer(c_int) :: status
@@ -550,7 +564,6 @@ contains
     lr = value
   end function torch_scheduler_get_last_lr
 
-  !> Free the scheduler (a no-op if not constructed); also the finalizer.
   ! `dst = src`: a second handle to the scheduler of src.
   impure elemental subroutine torch_scheduler_share(dst, src)
     class(torch_scheduler), intent(inout) :: dst
@@ -558,6 +571,13 @@ contains
     call ftorch_check(ftc_scheduler_share(src%p, dst%p), "assignment(=)")
   end subroutine torch_scheduler_share
 
+  ! Finalizer: frees the object, writing nothing (see ftc_tensor_release).
+  impure elemental subroutine finalize_scheduler(object)
+    type(torch_scheduler), intent(inout) :: object
+    call ftc_scheduler_release(object%p)
+  end subroutine finalize_scheduler
+
+  !> Free the scheduler and null its handle (a no-op if not constructed, or for a stale copy).
   impure elemental subroutine torch_scheduler_delete(scheduler)
     type(torch_scheduler), intent(inout) :: scheduler
     integer(c_int) :: status

@@ -109,6 +109,7 @@ program test_errors
   call torch_model_delete(tuple_model)
   call torch_model_forward(tuple_model, tin, tout, stat=stat, errmsg=msg)
   call expect(FTORCH_ERR_NULL_HANDLE, "torch_model_forward", "model is not loaded", "forward of a deleted model")
+  deallocate(x_ref, y_ref)  ! main-program allocatables are not freed at the end (leak checks)
   call summary()
 
 contains

@@ -2901,19 +2901,19 @@ contains
       " optim " // lstr(with_o) // STATE_LETTER(ost(o)) // " scheduler " // lstr(with_s) // STATE_LETTER(sst(j)))
     any_null = (with_m .and. mst(m) == S_NULL) .or. (with_o .and. ost(o) == S_NULL) .or. (with_s .and. sst(j) == S_NULL)
     any_bad = (with_m .and. mst(m) /= S_LIVE) .or. (with_o .and. ost(o) /= S_LIVE) .or. (with_s .and. sst(j) /= S_LIVE)
+    ! An unconstructed object is refused before anything else; a stale one may be found before or
+    ! after the file is tried.
     expect = E_FAIL
-    code = 0
-    if (any_null .or. any_bad) code = FTORCH_ERR_NULL_HANDLE
+    code = FTORCH_ERR_IO
+    if (any_bad) code = 0
+    if (any_null) code = FTORCH_ERR_NULL_HANDLE
     select case (form)
     case (1)
       call do_checkpoint(.true., "/nonexistent-dir/fuzz.ckpt", with_m, m, with_o, o, with_s, j, step)
-      if (code == 0) code = FTORCH_ERR_IO
     case (2)
       call do_checkpoint(.false., data_path("does_not_exist.ckpt"), with_m, m, with_o, o, with_s, j, step)
-      if (code == 0) code = FTORCH_ERR_IO
     case default
       call do_checkpoint(.false., data_path("corrupt.pt"), with_m, m, with_o, o, with_s, j, step)
-      if (code == 0) code = FTORCH_ERR_IO
     end select
     call outcome("torch_checkpoint_save/load", expect, code)
   end subroutine act_checkpoint
