@@ -43,6 +43,19 @@ class DictNet(torch.nn.Module):
         return {"y": x}
 
 
+class WithBuffer(torch.nn.Module):
+    """Parameters and a buffer; `buffer_size` 2 and 3 give two models whose parameters match
+    but whose buffers do not (checkpoint load must refuse, before changing anything)."""
+
+    def __init__(self, buffer_size: int = 2):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+        self.register_buffer("scale", torch.full((buffer_size,), 0.5))
+
+    def forward(self, x):
+        return self.fc(x) * self.scale.sum()
+
+
 class Batched(torch.nn.Module):
     """Acts on [batch, features] inputs: a Linear layer then a per-row sum appended as a column."""
 
@@ -154,3 +167,7 @@ def build_training(directory: Path) -> None:
     big = torch.nn.Linear(2000, 2000).double()
     torch.jit.script(big).save(str(directory / "big_linear.pt"))
     torch.jit.script(torch.nn.Linear(3, 3).double()).save(str(directory / "other_model.pt"))
+    torch.manual_seed(6)
+    torch.jit.script(WithBuffer(2).double()).save(str(directory / "buffer2.pt"))
+    torch.manual_seed(7)
+    torch.jit.script(WithBuffer(3).double()).save(str(directory / "buffer3.pt"))

@@ -131,8 +131,8 @@ program test_fuzz
   integer :: n_predicted(0:2) = 0   ! checked calls by prediction: either way, success, failure
   integer(int64) :: base, drift = 0
   logical :: trace = .false.
-  character(len=300) :: ring_buffer(RING) = ""
-  character(len=300) :: desc
+  character(len=512) :: ring_buffer(RING) = ""
+  character(len=512) :: desc
   integer :: s, s2
   character(len=1024) :: msg, msg2
   character(len=4096) :: arg
@@ -386,6 +386,19 @@ contains
     end if
   end function tag
 
+  !> Slots and their states, for descriptions: "[pool(3):L,pool(5):S]".
+  function tags(ks) result(text)
+    integer, intent(in) :: ks(:)
+    character(len=:), allocatable :: text
+    integer :: j
+    text = "["
+    do j = 1, size(ks)
+      if (j > 1) text = text // ","
+      text = text // trim(tag(ks(j)))
+    end do
+    text = text // "]"
+  end function tags
+
   !> Modeled dtype and shape of a live slot, for descriptions.
   function shape_text(k) result(text)
     integer, intent(in) :: k
@@ -617,15 +630,16 @@ contains
   !> The live-handle count must be the baseline plus the distinct live handles of the model.
   subroutine check_handle_count()
     integer(int64) :: now, d
-    character(len=120) :: note
     now = ftorch_live_handles()
     d = now - (base + distinct_live())
-    if (d /= drift) then
-      write(note, '(a,i0,a,i0,a)') "live handles: ", now, " but the model expects ", now - d, &
-        " (a leak, or a handle freed too early)"
-      call model_problem(trim(note))
-      drift = d
+    if (d > drift) then
+      call model_problem("this action leaked " // str8(d - drift) // " handle(s): " // str8(now) // &
+                         " live, the model expects " // str8(now - d))
+    else if (d < drift) then
+      call model_problem("this action freed " // str8(drift - d) // " handle(s) the model expects alive: " // &
+                         str8(now) // " live, the model expects " // str8(now - d))
     end if
+    drift = d
   end subroutine check_handle_count
 
   ! Grad-mode scopes, as modeled.
@@ -2187,9 +2201,9 @@ contains
         call constructed(outs(1), before(1), "zeros")
       end if
     end if
-    call begin_action("forward mdl(" // str(m) // "):" // STATE_LETTER(mst(m)) // " kind " // str(kind) // " " // &
-      str(nin) // " inputs " // strs(ins(1:nin)) // " " // str(nout) // " outputs " // strs(outs(1:nout)) // " form " // &
-      str(form) // " requires_grad " // lstr(has_rg) // lstr(rg))
+    call begin_action("forward mdl(" // str(m) // "):" // STATE_LETTER(mst(m)) // " kind " // str(kind) // &
+      " inputs " // tags(ins(1:nin)) // " outputs " // tags(outs(1:nout)) // " form " // str(form) // &
+      " requires_grad " // lstr(has_rg) // lstr(rg))
     ! Prediction.
     any_bad = .false.
     do j = 1, nin
@@ -2818,7 +2832,7 @@ contains
     has_red = chance(50)
     red = rnd(0, 2)
     call begin_action("train_step mdl(" // str(m) // "):" // STATE_LETTER(mst(m)) // " opt(" // str(o) // "):" // &
-      STATE_LETTER(ost(o)) // " inputs pool(" // str(a) // ":" // str(a + n - 1) // ") target " // trim(tag(tgt)) // &
+      STATE_LETTER(ost(o)) // " inputs " // tags([(i2, i2 = a, a + n - 1)]) // " target " // trim(tag(tgt)) // &
       " expressions " // lstr(variant == 2) // " scheduler " // lstr(has_sched) // STATE_LETTER(sst(j)) // &
       " loss_type " // lstr(has_lt) // str(lt) // " reduction " // lstr(has_red) // str(red))
     any_bad = .not. live(tgt) .or. mst(m) /= S_LIVE .or. ost(o) /= S_LIVE

@@ -31,6 +31,7 @@ program test_hardening
   call model_time_stepping()
   call catch_scopes()
   call unconstructed_objects()
+  call checkpoint_all_or_nothing()
   call check(ftorch_live_handles() == base, "every handle made by this program was freed")
   call summary()
 
@@ -418,5 +419,26 @@ contains
                "an unconstructed scheduler passed to train_step is an error")
     call torch_delete(model); call torch_delete(opt); call torch_delete(x); call torch_delete(y)
   end subroutine unconstructed_objects
+
+  ! A checkpoint whose parameters match but whose buffers do not is refused before anything of
+  ! the target model changes.
+  subroutine checkpoint_all_or_nothing()
+    type(torch_model) :: m2, m3
+    type(torch_tensor) :: w
+    real(real64), target :: before(2, 4), after(2, 4)
+    integer :: stat
+    character(len=256) :: msg
+    call torch_model_load(m2, data_path("buffer2.pt"), torch_kCPU)
+    call torch_model_load(m3, data_path("buffer3.pt"), torch_kCPU)
+    call torch_checkpoint_save(data_path("buffer2.ckpt"), model=m2)
+    call torch_model_parameter(m3, "fc.weight", w)
+    call torch_tensor_to_array(w, before)
+    msg = ""
+    call torch_checkpoint_load(data_path("buffer2.ckpt"), model=m3, stat=stat, errmsg=msg)
+    call torch_tensor_to_array(w, after)
+    call check(stat /= 0 .and. index(msg, "buffer scale") > 0 .and. all(after == before), &
+               "a checkpoint with other buffers is refused and the parameters are untouched: " // trim(msg))
+    call torch_delete(w); call torch_delete(m2); call torch_delete(m3)
+  end subroutine checkpoint_all_or_nothing
 
 end program test_hardening

@@ -69,6 +69,7 @@ program test_threads
   call errors_per_thread()
   call errmsg_path_under_contention()
   call handles_across_threads()
+  call concurrent_checkpoints()
   call check(ftorch_live_handles() == live_start, &
              "after every thread deleted its objects the live-handle count is back to its starting value")
   call summary()
@@ -508,6 +509,31 @@ contains
   ! errmsg NCHECK times. Without the C calls' cost between them, the threads spend most of
   ! their time in ftorch_check, where a message length kept in static storage (as gfortran 12
   ! does for the result of a deferred-length character function) would mix the threads' messages.
+  ! Threads saving checkpoints of their own models to the same file at the same time: each write
+  ! goes through a temporary file unique to its host, process and thread, then an atomic rename,
+  ! so every save succeeds and the file left behind is a whole checkpoint.
+  subroutine concurrent_checkpoints()
+    character(len=:), allocatable :: file
+    integer :: failures, id, k, stat
+    type(torch_model) :: model
+    file = data_path("threads_shared.ckpt")
+    failures = 0
+    !$omp parallel num_threads(NT) default(shared) private(id, k, stat, model) reduction(+:failures)
+    id = omp_get_thread_num()
+    call torch_model_load(model, mlp_file, torch_kCPU)
+    do k = 1, 10
+      call torch_checkpoint_save(file, model=model, step=id, stat=stat)
+      if (stat /= 0) failures = failures + 1
+    end do
+    call torch_delete(model)
+    !$omp end parallel
+    call torch_model_load(model, mlp_file, torch_kCPU)
+    call torch_checkpoint_load(file, model=model, step=k, stat=stat)
+    call check(failures == 0 .and. stat == 0 .and. k >= 0 .and. k < NT, &
+               "concurrent checkpoint saves to one file all succeed and leave a whole checkpoint")
+    call torch_delete(model)
+  end subroutine concurrent_checkpoints
+
   subroutine errmsg_path_under_contention()
     integer :: wrong(0:NT - 1), team, id
     team = 0
