@@ -55,12 +55,13 @@ int ftc_tensor_backward(ftc_tensor t, ftc_tensor gradient, int retain_graph) {
 
 int ftc_tensor_get_gradient(ftc_tensor t, ftc_tensor *gradient) {
   return ftc::guard([&] {
-    const at::Tensor &x = ftc::tensor_of(t);
+    // By value: the assignment below may replace the tensor of *gradient, which can be t itself.
+    const at::Tensor x = ftc::tensor_of(t);
     ftc::out_arg(gradient, "gradient");
     if (!x.is_leaf()) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the tensor is not a leaf: gradients are kept for leaf tensors only");
     }
-    const at::Tensor &g = x.grad();
+    const at::Tensor g = x.grad();
     if (!g.defined()) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the tensor has no gradient yet (call torch_tensor_backward first, "
                                           "on a result that depends on it)");

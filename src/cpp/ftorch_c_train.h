@@ -20,7 +20,11 @@ FTC_API int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_
                            double *seconds);
 
 /* Write model parameters and buffers, optimizer state, scheduler state and a step counter to
- * one file, atomically (a temporary file renamed over the target). Any of m, o, s may be NULL. */
+ * one file, atomically (a temporary file renamed over the target, named after the host, process
+ * and thread). Any of m, o, s may be NULL (absent). A binding whose caller passed an object that
+ * is not constructed passes FTC_UNCONSTRUCTED instead: an error, never "absent" (also for the
+ * scheduler of ftc_train_step). */
+#define FTC_UNCONSTRUCTED ((void *)~(uintptr_t)0)
 FTC_API int ftc_checkpoint_save(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s, int64_t step);
 /* Restore what ftc_checkpoint_save wrote into objects of the same structure; checks that the
  * checkpoint matches (parameter names and shapes, optimizer kind) before changing anything. */

@@ -68,6 +68,11 @@ void release_consumed(size_t from) noexcept {
 }
 
 void bad_handle(const void *handle, const char *kind, const char *what) {
+  if (handle == unconstructed_handle()) {
+    fail(FTC_ERR_NULL_HANDLE, std::string("the ") + what + " passed is not " +
+                                  (std::string(kind) == "model" ? "loaded" : "constructed") +
+                                  "; leave an optional object out rather than passing an unconstructed one");
+  }
   if (handle == nullptr) {
     fail(FTC_ERR_NULL_HANDLE, std::string(what) + " is not " + (std::string(kind) == "tensor" ? "constructed" : "loaded") +
                                   " (null handle)");
@@ -87,13 +92,18 @@ TensorTable::Slot &tensor_slot(ftc_tensor h, const char *what) {
   return *s;
 }
 
-std::vector<at::Tensor> tensors_of(const ftc_tensor *handles, int64_t n, const char *what) {
-  if (n < 0) fail(FTC_ERR_INVALID_ARGUMENT, std::string("negative number of ") + what + "s (" + std::to_string(n) + ")");
-  if (n > 0 && handles == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, std::string(what) + " array pointer is null");
+void take_temporaries(const ftc_tensor *handles, int64_t n) {
+  if (handles == nullptr) return;
   auto &table = TensorTable::instance();
-  for (int64_t i = 0; i < n; ++i) {  // schedule every temporary first
+  for (int64_t i = 0; i < n; ++i) {
     if (table.find(handles[i]) != nullptr) tensor_slot(handles[i]);
   }
+}
+
+std::vector<at::Tensor> tensors_of(const ftc_tensor *handles, int64_t n, const char *what) {
+  take_temporaries(handles, n);
+  if (n < 0) fail(FTC_ERR_INVALID_ARGUMENT, std::string("negative number of ") + what + "s (" + std::to_string(n) + ")");
+  if (n > 0 && handles == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, std::string(what) + " array pointer is null");
   std::vector<at::Tensor> out;
   out.reserve(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {

@@ -192,9 +192,15 @@ class ConsumedMark {
 // The slot of a tensor handle; a temporary is scheduled for release at the end of the call.
 TensorTable::Slot &tensor_slot(ftc_tensor h, const char *what = "tensor");
 inline at::Tensor &tensor_of(ftc_tensor h, const char *what = "tensor") { return tensor_slot(h, what).value; }
-// Every handle of an array, resolved before any is checked, so that each temporary among them
-// is released even when an earlier one is invalid.
+// Schedule the temporaries among an array of tensor arguments (call it for every array argument
+// before checking any of them, so that each temporary is released whatever fails first).
+void take_temporaries(const ftc_tensor *handles, int64_t n);
+// Every handle of an array, resolved (its temporaries scheduled first).
 std::vector<at::Tensor> tensors_of(const ftc_tensor *handles, int64_t n, const char *what);
+
+// The value C callers of optional objects (checkpoints, the train step's scheduler) pass for an
+// object that is given but not constructed: an error, never "absent".
+inline const void *unconstructed_handle() { return reinterpret_cast<const void *>(~uintptr_t{0}); }
 
 // Schedule the temporaries among several tensor arguments first, so that each is released even
 // when checking an earlier argument fails.

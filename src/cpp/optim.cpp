@@ -248,7 +248,9 @@ int ftc_optim_step(ftc_optim o) {
 
 int ftc_optim_step_closure(ftc_optim o, ftc_closure closure, void *context, double *loss) {
   return ftc::guard([&] {
-    auto &state = ftc::optim_of(o);
+    // The closure runs user code, which may delete (a copy of) the optimizer's handle: hold it.
+    const std::shared_ptr<ftc::Optim> keep = ftc::optim_ptr(o);
+    auto &state = *keep;
     if (closure == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "closure is null");
     auto evaluate = [&]() -> at::Tensor {
       at::AutoGradMode grad(true);

@@ -225,7 +225,10 @@ int ftc_tensor_data_view(ftc_tensor t, int dtype, int ndims, int64_t *shape, voi
     if (ndims > 0 && shape == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output argument 'shape' is a null pointer");
     ftc::out_arg(data, "data");
     for (int i = 0; i < ndims; ++i) shape[i] = x.size(i);
-    *data = x.data_ptr();
+    // A tensor without elements may have no memory at all: a valid address of nothing, so that
+    // the Fortran pointer is associated (with zero extents) as for any other tensor.
+    alignas(64) static char nothing[64];
+    *data = x.numel() == 0 ? static_cast<void *>(nothing) : x.data_ptr();
   });
 }
 

@@ -23,10 +23,12 @@ contains
     if (present(device_index)) c_device_index = int(device_index, c_int)
   end function c_device_index
 
-  !> A NUL-terminated copy of `text` without leading and trailing blanks.
+  !> A NUL-terminated copy of `text` without leading and trailing blanks. The result's length is
+  !> a specification expression, not deferred: gfortran 12 keeps the length of a deferred-length
+  !> result in a static variable, which threads calling at the same time would overwrite.
   function c_string(text) result(s)
     character(len=*), intent(in) :: text
-    character(kind=c_char, len=:), allocatable :: s
+    character(kind=c_char, len=len_trim(adjustl(text)) + 1) :: s
     s = trim(adjustl(text)) // c_null_char
   end function c_string
 

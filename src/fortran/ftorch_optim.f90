@@ -295,7 +295,7 @@ contains
 
   !> One step of an optimizer that re-evaluates the loss (LBFGS): `closure` computes the loss;
   !> `loss` receives its value at the start of the step.
-  subroutine torch_optim_step_closure(optim, closure, loss, stat, errmsg)
+  recursive subroutine torch_optim_step_closure(optim, closure, loss, stat, errmsg)
     class(torch_optim), intent(in) :: optim
     procedure(torch_closure) :: closure
     real(real64), intent(out), optional :: loss
@@ -311,7 +311,7 @@ contains
   end subroutine torch_optim_step_closure
 
   ! Called by the C layer: runs the active closure and hands the loss handle over to C.
-  function closure_trampoline(context) result(handle) bind(c)
+  recursive function closure_trampoline(context) result(handle) bind(c)
     type(c_ptr), value :: context
     type(c_ptr) :: handle
     type(torch_tensor) :: loss

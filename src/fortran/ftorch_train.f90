@@ -1,9 +1,10 @@
 !> Training helpers: the one-call training step (with an optional progress log) and checkpoints
 !> of model, optimizer and scheduler together.
 module ftorch_train
-  use, intrinsic :: iso_c_binding, only: c_associated, c_char, c_double, c_int, c_int64_t, c_null_ptr, c_ptr
+  use, intrinsic :: iso_c_binding, only: c_associated, c_char, c_double, c_int, c_int64_t, c_intptr_t, c_null_ptr, &
+                                         c_ptr
   use, intrinsic :: iso_fortran_env, only: int64, real64, output_unit
-  use ftorch_errors, only: ftorch_check, ftorch_fail, FTORCH_ERR_NULL_HANDLE
+  use ftorch_errors, only: ftorch_check
   use ftorch_interop, only: c_string
   use ftorch_types, only: torch_kMean
   use ftorch_tensor_type, only: torch_tensor
@@ -72,7 +73,7 @@ contains
     do i = 1, size(input_tensors)
       handles(i) = input_tensors(i)%p
     end do
-    if (.not. handles_of("torch_train_step", stat, errmsg, scheduler=scheduler, s=sched)) return
+    call handles_of(scheduler=scheduler, s=sched)
     kind = torch_kMSELoss
     if (present(loss_type)) kind = int(loss_type, c_int)
     reduction = torch_kMean
@@ -113,7 +114,7 @@ contains
     character(len=*), intent(inout), optional :: errmsg
     type(c_ptr) :: m, o, s
     integer(c_int64_t) :: n
-    if (.not. handles_of("torch_checkpoint_save", stat, errmsg, model, optim, scheduler, m, o, s)) return
+    call handles_of(model, optim, scheduler, m, o, s)
     n = 0
     if (present(step)) n = step
     call ftorch_check(ftc_checkpoint_save(c_string(filename), m, o, s, n), "torch_checkpoint_save", stat, errmsg)
@@ -131,41 +132,31 @@ contains
     character(len=*), intent(inout), optional :: errmsg
     type(c_ptr) :: m, o, s
     integer(c_int64_t) :: n
-    if (.not. handles_of("torch_checkpoint_load", stat, errmsg, model, optim, scheduler, m, o, s)) return
+    call handles_of(model, optim, scheduler, m, o, s)
     n = 0
     call ftorch_check(ftc_checkpoint_load(c_string(filename), m, o, s, n), "torch_checkpoint_load", stat, errmsg)
     if (present(step)) step = int(n)
   end subroutine torch_checkpoint_load
 
   ! The handles of the objects given (null for those absent). An object that is given but not
-  ! constructed is an error: passing it must never mean "absent".
-  logical function handles_of(procedure, stat, errmsg, model, optim, scheduler, m, o, s) result(ok)
-    character(len=*), intent(in) :: procedure
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
+  ! constructed is an error, never "absent": it is passed as the C layer's "unconstructed" value,
+  ! which the C call rejects after releasing any expression arguments.
+  subroutine handles_of(model, optim, scheduler, m, o, s)
     type(torch_model), intent(in), optional :: model
     type(torch_optim), intent(in), optional :: optim
     type(torch_scheduler), intent(in), optional :: scheduler
     type(c_ptr), intent(out), optional :: m, o, s
-    character(len=:), allocatable :: missing
-    missing = ""
     if (present(m)) m = c_null_ptr
     if (present(o)) o = c_null_ptr
     if (present(s)) s = c_null_ptr
-    if (present(model)) then
-      if (present(m)) m = model%p
-      if (.not. c_associated(model%p)) missing = "model (not loaded)"
-    end if
-    if (present(optim)) then
-      if (present(o)) o = optim%p
-      if (.not. c_associated(optim%p)) missing = "optimizer (not constructed)"
-    end if
-    if (present(scheduler)) then
-      if (present(s)) s = scheduler%p
-      if (.not. c_associated(scheduler%p)) missing = "scheduler (not constructed)"
-    end if
-    ok = len(missing) == 0
-    if (.not. ok) call ftorch_fail(FTORCH_ERR_NULL_HANDLE, procedure, "the " // missing // " was passed; " // &
-                                   "leave an optional object out rather than passing an unconstructed one", stat, errmsg)
-  end function handles_of
+    if (present(model) .and. present(m)) m = given(model%p)
+    if (present(optim) .and. present(o)) o = given(optim%p)
+    if (present(scheduler) .and. present(s)) s = given(scheduler%p)
+  end subroutine handles_of
+
+  type(c_ptr) function given(p)
+    type(c_ptr), intent(in) :: p
+    given = p
+    if (.not. c_associated(p)) given = transfer(-1_c_intptr_t, p)
+  end function given
 end module ftorch_train

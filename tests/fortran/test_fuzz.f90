@@ -12,7 +12,10 @@
 !>
 !> Usage: test_fuzz <data_dir> <seed> [n_calls] [trace]
 !> The seed drives a xorshift64 generator of our own (not random_number), so a seed replays the
-!> same sequence of calls with every compiler; "trace" prints each action before it runs.
+!> same sequence of calls with every compiler; "trace" prints each action before it runs. A problem
+!> is printed as "PROBLEM (seed, action): <the action> / <the call> -- <what went wrong>", with the
+!> actions before the first one.
+
 !> The loss closure the fuzzer hands to torch_optim_step_closure, and what it is told to do.
 module test_fuzz_closure
   use, intrinsic :: iso_c_binding, only: c_null_ptr
@@ -159,6 +162,7 @@ program test_fuzz
   do i = 1, 8
     rng_state = next_u()
   end do
+  if (rng_state == 0) rng_state = 1
   allocate(obj_grad(1024), obj_inf(1024))
   obj_grad = .false.
   obj_inf = .false.
@@ -204,7 +208,7 @@ program test_fuzz
     " to succeed, ", n_predicted(E_ANY), " either way"
   write(output_unit, '(a,i0,a,i0)') "deallocate(held) finalized the handle: ", n_dealloc_finalized, &
     " times, kept it: ", n_dealloc_kept
-  write(output_unit, '(a,f0.2,a)') "time: ", real(t_end - t_start) / real(t_rate), " s"
+  write(output_unit, '(a,f7.2,a)') "time: ", real(t_end - t_start) / real(t_rate), " s"
   call check(n_failed > 100 .and. n_succeeded > 100, "the fuzzer exercised both failures and successes")
   call check(n_unclean == 0, "every failure returned a non-zero stat and an errmsg starting with '['")
   call check(n_missed == 0, "every call the model says must fail (bad handle, device, dtype, rank, shape) failed")
@@ -2590,6 +2594,8 @@ contains
       expr = chance(20)
       lr = 0.01d0
       if (chance(15)) lr = -1.0d0
+      call begin_action("  optimizer kind " // str(kind) // " (1 SGD, 2 Adam, 3 AdamW, 4 RMSprop, 5 Adagrad, 6 LBFGS) over " // &
+        tags([(j, j = a, b)]) // " expression " // lstr(expr) // " lr " // lstr(lr > 0))
       any_bad = .false.
       any_int = .false.
       do j = a, b
