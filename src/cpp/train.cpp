@@ -33,6 +33,13 @@ std::string directory_of(const std::string &file) {
   return slash == std::string::npos ? "." : (slash == 0 ? "/" : file.substr(0, slash));
 }
 
+// Every object given (not null) must be live, before any file is touched.
+void require_objects(ftc_model m, ftc_optim o, ftc_scheduler s) {
+  if (m != nullptr) ftc::model_of(m);
+  if (o != nullptr) ftc::optim_of(o);
+  if (s != nullptr) ftc::scheduler_of(s);
+}
+
 // A temporary file name next to `file`, unique per host, process and thread.
 std::string temporary_name(const std::string &file) {
   char host[256] = {0};
@@ -94,6 +101,7 @@ int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *
 
 int ftc_checkpoint_save(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s, int64_t step) {
   return ftc::guard([&] {
+    require_objects(m, o, s);
     if (filename == nullptr || filename[0] == '\0') ftc::fail(FTC_ERR_INVALID_ARGUMENT, "file name is empty");
     const std::string file(filename);
     torch::serialize::OutputArchive archive;
@@ -144,6 +152,7 @@ int ftc_checkpoint_save(const char *filename, ftc_model m, ftc_optim o, ftc_sche
 
 int ftc_checkpoint_load(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s, int64_t *step) {
   return ftc::guard([&] {
+    require_objects(m, o, s);
     if (filename == nullptr || filename[0] == '\0') ftc::fail(FTC_ERR_INVALID_ARGUMENT, "file name is empty");
     const std::string file(filename);
     // Tensors are mapped to the model's device (a checkpoint written on a GPU loads on a CPU).

@@ -329,8 +329,8 @@ contains
     call ftorch_check(ftc_model_share(src%p, dst%p), "assignment(=)")
   end subroutine torch_model_share
 
-  ! Finalizer: frees the object, writing nothing (see ftc_tensor_release).
-  impure elemental subroutine finalize_model(object)
+  ! Finalizer of scalars: frees the object, writing nothing (see ftorch_tensor_type's finalize).
+  subroutine finalize_model(object)
     type(torch_model), intent(inout) :: object
     call ftc_model_release(object%p)
   end subroutine finalize_model

@@ -402,8 +402,8 @@ contains
     call ftorch_check(ftc_optim_share(src%p, dst%p), "assignment(=)")
   end subroutine torch_optim_share
 
-  ! Finalizer: frees the object, writing nothing (see ftc_tensor_release).
-  impure elemental subroutine finalize_optim(object)
+  ! Finalizer of scalars: frees the object, writing nothing (see ftorch_tensor_type's finalize).
+  subroutine finalize_optim(object)
     type(torch_optim), intent(inout) :: object
     call ftc_optim_release(object%p)
   end subroutine finalize_optim
@@ -571,8 +571,8 @@ contains
     call ftorch_check(ftc_scheduler_share(src%p, dst%p), "assignment(=)")
   end subroutine torch_scheduler_share
 
-  ! Finalizer: frees the object, writing nothing (see ftc_tensor_release).
-  impure elemental subroutine finalize_scheduler(object)
+  ! Finalizer of scalars: frees the object, writing nothing (see ftorch_tensor_type's finalize).
+  subroutine finalize_scheduler(object)
     type(torch_scheduler), intent(inout) :: object
     call ftc_scheduler_release(object%p)
   end subroutine finalize_scheduler

@@ -127,6 +127,7 @@ program test_math
 
   call propagation_rules()
   call assignment_semantics()
+  if (allocated(v)) deallocate(v)  ! main-program allocatables are not freed at the end (leak checks)
   call summary()
 
 contains

@@ -503,17 +503,11 @@ contains
     call torch_delete(t3)
   end subroutine caught_reshape_in_open_scope
 
-  ! d (continued). The path from a failed C call to stat/errmsg, ftorch_check, which every
-  ! procedure with `stat` goes through, hammered by NT threads at once: each thread's last error
-  ! (thread-local in the C layer) is set by a failure of its own, then ftorch_check turns it into
-  ! errmsg NCHECK times. Without the C calls' cost between them, the threads spend most of
-  ! their time in ftorch_check, where a message length kept in static storage (as gfortran 12
-  ! does for the result of a deferred-length character function) would mix the threads' messages.
   ! Threads saving checkpoints of their own models to the same file at the same time: each write
   ! goes through a temporary file unique to its host, process and thread, then an atomic rename,
   ! so every save succeeds and the file left behind is a whole checkpoint.
   subroutine concurrent_checkpoints()
-    character(len=:), allocatable :: file
+    character(len=4096) :: file   ! not deferred-length: gfortran 12 mishandles those in parallel regions
     integer :: failures, id, k, stat
     type(torch_model) :: model
     file = data_path("threads_shared.ckpt")
@@ -522,17 +516,24 @@ contains
     id = omp_get_thread_num()
     call torch_model_load(model, mlp_file, torch_kCPU)
     do k = 1, 10
-      call torch_checkpoint_save(file, model=model, step=id, stat=stat)
+      call torch_checkpoint_save(trim(file), model=model, step=id, stat=stat)
       if (stat /= 0) failures = failures + 1
     end do
     call torch_delete(model)
     !$omp end parallel
     call torch_model_load(model, mlp_file, torch_kCPU)
-    call torch_checkpoint_load(file, model=model, step=k, stat=stat)
+    call torch_checkpoint_load(trim(file), model=model, step=k, stat=stat)
     call check(failures == 0 .and. stat == 0 .and. k >= 0 .and. k < NT, &
                "concurrent checkpoint saves to one file all succeed and leave a whole checkpoint")
     call torch_delete(model)
   end subroutine concurrent_checkpoints
+
+  ! d (continued). The path from a failed C call to stat/errmsg, ftorch_check, which every
+  ! procedure with `stat` goes through, hammered by NT threads at once: each thread's last error
+  ! (thread-local in the C layer) is set by a failure of its own, then ftorch_check turns it into
+  ! errmsg NCHECK times. Without the C calls' cost between them, the threads spend most of
+  ! their time in ftorch_check, where a message length kept in static storage (as gfortran 12
+  ! does for the result of a deferred-length character function) would mix the threads' messages.
 
   subroutine errmsg_path_under_contention()
     integer :: wrong(0:NT - 1), team, id

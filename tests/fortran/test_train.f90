@@ -63,6 +63,7 @@ program test_train
   case default
     error stop "unknown mode"
   end select
+  if (allocated(v)) deallocate(v)  ! main-program allocatables are not freed at the end (leak checks)
   call summary()
 
 contains
