@@ -92,14 +92,6 @@ TensorTable::Slot &tensor_slot(ftc_tensor h, const char *what) {
   return *s;
 }
 
-void take_temporaries(const ftc_tensor *handles, int64_t n) {
-  if (handles == nullptr) return;
-  auto &table = TensorTable::instance();
-  for (int64_t i = 0; i < n; ++i) {
-    if (table.find(handles[i]) != nullptr) tensor_slot(handles[i]);
-  }
-}
-
 std::vector<at::Tensor> tensors_of(const ftc_tensor *handles, int64_t n, const char *what) {
   take_temporaries(handles, n);
   if (n < 0) fail(FTC_ERR_INVALID_ARGUMENT, std::string("negative number of ") + what + "s (" + std::to_string(n) + ")");
@@ -112,23 +104,20 @@ std::vector<at::Tensor> tensors_of(const ftc_tensor *handles, int64_t n, const c
   return out;
 }
 
-void take_temporaries(std::initializer_list<ftc_tensor> handles) {
+void take_temporaries(const ftc_tensor *handles, int64_t n) {
+  if (handles == nullptr) return;
   auto &table = TensorTable::instance();
-  for (ftc_tensor h : handles) {
-    if (table.find(h) != nullptr) tensor_slot(h);
+  for (int64_t i = 0; i < n; ++i) {
+    if (table.find(handles[i]) != nullptr) tensor_slot(handles[i]);
   }
+}
+
+void take_temporaries(std::initializer_list<ftc_tensor> handles) {
+  take_temporaries(handles.begin(), static_cast<int64_t>(handles.size()));
 }
 
 ftc_tensor new_tensor_handle(at::Tensor t, uint8_t flags) {
   return static_cast<ftc_tensor>(TensorTable::instance().acquire(std::move(t), flags));
-}
-
-void install(ftc_tensor *out, at::Tensor t, uint8_t flags) {
-  if (out == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
-  ftc_tensor fresh = new_tensor_handle(std::move(t), flags);
-  ftc_tensor old = *out;
-  *out = fresh;
-  TensorTable::instance().release(old);
 }
 
 bool delete_tensor(ftc_tensor h) noexcept { return TensorTable::instance().release(h); }

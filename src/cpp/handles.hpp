@@ -207,8 +207,6 @@ inline const void *unconstructed_handle() { return reinterpret_cast<const void *
 void take_temporaries(std::initializer_list<ftc_tensor> handles);
 
 ftc_tensor new_tensor_handle(at::Tensor t, uint8_t flags = 0);
-// *out = a new handle holding t; the previous handle of *out (if live) is freed only after.
-void install(ftc_tensor *out, at::Tensor t, uint8_t flags = 0);
 bool delete_tensor(ftc_tensor h) noexcept;
 
 torch::jit::Module &model_of(ftc_model h);
@@ -217,14 +215,20 @@ inline Optim &optim_of(ftc_optim h) { return *optim_ptr(h); }
 std::shared_ptr<Scheduler> &scheduler_ptr(ftc_scheduler h);
 inline Scheduler &scheduler_of(ftc_scheduler h) { return *scheduler_ptr(h); }
 
+// *out = a new handle holding value; the previous handle of *out (if live) is freed only after.
 template <class Table, class Handle, class Value>
-void replace_handle(Handle *out, Value value) {
+void replace_handle(Handle *out, Value value, uint8_t flags = 0) {
   if (out == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
   auto &table = Table::instance();
-  Handle fresh = static_cast<Handle>(table.acquire(std::move(value)));
+  Handle fresh = static_cast<Handle>(table.acquire(std::move(value), flags));
   Handle old = *out;
   *out = fresh;
   table.release(old);
+}
+
+// *out = a new tensor handle holding t (replace_handle for tensors).
+inline void install(ftc_tensor *out, at::Tensor t, uint8_t flags = 0) {
+  replace_handle<TensorTable>(out, std::move(t), flags);
 }
 
 template <class Table, class Handle>

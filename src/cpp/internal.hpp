@@ -114,12 +114,6 @@ T &out_arg(T *p, const char *what) {
   return *p;
 }
 
-// A count passed by the caller: an error when negative.
-inline int64_t count_arg(int64_t n, const char *what) {
-  if (n < 0) fail(FTC_ERR_INVALID_ARGUMENT, std::string(what) + " is negative (" + std::to_string(n) + ")");
-  return n;
-}
-
 // `=` into a constructed tensor (math.cpp): the values land in its memory, and it takes the
 // history of r when autograd records. If anything else still refers to that memory (a graph that
 // saved it, a view), the old contents move to new memory first, so nothing saved changes;

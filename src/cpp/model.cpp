@@ -90,8 +90,7 @@ int ftc_model_load(ftc_model *out, const char *filename, int device_type, int de
 int ftc_model_forward(ftc_model m, const ftc_tensor *inputs, int n_inputs, const ftc_tensor *outputs, int n_outputs,
                       int requires_grad) {
   return ftc::guard([&] {
-    ftc::take_temporaries(inputs, n_inputs);
-    ftc::take_temporaries(outputs, n_outputs);
+    ftc::take_temporaries(outputs, n_outputs);  // the inputs' are taken by tensors_of
     const auto input_values = ftc::tensors_of(inputs, n_inputs, "input tensor");
     ftc::tensors_of(outputs, n_outputs, "output tensor");
     auto &module = ftc::model_of(m);

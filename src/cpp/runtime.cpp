@@ -17,12 +17,9 @@ namespace {
 
 thread_local std::string last_error;
 
-// Catch scopes of this thread (ftorch_errors' torch_catch_begin/end): depth, and the first
-// failure recorded in the innermost open scope.
-struct CatchState {
-  std::vector<std::pair<int, std::string>> scopes;
-};
-thread_local CatchState catch_state;
+// Open catch scopes of this thread (ftorch_errors' torch_catch_begin/end), innermost last, each
+// with the first failure recorded in it.
+thread_local std::vector<std::pair<int, std::string>> catch_scopes;
 
 std::string public_version(const std::string &v) { return v.substr(0, v.find('+')); }
 
@@ -190,13 +187,13 @@ int ftc_check_runtime(void) {
 
 void ftc_catch_begin(void) {
   try {
-    ftc::catch_state.scopes.emplace_back(FTC_OK, std::string());
+    ftc::catch_scopes.emplace_back(FTC_OK, std::string());
   } catch (...) {
   }
 }
 
 int ftc_catch_record(int status, const char *msg, int64_t msglen) {
-  auto &scopes = ftc::catch_state.scopes;
+  auto &scopes = ftc::catch_scopes;
   if (scopes.empty()) return 0;
   auto &first = scopes.back();
   if (first.first == FTC_OK && status != FTC_OK) {
@@ -210,7 +207,7 @@ int ftc_catch_record(int status, const char *msg, int64_t msglen) {
 }
 
 int ftc_catch_end(int *status) {
-  auto &scopes = ftc::catch_state.scopes;
+  auto &scopes = ftc::catch_scopes;
   if (scopes.empty()) return 0;
   auto scope = std::move(scopes.back());
   scopes.pop_back();

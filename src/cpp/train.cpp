@@ -58,7 +58,6 @@ int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *
   return ftc::guard([&] {
     const auto start = std::chrono::steady_clock::now();
     ftc::take_temporaries({target});
-    ftc::take_temporaries(inputs, n_inputs);
     const auto input_values = ftc::tensors_of(inputs, n_inputs, "input tensor");
     auto &module = ftc::model_of(m);
     auto &opt = ftc::optim_of(o);
