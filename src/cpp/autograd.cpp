@@ -144,4 +144,47 @@ int ftc_grad_enabled(void) { return at::GradMode::is_enabled() ? 1 : 0; }
 
 int ftc_inference_mode_enabled(void) { return c10::InferenceMode::is_enabled() ? 1 : 0; }
 
+int ftc_tensor_register_hook(ftc_tensor t, ftc_grad_hook_fn hook, void *data, int64_t *hook_id) {
+  return ftc::guard([&] {
+    const at::Tensor &x = ftc::tensor_of(t);
+    ftc::out_arg(hook_id, "hook_id");
+    if (hook == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the hook is null");
+    if (!x.requires_grad()) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the tensor does not require grad: no gradient will reach a hook on it");
+    }
+    std::function<at::Tensor(const at::Tensor &)> run = [hook, data](const at::Tensor &grad) -> at::Tensor {
+      ftc::CallbackHandles handles;
+      ftc_tensor replacement = nullptr;
+      struct Release {
+        ftc_tensor &h;
+        ~Release() { ftc::delete_tensor(h); }
+      } release{replacement};
+      ftc::check_callback(hook(data, handles.add(grad), &replacement), "a gradient hook");
+      at::Tensor r = ftc::take_callback_result(replacement, "the gradient returned by a hook");
+      if (r.defined() && (r.sizes() != grad.sizes() || r.scalar_type() != grad.scalar_type() ||
+                          r.device() != grad.device())) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a gradient hook returned " + ftc::shape_string(r.sizes()) + ", " +
+                                                c10::toString(r.scalar_type()) + " for a gradient of " +
+                                                ftc::shape_string(grad.sizes()) + ", " + c10::toString(grad.scalar_type()));
+      }
+      return r;
+    };
+    *hook_id = static_cast<int64_t>(x.register_hook(std::move(run)));
+  });
+}
+
+int ftc_tensor_remove_hook(ftc_tensor t, int64_t hook_id) {
+  return ftc::guard([&] {
+    const at::Tensor &x = ftc::tensor_of(t);
+    if (hook_id < 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "invalid hook id " + std::to_string(hook_id));
+    x.remove_hook(static_cast<unsigned>(hook_id));
+  });
+}
+
+int ftc_set_detect_anomaly(int enabled, int check_nan) {
+  return ftc::guard([&] { torch::autograd::AnomalyMode::set_enabled(enabled != 0, check_nan != 0); });
+}
+
+int ftc_detect_anomaly_enabled(void) { return torch::autograd::AnomalyMode::is_enabled() ? 1 : 0; }
+
 }  // extern "C"

@@ -10,5 +10,7 @@
 #include "ftorch_c_optim.h"
 #include "ftorch_c_loss.h"
 #include "ftorch_c_train.h"
+#include "ftorch_c_function.h"
+#include "ftorch_c_functional.h"
 
 #endif

@@ -28,6 +28,19 @@ FTC_API int ftc_grad_scope_pop(int scope);
 FTC_API int ftc_grad_enabled(void);
 FTC_API int ftc_inference_mode_enabled(void);
 
+/* Gradient hooks: hook(data, grad, &new_grad) runs when the gradient of t is computed, before
+ * it is accumulated or passed on; it may store a replacement (same shape, dtype and device) in
+ * new_grad (left NULL: unchanged). A failing hook fails the backward with FTC_ERR_CALLBACK.
+ * *hook_id identifies it for removal. */
+typedef int (*ftc_grad_hook_fn)(void *data, ftc_tensor grad, ftc_tensor *new_grad);
+FTC_API int ftc_tensor_register_hook(ftc_tensor t, ftc_grad_hook_fn hook, void *data, int64_t *hook_id);
+FTC_API int ftc_tensor_remove_hook(ftc_tensor t, int64_t hook_id);
+
+/* Anomaly detection (process-wide, as torch.autograd.set_detect_anomaly): backward checks every
+ * node's results for NaN and fails naming the node, i.e. the forward operation that made it. */
+FTC_API int ftc_set_detect_anomaly(int enabled, int check_nan);
+FTC_API int ftc_detect_anomaly_enabled(void);
+
 #ifdef __cplusplus
 }
 #endif

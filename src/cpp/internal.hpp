@@ -64,6 +64,7 @@ class Error : public std::runtime_error {
 
 void set_last_error(std::string msg) noexcept;
 void clear_last_error() noexcept;
+std::string last_error_message();
 // Throws Error(FTC_ERR_VERSION) when the loaded LibTorch is not the one we were built with.
 void require_runtime();
 
@@ -133,5 +134,32 @@ c10::Device device(int device_type, int device_index);
 int device_type_code(c10::DeviceType type);
 
 std::string shape_string(c10::IntArrayRef sizes);
+
+// ---- user callbacks (custom functions, hooks, gradcheck functions, checkpointed segments)
+
+// A callback's status: Error(FTC_ERR_CALLBACK) naming `what`, with the message it set, if not OK.
+void check_callback(int status, const std::string &what);
+
+// Handles given to a callback for the duration of the call (freed when this goes away).
+struct CallbackHandles {
+  std::vector<ftc_tensor> handles;
+  CallbackHandles() = default;
+  CallbackHandles(const CallbackHandles &) = delete;
+  CallbackHandles &operator=(const CallbackHandles &) = delete;
+  ~CallbackHandles();
+  ftc_tensor add(const at::Tensor &t);
+};
+
+// The tensor of a handle a callback produced (undefined for null), the handle freed and nulled.
+at::Tensor take_callback_result(ftc_tensor &h, const char *what);
+
+// Run fn (a gradcheck function or a checkpointed segment) on inputs: its n_outputs results, each
+// constructed, or an error naming `what`.
+std::vector<at::Tensor> run_segment(ftc_segment_fn fn, void *data, const std::vector<at::Tensor> &inputs,
+                                    int n_outputs, const std::string &what);
+
+// A result into *out as `=` does when *out is constructed (same shape: its memory receives the
+// values, the graph is carried), else as a new handle.
+void store_result(ftc_tensor *out, const at::Tensor &value, const std::string &what);
 
 }  // namespace ftc

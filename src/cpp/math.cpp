@@ -98,11 +98,22 @@ void assign_into(TensorTable::Slot &slot, const at::Tensor &r) {
   l = std::move(fresh);
 }
 
+void store_result(ftc_tensor *out, const at::Tensor &value, const std::string &what) {
+  if (out == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, what + ": output handle pointer is null");
+  auto *slot = TensorTable::instance().find(*out);
+  if (slot == nullptr) {
+    if (*out != nullptr) bad_handle(*out, "tensor", what.c_str());
+    *out = new_tensor_handle(value);
+    return;
+  }
+  if (slot->value.sizes() != value.sizes()) {
+    fail(FTC_ERR_INVALID_ARGUMENT, what + " tensor has shape " + shape_string(slot->value.sizes()) +
+                                       " but the result has shape " + shape_string(value.sizes()));
+  }
+  assign_into(*slot, value);
+}
+
 }  // namespace ftc
-
-namespace {
-
-}  // namespace
 
 extern "C" {
 

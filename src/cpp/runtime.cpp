@@ -80,6 +80,8 @@ void set_last_error(std::string msg) noexcept {
 
 void clear_last_error() noexcept { last_error.clear(); }
 
+std::string last_error_message() { return last_error; }
+
 void require_runtime() {
   const RuntimeState &s = runtime_state();
   if (!s.problem.empty()) fail(FTC_ERR_VERSION, s.problem);

@@ -5,7 +5,7 @@ module ftorch
   use ftorch_devices, only: torch_kCPU, torch_kCUDA, torch_kHIP, torch_kXPU, torch_kMPS
   use ftorch_errors, only: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, &
                            FTORCH_ERR_DEVICE, FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, &
-                           FTORCH_ERR_INTERNAL, torch_catch_begin, torch_catch_end
+                           FTORCH_ERR_INTERNAL, FTORCH_ERR_CALLBACK, torch_catch_begin, torch_catch_end
   use ftorch_runtime, only: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, &
                             ftorch_check_runtime, torch_device_available, ftorch_live_handles
   use ftorch_tensor_type, only: torch_tensor, torch_tensor_from_array, torch_tensor_from_blob, torch_tensor_empty, &
@@ -21,7 +21,16 @@ module ftorch
   use ftorch_autograd, only: torch_tensor_backward, torch_tensor_get_gradient, torch_tensor_set_requires_grad, &
                              torch_tensor_is_leaf, torch_no_grad_begin, torch_no_grad_end, torch_enable_grad_begin, &
                              torch_enable_grad_end, torch_inference_mode_begin, torch_inference_mode_end, &
-                             torch_grad_enabled, torch_inference_mode_enabled, torch_tensor_set_gradient
+                             torch_grad_enabled, torch_inference_mode_enabled, torch_tensor_set_gradient, &
+                             torch_grad_hook, torch_tensor_register_hook, torch_tensor_remove_hook, &
+                             torch_autograd_set_detect_anomaly, torch_autograd_detect_anomaly_enabled
+  use ftorch_function, only: torch_function, torch_function_ctx, torch_function_forward, torch_function_backward, &
+                             torch_tensor_function, torch_function_define, torch_function_apply, torch_pack_hook, &
+                             torch_unpack_hook, torch_saved_tensors_hooks_begin, torch_saved_tensors_to_cpu_begin, &
+                             torch_saved_tensors_to_files_begin, torch_saved_tensors_hooks_end, &
+                             torch_saved_tensors_files, torch_checkpoint_segment
+  use ftorch_functional, only: torch_autograd_grad, torch_autograd_jacobian, torch_autograd_jvp, torch_autograd_vjp, &
+                               torch_gradcheck, torch_gradcheck_result
   use ftorch_model, only: torch_model, torch_model_load, torch_model_forward, torch_model_save, &
                           torch_model_is_training, torch_model_print_parameters, torch_model_delete, &
                           torch_model_parameters, torch_model_parameter_count, torch_model_parameter, &
@@ -47,7 +56,7 @@ module ftorch
             torch_kNone, torch_kMean, torch_kSum
   public :: torch_kCPU, torch_kCUDA, torch_kHIP, torch_kXPU, torch_kMPS
   public :: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, FTORCH_ERR_DEVICE, &
-            FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, FTORCH_ERR_INTERNAL, torch_catch_begin, &
+            FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, FTORCH_ERR_INTERNAL, FTORCH_ERR_CALLBACK, torch_catch_begin, &
             torch_catch_end
   public :: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, ftorch_check_runtime, &
             torch_device_available, ftorch_live_handles
@@ -63,7 +72,14 @@ module ftorch
   public :: torch_tensor_backward, torch_tensor_get_gradient, torch_tensor_set_requires_grad, torch_tensor_is_leaf, &
             torch_no_grad_begin, torch_no_grad_end, torch_enable_grad_begin, torch_enable_grad_end, &
             torch_inference_mode_begin, torch_inference_mode_end, torch_grad_enabled, torch_inference_mode_enabled, &
-            torch_tensor_set_gradient
+            torch_tensor_set_gradient, torch_grad_hook, torch_tensor_register_hook, torch_tensor_remove_hook, &
+            torch_autograd_set_detect_anomaly, torch_autograd_detect_anomaly_enabled
+  public :: torch_function, torch_function_ctx, torch_function_forward, torch_function_backward, &
+            torch_tensor_function, torch_function_define, torch_function_apply, torch_pack_hook, torch_unpack_hook, &
+            torch_saved_tensors_hooks_begin, torch_saved_tensors_to_cpu_begin, torch_saved_tensors_to_files_begin, &
+            torch_saved_tensors_hooks_end, torch_saved_tensors_files, torch_checkpoint_segment
+  public :: torch_autograd_grad, torch_autograd_jacobian, torch_autograd_jvp, torch_autograd_vjp, torch_gradcheck, &
+            torch_gradcheck_result
   public :: torch_model, torch_model_load, torch_model_forward, torch_model_save, torch_model_is_training, &
             torch_model_print_parameters, torch_model_delete, torch_model_parameters, torch_model_parameter_count, &
             torch_model_parameter, torch_model_parameter_name, torch_model_num_parameters, torch_model_freeze, &

@@ -3,8 +3,9 @@
 !> Grad-mode scopes are LibTorch's thread-local modes: a scope begun on one thread (or OpenMP
 !> thread) affects only that thread and must be ended on it, innermost first.
 module ftorch_autograd
-  use, intrinsic :: iso_c_binding, only: c_int, c_null_ptr, c_ptr
-  use ftorch_errors, only: ftorch_check
+  use, intrinsic :: iso_c_binding, only: c_f_procpointer, c_funloc, c_funptr, c_int, c_int64_t, c_null_ptr, c_ptr
+  use, intrinsic :: iso_fortran_env, only: int64
+  use ftorch_errors, only: ftorch_check, ftorch_callback_begin, ftorch_callback_end
   use ftorch_interop, only: c_flag
   use ftorch_tensor_type, only: torch_tensor, torch_tensor_zero_grad
   implicit none
@@ -15,6 +16,21 @@ module ftorch_autograd
   public :: torch_no_grad_begin, torch_no_grad_end, torch_enable_grad_begin, torch_enable_grad_end, &
             torch_inference_mode_begin, torch_inference_mode_end, torch_grad_enabled, &
             torch_inference_mode_enabled
+  public :: torch_grad_hook, torch_tensor_register_hook, torch_tensor_remove_hook, torch_autograd_set_detect_anomaly, &
+            torch_autograd_detect_anomaly_enabled
+
+  abstract interface
+    !> A gradient hook: sees the gradient of a tensor during backward, before it is accumulated
+    !> or passed on. Leave `new_grad` unconstructed to keep `grad`, or set it (same shape, dtype
+    !> and device) to replace it. Set `stat` /= 0 (and `errmsg`) to fail the backward.
+    subroutine torch_grad_hook(grad, new_grad, stat, errmsg)
+      import :: torch_tensor
+      type(torch_tensor), intent(in) :: grad
+      type(torch_tensor), intent(inout) :: new_grad
+      integer, intent(inout) :: stat
+      character(len=*), intent(inout) :: errmsg
+    end subroutine torch_grad_hook
+  end interface
 
   !> Backpropagate from a tensor: `(tensor, external_gradient [, retain_graph])`, or
   !> `(tensor [, retain_graph])` with an implicit unit gradient for one-element tensors.
@@ -72,6 +88,28 @@ module ftorch_autograd
       import :: c_int
       integer(c_int) :: flag
     end function ftc_inference_mode_enabled
+    function ftc_tensor_register_hook(t, hook, data, id) result(status) bind(c, name="ftc_tensor_register_hook")
+      import :: c_ptr, c_funptr, c_int, c_int64_t
+      type(c_ptr), value :: t
+      type(c_funptr), value :: hook, data
+      integer(c_int64_t), intent(out) :: id
+      integer(c_int) :: status
+    end function ftc_tensor_register_hook
+    function ftc_tensor_remove_hook(t, id) result(status) bind(c, name="ftc_tensor_remove_hook")
+      import :: c_ptr, c_int, c_int64_t
+      type(c_ptr), value :: t
+      integer(c_int64_t), value :: id
+      integer(c_int) :: status
+    end function ftc_tensor_remove_hook
+    function ftc_set_detect_anomaly(enabled, check_nan) result(status) bind(c, name="ftc_set_detect_anomaly")
+      import :: c_int
+      integer(c_int), value :: enabled, check_nan
+      integer(c_int) :: status
+    end function ftc_set_detect_anomaly
+    function ftc_detect_anomaly_enabled() result(flag) bind(c, name="ftc_detect_anomaly_enabled")
+      import :: c_int
+      integer(c_int) :: flag
+    end function ftc_detect_anomaly_enabled
   end interface
 
 contains
@@ -188,4 +226,69 @@ contains
     torch_inference_mode_enabled = ftc_inference_mode_enabled() /= 0
   end function torch_inference_mode_enabled
 
+
+  !> Register `hook` (a module procedure) on `tensor`, which must require grad: it runs each time
+  !> backward computes the tensor's gradient (for a leaf, before accumulation into its `.grad`),
+  !> and may replace the gradient (per-tensor clipping, eligibility traces). The hook stays on the
+  !> tensor until removed with `hook_id`.
+  subroutine torch_tensor_register_hook(tensor, hook, hook_id, stat, errmsg)
+    type(torch_tensor), intent(in) :: tensor
+    procedure(torch_grad_hook) :: hook
+    integer(int64), intent(out), optional :: hook_id
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    integer(c_int64_t) :: id
+    id = -1
+    call ftorch_check(ftc_tensor_register_hook(tensor%p, c_funloc(hook_trampoline), c_funloc(hook), id), &
+                      "torch_tensor_register_hook", stat, errmsg)
+    if (present(hook_id)) hook_id = id
+  end subroutine torch_tensor_register_hook
+
+  !> Remove a hook registered on `tensor` (removing it twice is a no-op).
+  subroutine torch_tensor_remove_hook(tensor, hook_id, stat, errmsg)
+    type(torch_tensor), intent(in) :: tensor
+    integer(int64), intent(in) :: hook_id
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_tensor_remove_hook(tensor%p, hook_id), "torch_tensor_remove_hook", stat, errmsg)
+  end subroutine torch_tensor_remove_hook
+
+  ! Called by the C layer during backward: runs a gradient hook.
+  recursive function hook_trampoline(data, grad, new_grad) result(status) bind(c)
+    type(c_funptr), value :: data
+    type(c_ptr), value :: grad
+    type(c_ptr), intent(inout) :: new_grad
+    integer(c_int) :: status
+    procedure(torch_grad_hook), pointer :: hook
+    type(torch_tensor) :: g(1), replacement(1)
+    integer :: user_stat
+    character(len=1024) :: user_msg
+    call c_f_procpointer(data, hook)
+    g(1)%p = grad  ! owned by the C layer
+    call ftorch_callback_begin(user_stat, user_msg)
+    call hook(g(1), replacement(1), user_stat, user_msg)
+    status = ftorch_callback_end(user_stat, user_msg)
+    new_grad = replacement(1)%p  ! taken over by the C layer
+  end function hook_trampoline
+
+  !> Anomaly detection (process-wide, as torch.autograd.set_detect_anomaly): while enabled,
+  !> backward checks the results of every node for NaN (`check_nan`, default .true.) and fails
+  !> naming the node -- the backward of the forward operation that produced it (`SqrtBackward0`
+  !> for torch_sqrt, a custom function by its name) -- and LibTorch prints the native stack of
+  !> the forward call that created the node. Slows backward down: for debugging.
+  subroutine torch_autograd_set_detect_anomaly(enabled, check_nan, stat, errmsg)
+    logical, intent(in) :: enabled
+    logical, intent(in), optional :: check_nan
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    integer(c_int) :: nan
+    nan = 1
+    if (present(check_nan)) nan = c_flag(check_nan)
+    call ftorch_check(ftc_set_detect_anomaly(c_flag(enabled), nan), "torch_autograd_set_detect_anomaly", stat, errmsg)
+  end subroutine torch_autograd_set_detect_anomaly
+
+  !> Whether anomaly detection is on.
+  logical function torch_autograd_detect_anomaly_enabled()
+    torch_autograd_detect_anomaly_enabled = ftc_detect_anomaly_enabled() /= 0
+  end function torch_autograd_detect_anomaly_enabled
 end module ftorch_autograd
