@@ -18,6 +18,7 @@ def examples(installed, tmp_path_factory):
     run([sys.executable, REPO / "examples" / "02_inference" / "write_model.py", work])
     run([sys.executable, REPO / "examples" / "05_model_gradients" / "write_model.py", work])
     run([sys.executable, REPO / "examples" / "06_online_training" / "write_model.py", work])
+    run([sys.executable, REPO / "examples" / "09_hybrid_physics" / "write_model.py", work])
 
     def build(compiler):
         fc = require_compiler(compiler)
@@ -34,13 +35,13 @@ def examples(installed, tmp_path_factory):
 
 @pytest.mark.parametrize("compiler", COMPILERS)
 @pytest.mark.parametrize("example", ["tensors", "inference", "errors", "autograd", "model_gradients",
-                                     "online_training", "time_stepping"])
+                                     "online_training", "time_stepping", "custom_function", "hybrid_physics"])
 def test_example_runs(examples, compiler, example):
     bdir, work = examples(compiler)
     args = ["400"] if example == "online_training" else []
     proc = run([bdir / example, work, *args])
     number = {"tensors": 1, "inference": 2, "errors": 3, "autograd": 4, "model_gradients": 5,
-              "online_training": 6, "time_stepping": 7}[example]
+              "online_training": 6, "time_stepping": 7, "custom_function": 8, "hybrid_physics": 9}[example]
     assert f"example {number} finished" in proc.stdout
 
 

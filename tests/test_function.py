@@ -22,14 +22,13 @@ RTOL = 1e-12
 
 
 @pytest.fixture(scope="module", params=COMPILERS)
-def results(request, cmake_consumer, data_dir, tmp_path):
+def results(request, cmake_consumer, data_dir, tmp_path_factory):
     binary = cmake_consumer(request.param) / "test_function"
     env = dict(os.environ)
     # A fixed mmap threshold: freed large blocks go back to the system, so the RSS the program
     # reads is the memory in use (glibc otherwise raises the threshold after the first free).
     env["MALLOC_MMAP_THRESHOLD_"] = "65536"
-    workdir = tmp_path / f"work-{request.param}"
-    workdir.mkdir()
+    workdir = tmp_path_factory.mktemp(f"function-{request.param}")
     proc = run([binary, data_dir], cwd=workdir, env=env, check=False)
     assert_all_passed(proc)
     assert "peak memory drops" in proc.stdout, "the offload memory check did not run"
