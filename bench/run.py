@@ -109,6 +109,19 @@ def instructions_per_step(commands, make_args, iterations=(200, 1200)):
     return counts
 
 
+def custom_function_overhead(results) -> dict:
+    """Per program: time of a custom-function application + backward over the same operation
+    with built-in operators."""
+    out = {}
+    for name, r in results["cases"].items():
+        if name.startswith("custom function"):
+            builtin = results["cases"].get(name.replace("custom function", "built-in"))
+            if builtin:
+                size = name.split(", ", 1)[1]
+                out[size] = {p: r[p]["median"] / builtin[p]["median"] for p in PROGRAMS}
+    return out
+
+
 def table(results) -> str:
     lines = ["| case | Fortran (FTorch) | C++ (LibTorch) | Python (PyTorch) | Fortran/C++ | Python/Fortran |",
              "|---|---|---|---|---|---|"]
@@ -124,6 +137,13 @@ def table(results) -> str:
     lines.append("|---|---|---|---|")
     for name, r in results["cases"].items():
         lines.append(f"| {name} | " + " | ".join(f"{r[p]['peak_rss_kib'] / 1024:.0f}" for p in PROGRAMS) + " |")
+    overhead = custom_function_overhead(results)
+    if overhead:
+        lines.append("")
+        lines.append("| custom function / built-in operators (y = x*x + backward) | Fortran | C++ | Python |")
+        lines.append("|---|---|---|---|")
+        for name, r in overhead.items():
+            lines.append(f"| {name} | " + " | ".join(f"{r[p]:.2f}" for p in PROGRAMS) + " |")
     rss = results.get("rss")
     if rss:
         lines.append("")
@@ -197,6 +217,12 @@ def main(argv=None) -> int:
         n = 20000 if not quick else 100
         case(f"from_array + delete, 10^{len(str(elements)) - 1} elements", ["from_array", elements, n], n)
 
+    for elements in ((1, 1000) if not quick else (1, 10)):
+        n = 10000 if not quick else 100
+        plural = "s" if elements > 1 else ""
+        case(f"custom function y = x*x + backward, {elements} element{plural}", ["custom", elements, n], n)
+        case(f"built-in y = x*x + backward, {elements} element{plural}", ["builtin", elements, n], n)
+
     if not only or "RSS" in only:
         rss_steps = 100000 if not quick else 1100
         print("measuring RSS over a long training run ...", flush=True)
@@ -216,6 +242,7 @@ def main(argv=None) -> int:
                 commands, lambda n: ["from_array", 100, n], (2000, 12000)),
         }
 
+    results["custom_function_overhead"] = custom_function_overhead(results)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     m = results["machine"]

@@ -92,6 +92,35 @@ void from_array_case(int n, int iters) {
   std::printf("seconds %.8e\n", seconds_since(t0));
 }
 
+// y = x*x as a custom function (torch::autograd::Function), as a C++ user writes one.
+struct Square : public torch::autograd::Function<Square> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &x) {
+    ctx->save_for_backward({x});
+    return x * x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto x = ctx->get_saved_variables()[0];
+    return {grads[0] * 2 * x};
+  }
+};
+
+void autograd_case(bool custom, int n, int iters) {
+  std::vector<double> a(static_cast<size_t>(n));
+  for (auto &v : a) v = static_cast<double>(std::rand()) / RAND_MAX;
+  auto opts = torch::TensorOptions().dtype(torch::kFloat64);
+  torch::Tensor x = torch::from_blob(a.data(), {n}, opts).requires_grad_(true);
+  const int warm = std::max(10, iters / 10);
+  Clock::time_point t0;
+  for (int i = 1; i <= warm + iters; ++i) {
+    if (i == warm + 1) t0 = Clock::now();
+    torch::Tensor y = custom ? Square::apply(x) : x * x;
+    y.sum().backward();
+    x.mutable_grad().zero_();
+  }
+  std::printf("seconds %.8e\n", seconds_since(t0));
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -103,6 +132,8 @@ int main(int argc, char **argv) {
     ops_case(std::stoi(argv[2]), std::stoi(argv[3]));
   } else if (mode == "from_array") {
     from_array_case(std::stoi(argv[2]), std::stoi(argv[3]));
+  } else if (mode == "custom" || mode == "builtin") {
+    autograd_case(mode == "custom", std::stoi(argv[2]), std::stoi(argv[3]));
   } else {
     return 2;
   }

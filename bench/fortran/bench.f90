@@ -2,11 +2,42 @@
 !>   bench_fortran train|infer <model.pt> <batch> <inputs> <outputs> <iterations>
 !>   bench_fortran ops <elements> <iterations>
 !>   bench_fortran from_array <elements> <iterations>
+!>   bench_fortran custom|builtin <elements> <iterations>   (y = x*x and backward, as a custom
+!>                                                            function or with built-in operators)
 !>   bench_fortran rss <model.pt> <batch> <inputs> <outputs> <iterations>
 !> Prints "seconds <total of the timed loop>" and "peak_rss_kib <n>" (rss: rss_at_1000 and rss_at_end).
+!> y = x*x as a custom function: forward and hand-written backward.
+module bench_square
+  use ftorch
+  implicit none
+contains
+  subroutine square_forward(ctx, inputs, outputs, stat, errmsg)
+    type(torch_function_ctx), intent(inout) :: ctx
+    type(torch_tensor), intent(in) :: inputs(:)
+    type(torch_tensor), intent(inout) :: outputs(:)
+    integer, intent(inout) :: stat
+    character(len=*), intent(inout) :: errmsg
+    call ctx%save_for_backward(inputs)
+    outputs(1) = inputs(1) * inputs(1)
+  end subroutine square_forward
+
+  subroutine square_backward(ctx, grad_outputs, grad_inputs, stat, errmsg)
+    type(torch_function_ctx), intent(inout) :: ctx
+    type(torch_tensor), intent(in) :: grad_outputs(:)
+    type(torch_tensor), intent(inout) :: grad_inputs(:)
+    integer, intent(inout) :: stat
+    character(len=*), intent(inout) :: errmsg
+    type(torch_tensor) :: x
+    call ctx%saved_tensor(1, x)
+    grad_inputs(1) = grad_outputs(1) * 2 * x
+    call torch_delete(x)
+  end subroutine square_backward
+end module bench_square
+
 program bench_fortran
   use, intrinsic :: iso_fortran_env, only: int64, real64
   use ftorch
+  use bench_square
   implicit none
   character(len=32) :: mode
   character(len=4096) :: path
@@ -24,6 +55,9 @@ program bench_fortran
   case ("from_array")
     n = int_arg(2); iters = int_arg(3)
     call from_array_case(n, iters)
+  case ("custom", "builtin")
+    n = int_arg(2); iters = int_arg(3)
+    call autograd_case(trim(mode) == "custom", n, iters)
   case default
     error stop "unknown mode"
   end select
@@ -102,6 +136,35 @@ contains
     end do
     print '(a,es16.8)', "seconds ", seconds_since(t0)
   end subroutine from_array_case
+
+  ! One application of y = x*x and backward of sum(y), then the gradient zeroed.
+  subroutine autograd_case(custom, n, iters)
+    logical, intent(in) :: custom
+    integer, intent(in) :: n, iters
+    real(real64), allocatable, target :: a(:)
+    type(torch_tensor) :: x, y(1)
+    type(torch_function) :: square
+    integer :: i, warm
+    integer(int64) :: t0
+    allocate(a(n))
+    call random_number(a)
+    call torch_tensor_from_array(x, a, torch_kCPU, requires_grad=.true.)
+    call torch_function_define(square, "Square", square_forward, square_backward)
+    warm = max(10, iters / 10)
+    do i = 1, warm + iters
+      if (i == warm + 1) t0 = ticks()
+      if (custom) then
+        call torch_function_apply(square, [x], y)
+      else
+        y(1) = x * x
+      end if
+      call torch_tensor_backward(torch_sum(y(1)))
+      call x%zero_grad()
+    end do
+    print '(a,es16.8)', "seconds ", seconds_since(t0)
+    call torch_delete(y)
+    call torch_delete(x)
+  end subroutine autograd_case
 
   integer(int64) function ticks()
     call system_clock(ticks)

@@ -67,6 +67,32 @@ def from_array_case(n, iters):
     print(f"seconds {time.perf_counter() - t0:.8e}")
 
 
+class Square(torch.autograd.Function):
+    """y = x*x as a custom function."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 2 * x
+
+
+def autograd_case(custom, n, iters):
+    x = torch.from_numpy(np.random.default_rng(0).random(n)).requires_grad_(True)
+    warm = max(10, iters // 10)
+    for i in range(1, warm + iters + 1):
+        if i == warm + 1:
+            t0 = time.perf_counter()
+        y = Square.apply(x) if custom else x * x
+        y.sum().backward()
+        x.grad.zero_()
+    print(f"seconds {time.perf_counter() - t0:.8e}")
+
+
 def main(argv):
     mode = argv[1]
     if mode in ("train", "infer", "rss"):
@@ -75,6 +101,8 @@ def main(argv):
         ops_case(int(argv[2]), int(argv[3]))
     elif mode == "from_array":
         from_array_case(int(argv[2]), int(argv[3]))
+    elif mode in ("custom", "builtin"):
+        autograd_case(mode == "custom", int(argv[2]), int(argv[3]))
     else:
         return 2
     print(f"peak_rss_kib {status_kib('VmHWM:')}")
