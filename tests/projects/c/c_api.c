@@ -17,6 +17,18 @@ static void check(int ok, const char *name) {
   }
 }
 
+/* A custom function y = 3x from C: backward returns 3 g, or a wrong number of gradients. */
+static int miscount = 0;
+static int triple_backward(void *data, ftc_function_ctx ctx, const ftc_tensor *grad_outputs, int n_outputs,
+                           ftc_tensor *grad_inputs, int n_inputs, int *n_returned) {
+  (void)data;
+  (void)ctx;
+  (void)n_outputs;
+  (void)n_inputs;
+  if (miscount) *n_returned += miscount;
+  return ftc_tensor_binary_scalar(FTC_MUL, grad_outputs[0], 3, 3.0, 1, 0, FTC_NAMED, &grad_inputs[0]);
+}
+
 int main(void) {
   double data[6] = {1, 2, 3, 4, 5, 6};
   int64_t shape[2] = {2, 3};
@@ -76,6 +88,38 @@ int main(void) {
           "a temporary is released even when the call reading it fails");
     ftc_tensor_delete(&out);
     ftc_tensor_delete(&a);
+  }
+  {
+    /* Custom function from C: begin, forward by hand, finish; backward through the callback. */
+    ftc_tensor x = NULL, fin[1] = {NULL}, outs[1] = {NULL}, loss = NULL, g = NULL;
+    ftc_function_ctx ctx = NULL;
+    int64_t id = 0, one[1] = {3};
+    double gv[3] = {0, 0, 0};
+    int status;
+    ftc_tensor_new(&x, FTC_FILL_ONES, 1, one, FTC_FLOAT64, FTC_CPU, -1, 1);
+    check(ftc_function_define("triple", 6, triple_backward, NULL, 0, &id) == FTC_OK && id > 0, "C: define");
+    check(ftc_function_begin(id, &x, 1, &ctx, fin) == FTC_OK && fin[0] != NULL, "C: begin");
+    ftc_tensor_binary_scalar(FTC_MUL, fin[0], 3, 3.0, 1, 0, FTC_NAMED, &outs[0]);
+    check(ftc_function_finish(ctx, outs, 1) == FTC_OK, "C: finish");
+    check(ftc_function_finish(ctx, outs, 1) == FTC_ERR_NULL_HANDLE, "C: a context is single-use");
+    ftc_tensor_reduce(FTC_SUM, outs[0], 0, NULL, 0, FTC_NAMED, &loss);
+    check(ftc_tensor_backward(loss, NULL, 1) == FTC_OK && ftc_tensor_get_gradient(x, &g) == FTC_OK &&
+              ftc_tensor_copy_to_blob(g, gv, FTC_FLOAT64, 1, one) == FTC_OK && gv[0] == 3.0 && gv[2] == 3.0,
+          "C: backward through the callback");
+    miscount = 1;
+    status = ftc_tensor_backward(loss, NULL, 1);
+    check(status != FTC_OK && strstr(ftc_last_error(), "returned 2 gradients") != NULL &&
+              strstr(ftc_last_error(), "'triple'") != NULL,
+          "C: too many gradients is an error naming the function");
+    miscount = -1;
+    status = ftc_tensor_backward(loss, NULL, 1);
+    check(status != FTC_OK && strstr(ftc_last_error(), "returned 0 gradients") != NULL,
+          "C: too few gradients is an error naming the function");
+    miscount = 0;
+    ftc_tensor_delete(&x);
+    ftc_tensor_delete(&outs[0]);
+    ftc_tensor_delete(&loss);
+    ftc_tensor_delete(&g);
   }
   ftc_tensor_delete(&t);
   check(t == NULL && ftc_live_handles() == 0, "delete nulls the handle and is idempotent");
