@@ -450,6 +450,8 @@ contains
     real(real64), target :: x(3)
     type(torch_tensor) :: tx, outs(1), outs2(2), g
     type(torch_function) :: cube, split, pair
+    integer :: stat
+    character(len=1024) :: msg
     x = [0.5_real64, -1.25_real64, 2.0_real64]
     call torch_tensor_from_array(tx, x, torch_kCPU, requires_grad=.true.)
     call torch_function_define(cube, "cube", cube_forward, cube_backward)
@@ -477,6 +479,12 @@ contains
     call check(grad2_absent, "ctx: set_materialize_grads(.false.) passes an absent gradient")
     call torch_tensor_get_gradient(g, tx)
     call check(all(abs(tensor_values(g, 3) - 2) < 1e-15_real64), "ctx: gradient through the used output")
+    ! A saved tensor modified in place after it was saved: a clear error when backward reads it.
+    call torch_function_apply(cube, [tx], outs, real_args=[0.5_real64])
+    call tx%zero()
+    call torch_tensor_backward(torch_sum(outs(1)), stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_CALLBACK .and. index(msg, "modified by an inplace operation") > 0 .and. &
+               index(msg, "'cube'") > 0, "ctx: a saved tensor modified in place is a clear error")
   end subroutine context_features
 
   function tensor_values(t, n) result(v)
