@@ -153,14 +153,10 @@ int ftc_tensor_register_hook(ftc_tensor t, ftc_grad_hook_fn hook, void *data, in
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the tensor does not require grad: no gradient will reach a hook on it");
     }
     std::function<at::Tensor(const at::Tensor &)> run = [hook, data](const at::Tensor &grad) -> at::Tensor {
-      ftc::CallbackHandles handles;
-      ftc_tensor replacement = nullptr;
-      struct Release {
-        ftc_tensor &h;
-        ~Release() { ftc::delete_tensor(h); }
-      } release{replacement};
-      ftc::check_callback(hook(data, handles.add(grad), &replacement), "a gradient hook");
-      at::Tensor r = ftc::take_callback_result(replacement, "the gradient returned by a hook");
+      ftc::CallbackHandles handles, replacement;  // the replacement is freed if not taken
+      replacement.handles.assign(1, nullptr);
+      ftc::check_callback(hook(data, handles.add(grad), &replacement.handles[0]), "a gradient hook");
+      at::Tensor r = ftc::take_callback_result(replacement.handles[0], "the gradient returned by a hook");
       if (r.defined() && (r.sizes() != grad.sizes() || r.scalar_type() != grad.scalar_type() ||
                           r.device() != grad.device())) {
         ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a gradient hook returned " + ftc::shape_string(r.sizes()) + ", " +

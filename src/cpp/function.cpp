@@ -248,13 +248,8 @@ variable_list run_backward(FunctionNode &node, const variable_list &grads) {
     if (grads[i].defined()) grad_handles[i] = handles.add(grads[i]);
   }
   const size_t n_in = node.input_info.size();
-  std::vector<ftc_tensor> results(n_in, nullptr);
-  struct Results {
-    std::vector<ftc_tensor> &h;
-    ~Results() {
-      for (auto r : h) ftc::delete_tensor(r);
-    }
-  } release_results{results};
+  ftc::CallbackHandles results;  // the callback's gradients, freed if not taken
+  results.handles.assign(n_in, nullptr);
   int n_returned = static_cast<int>(n_in);
   ftc_function_ctx ctx = CtxTable::instance().acquire(c10::intrusive_ptr<FunctionNode>::unsafe_reclaim_from_nonowning(&node));
   struct Ctx {
@@ -267,7 +262,7 @@ variable_list run_backward(FunctionNode &node, const variable_list &grads) {
   } release_ctx{ctx, node};
   node.in_backward = true;
   const int status = node.def->backward(node.def->data, ctx, grad_handles.data(), static_cast<int>(grads.size()),
-                                        results.data(), static_cast<int>(n_in), &n_returned);
+                                        results.handles.data(), static_cast<int>(n_in), &n_returned);
   ftc::check_callback(status, "the backward of " + node.label());
   if (n_returned != static_cast<int>(n_in)) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the backward of " + node.label() + " returned " + std::to_string(n_returned) +
@@ -276,7 +271,7 @@ variable_list run_backward(FunctionNode &node, const variable_list &grads) {
   variable_list out(n_in);
   for (size_t i = 0; i < n_in; ++i) {
     const std::string what = "gradient " + std::to_string(i + 1) + " returned by the backward of " + node.label();
-    out[i] = ftc::take_callback_result(results[i], what.c_str());
+    out[i] = ftc::take_callback_result(results.handles[i], what.c_str());
   }
   return out;
 }
@@ -440,18 +435,14 @@ std::vector<at::Tensor> run_segment(ftc_segment_fn fn, void *data, const std::ve
                                     int n_outputs, const std::string &what) {
   CallbackHandles handles;
   for (const auto &t : inputs) handles.add(t);
-  std::vector<ftc_tensor> results(static_cast<size_t>(n_outputs), nullptr);
-  struct Results {
-    std::vector<ftc_tensor> &h;
-    ~Results() {
-      for (auto r : h) delete_tensor(r);
-    }
-  } release_results{results};
-  check_callback(fn(data, handles.handles.data(), static_cast<int>(inputs.size()), results.data(), n_outputs), what);
+  CallbackHandles results;  // the callback's outputs, freed if not taken
+  results.handles.assign(static_cast<size_t>(n_outputs), nullptr);
+  check_callback(fn(data, handles.handles.data(), static_cast<int>(inputs.size()), results.handles.data(), n_outputs),
+                 what);
   std::vector<at::Tensor> out;
-  for (size_t i = 0; i < results.size(); ++i) {
+  for (size_t i = 0; i < results.handles.size(); ++i) {
     const std::string name = "output " + std::to_string(i + 1) + " of " + what;
-    out.push_back(take_callback_result(results[i], name.c_str()));
+    out.push_back(take_callback_result(results.handles[i], name.c_str()));
     if (!out.back().defined()) fail(FTC_ERR_CALLBACK, what + " did not construct output " + std::to_string(i + 1));
   }
   return out;

@@ -9,14 +9,21 @@ namespace {
 
 using torch::autograd::variable_list;
 
+// Handles that may be null (an undefined tensor each); the caller has scheduled their temporaries.
 std::vector<at::Tensor> optional_tensors(const ftc_tensor *handles, int n, const char *what) {
   std::vector<at::Tensor> out(static_cast<size_t>(std::max(n, 0)));
   if (handles == nullptr) return {};
-  ftc::take_temporaries(handles, n);
   for (int i = 0; i < n; ++i) {
     if (handles[i] != nullptr) out[static_cast<size_t>(i)] = ftc::tensor_of(handles[i], (std::string(what) + " " + std::to_string(i + 1)).c_str());
   }
   return out;
+}
+
+// Zeros shaped like y with a one at element k (row-major): one row of a Jacobian by backward.
+at::Tensor unit_like(const at::Tensor &y, int64_t k) {
+  at::Tensor unit = at::zeros_like(y, at::MemoryFormat::Contiguous);
+  unit.view(-1)[k].fill_(1);
+  return unit;
 }
 
 // Element `flat` (row-major) of t as a 0-d view of the same memory, whatever t's strides.
@@ -87,9 +94,7 @@ int ftc_autograd_jacobian(ftc_tensor output, ftc_tensor input, int create_graph,
     std::vector<at::Tensor> rows;
     rows.reserve(static_cast<size_t>(y.numel()));
     for (int64_t k = 0; k < y.numel(); ++k) {
-      at::Tensor unit = at::zeros_like(y, at::MemoryFormat::Contiguous);
-      unit.view(-1)[k].fill_(1);
-      auto g = torch::autograd::grad({y}, {x}, {unit}, true, create_graph != 0, true)[0];
+      auto g = torch::autograd::grad({y}, {x}, {unit_like(y, k)}, true, create_graph != 0, true)[0];
       rows.push_back(g.defined() ? g : at::zeros_like(x));
     }
     std::vector<int64_t> shape = y.sizes().vec();
@@ -158,9 +163,7 @@ int ftc_gradcheck(ftc_segment_fn fn, void *data, const ftc_tensor *inputs, int n
       for (auto i : checked) ana[i * ys.size() + j] = at::zeros({y.numel(), xs[i].numel()}, xs[i].options().requires_grad(false));
       if (!y.requires_grad() || !at::isFloatingType(y.scalar_type())) continue;
       for (int64_t k = 0; k < y.numel(); ++k) {
-        at::Tensor unit = at::zeros_like(y, at::MemoryFormat::Contiguous);
-        unit.view(-1)[k].fill_(1);
-        const auto g = torch::autograd::grad({y}, diff_inputs, {unit}, true, false, true);
+        const auto g = torch::autograd::grad({y}, diff_inputs, {unit_like(y, k)}, true, false, true);
         for (size_t c = 0; c < checked.size(); ++c) {
           if (g[c].defined()) ana[checked[c] * ys.size() + j][k].copy_(g[c].contiguous().view(-1));
         }

@@ -140,7 +140,8 @@ std::string shape_string(c10::IntArrayRef sizes);
 // A callback's status: Error(FTC_ERR_CALLBACK) naming `what`, with the message it set, if not OK.
 void check_callback(int status, const std::string &what);
 
-// Handles given to a callback for the duration of the call (freed when this goes away).
+// Handles given to a callback for the duration of the call, or slots for the handles it returns
+// (whatever is still there is freed when this goes away; take_callback_result empties a slot).
 struct CallbackHandles {
   std::vector<ftc_tensor> handles;
   CallbackHandles() = default;
