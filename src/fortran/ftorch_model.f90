@@ -153,9 +153,9 @@ contains
                                      c_flag(is_training)), "torch_model_load", stat, errmsg)
   end subroutine torch_model_load
 
-  !> Run the model's forward method. Without requires_grad the results are copied into the output
-  !> tensors' storage (aliased Fortran arrays receive them); with it, the outputs are rebound to the
-  !> results so that gradients can flow back to inputs and parameters.
+  !> Run the model's forward method. The results are written into the output tensors' storage as
+  !> `=` does (aliased Fortran arrays receive them); with requires_grad the outputs also carry the
+  !> graph, so that gradients flow back to inputs and parameters.
   subroutine torch_model_forward(model, input_tensors, output_tensors, requires_grad, stat, errmsg)
     type(torch_model), intent(in) :: model
     type(torch_tensor), intent(in) :: input_tensors(:)
