@@ -11,6 +11,8 @@ from pathlib import Path
 from . import _build_info
 
 __all__ = [
+    "fpm_mpi_dependency",
+    "get_fortran_mpi_source",
     "__version__",
     "torch_version",
     "installed_torch_version",
@@ -105,6 +107,18 @@ def fpm_dependency(project_dir: str | os.PathLike[str] = ".") -> str:
     """
     rel = os.path.relpath(_ROOT, Path(project_dir).resolve())
     return f'ftorch = {{ path = "{Path(rel).as_posix()}" }}'
+
+
+def fpm_mpi_dependency(project_dir: str | os.PathLike[str] = ".") -> str:
+    """The ``[dependencies]`` line of the ``ftorch_mpi`` package (module ftorch_mpi, compiled by
+    fpm with the project's MPI) for an fpm.toml in ``project_dir``."""
+    rel = os.path.relpath(_ROOT / "mpi", Path(project_dir).resolve())
+    return f'ftorch_mpi = {{ path = "{Path(rel).as_posix()}" }}'
+
+
+def get_fortran_mpi_source() -> Path:
+    """The source of module ftorch_mpi, to compile with your MPI wrapper after the other sources."""
+    return _ROOT / "mpi" / "src" / "ftorch_mpi.f90"
 
 
 def fpm_flags() -> str:

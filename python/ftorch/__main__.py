@@ -23,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     paths.add_argument("--pkg-config-path", action="store_true", help="value for PKG_CONFIG_PATH")
     paths.add_argument("--fpm-dependency", action="store_true",
                        help="the fpm.toml dependency line for a project in the current directory")
+    paths.add_argument("--fpm-mpi-dependency", action="store_true",
+                       help="the fpm.toml dependency line of ftorch_mpi (module ftorch_mpi, built with your MPI)")
+    paths.add_argument("--fortran-mpi-source", action="store_true",
+                       help="source of module ftorch_mpi, to compile with your MPI after the other sources")
     paths.add_argument("--fpm-flags", action="store_true", help="value for FPM_LDFLAGS")
     paths.add_argument("--link-flags", action="store_true", help="linker flags for plain builds")
     parser.add_argument("command", nargs="?", choices=["doctor", "plot-loss"],
@@ -66,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         print(ftorch.get_pkgconfig_dir())
     elif args.fpm_dependency:
         print(ftorch.fpm_dependency())
+    elif args.fpm_mpi_dependency:
+        print(ftorch.fpm_mpi_dependency())
+    elif args.fortran_mpi_source:
+        print(ftorch.get_fortran_mpi_source())
     elif args.fpm_flags:
         print(ftorch.fpm_flags())
     elif args.link_flags:

@@ -12,5 +12,6 @@
 #include "ftorch_c_train.h"
 #include "ftorch_c_function.h"
 #include "ftorch_c_functional.h"
+#include "ftorch_c_distributed.h"
 
 #endif

@@ -140,21 +140,6 @@ std::shared_ptr<Scheduler> &scheduler_ptr(ftc_scheduler h) {
   return s->value;
 }
 
-// *dst = a second handle to the object of src (an unloaded src makes dst unloaded too).
-template <class Table, class Handle>
-int share(Handle src, Handle *dst, const char *kind) {
-  return guard([&] {
-    auto *s = Table::instance().find(src);
-    if (s == nullptr && src != nullptr) bad_handle(src, kind, (std::string("source ") + kind).c_str());
-    if (dst == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
-    if (s == nullptr) {
-      delete_handle<Table>(dst);
-    } else if (*dst != src) {
-      replace_handle<Table>(dst, s->value);
-    }
-  });
-}
-
 }  // namespace ftc
 
 extern "C" {

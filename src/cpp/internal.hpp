@@ -15,13 +15,55 @@
 
 namespace ftc {
 
+// What a data-parallel wrapper (distributed.cpp) does around the updates of its optimizer.
+struct GradientSync {
+  virtual ~GradientSync() = default;
+  // Average the gradients across ranks now, and the loss weighted as the gradients are; returns
+  // the global loss (every rank gets the same value).
+  virtual double reduce(double local_loss) = 0;
+  // Before the optimizer reads gradients (step, clipping): reduce them unless they have not
+  // changed since the last reduce.
+  virtual void before_update() = 0;
+  // After the optimizer's update: the next one reduces again.
+  virtual void after_update() = 0;
+  // This rank failed before reaching its reduce: take part in it with a failure flag, so that the
+  // other ranks fail with a clear error instead of waiting forever. Never throws.
+  virtual void report_failure() noexcept = 0;
+};
+
 // An optimizer and the parameters it updates; shared with the schedulers that drive it.
 struct Optim {
   int kind = 0;
   std::unique_ptr<torch::optim::Optimizer> opt;
   std::vector<at::Tensor> params;
   int64_t steps = 0;  // optimizer steps taken (also counted by train steps)
+  std::shared_ptr<GradientSync> sync;  // set while the optimizer is data-parallel
 };
+
+// One training step's forward, loss and backward (body returns the local loss value), then, for a
+// data-parallel optimizer, the gradients and the loss averaged across ranks. A failure in body is
+// reported to the other ranks before it propagates. Returns the (global) loss.
+template <class Body>
+double reduced_step(Optim &opt, Body &&body) {
+  if (!opt.sync) return body();
+  const std::shared_ptr<GradientSync> sync = opt.sync;
+  double local = 0;
+  try {
+    local = body();
+  } catch (...) {
+    sync->report_failure();
+    throw;
+  }
+  return sync->reduce(local);
+}
+
+// Before an update reads the gradients of opt (step, clipping), and after it.
+inline void before_update(Optim &opt) {
+  if (opt.sync) opt.sync->before_update();
+}
+inline void after_update(Optim &opt) {
+  if (opt.sync) opt.sync->after_update();
+}
 
 // A learning-rate schedule with PyTorch's semantics (recursive forms, as torch.optim.lr_scheduler).
 struct Scheduler {
@@ -106,6 +148,21 @@ int guard(Body &&body) noexcept {
     set_last_error("unknown C++ exception");
     return FTC_ERR_INTERNAL;
   }
+}
+
+// *dst = a second handle to the object of src (an unconstructed src makes dst unconstructed too).
+template <class Table, class Handle>
+int share(Handle src, Handle *dst, const char *kind) {
+  return guard([&] {
+    auto *s = Table::instance().find(src);
+    if (s == nullptr && src != nullptr) bad_handle(src, kind, (std::string("source ") + kind).c_str());
+    if (dst == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
+    if (s == nullptr) {
+      delete_handle<Table>(dst);
+    } else if (*dst != src) {
+      replace_handle<Table>(dst, s->value);
+    }
+  });
 }
 
 // *p for an output argument, or an error naming it when the caller passed a null pointer.

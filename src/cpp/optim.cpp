@@ -241,7 +241,9 @@ int ftc_optim_step(ftc_optim o) {
     if (state.kind == FTC_OPTIM_LBFGS) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "LBFGS re-evaluates the loss: use the closure form of step");
     }
+    ftc::before_update(state);
     state.opt->step();
+    ftc::after_update(state);
     ++state.steps;
   });
 }
@@ -252,18 +254,26 @@ int ftc_optim_step_closure(ftc_optim o, ftc_closure closure, void *context, doub
     const std::shared_ptr<ftc::Optim> keep = ftc::optim_ptr(o);
     auto &state = *keep;
     if (closure == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "closure is null");
+    // Data-parallel: every evaluation's gradients and loss are averaged across ranks, so that
+    // every rank's LBFGS takes the same decisions.
     auto evaluate = [&]() -> at::Tensor {
-      at::AutoGradMode grad(true);
-      state.opt->zero_grad();
-      ftc_tensor h = closure(context);
-      if (h == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the closure did not produce a loss tensor");
-      at::Tensor l = ftc::tensor_of(h, "the closure's loss");
-      ftc::delete_tensor(h);
-      if (l.numel() != 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the closure's loss must have one element");
-      l.backward();
-      return l.detach();
+      at::Tensor l;
+      const double value = ftc::reduced_step(state, [&] {
+        at::AutoGradMode grad(true);
+        state.opt->zero_grad();
+        ftc_tensor h = closure(context);
+        if (h == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the closure did not produce a loss tensor");
+        l = ftc::tensor_of(h, "the closure's loss");
+        ftc::delete_tensor(h);
+        if (l.numel() != 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the closure's loss must have one element");
+        l.backward();
+        l = l.detach();
+        return state.sync ? l.item<double>() : 0.0;
+      });
+      return state.sync ? at::full_like(l, value) : l;
     };
     at::Tensor first = state.opt->step(evaluate);
+    ftc::after_update(state);
     ++state.steps;
     if (loss != nullptr) *loss = first.defined() ? first.item<double>() : std::nan("");
   });
@@ -291,6 +301,7 @@ int ftc_optim_step_count(ftc_optim o, int64_t *steps) {
 int ftc_optim_clip_grad_norm(ftc_optim o, double max_norm, double norm_type, double *total_norm) {
   return ftc::guard([&] {
     require_nonnegative(max_norm, "max_norm");
+    ftc::before_update(ftc::optim_of(o));
     const double norm = torch::nn::utils::clip_grad_norm_(ftc::optim_of(o).params, max_norm, norm_type);
     if (total_norm != nullptr) *total_norm = norm;
   });
@@ -299,6 +310,7 @@ int ftc_optim_clip_grad_norm(ftc_optim o, double max_norm, double norm_type, dou
 int ftc_optim_clip_grad_value(ftc_optim o, double clip_value) {
   return ftc::guard([&] {
     require_nonnegative(clip_value, "clip_value");
+    ftc::before_update(ftc::optim_of(o));
     torch::nn::utils::clip_grad_value_(ftc::optim_of(o).params, clip_value);
   });
 }

@@ -65,31 +65,36 @@ int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *
     const at::Tensor &y = ftc::tensor_of(target, "target tensor");
     if (reduction == 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a training step needs a reduced loss (mean or sum)");
     std::vector<c10::IValue> args(input_values.begin(), input_values.end());
-    at::AutoGradMode grad(true);
     torch::jit::GraphOptimizerEnabledGuard optimize(ftc::jit_optimize());
-    opt.opt->zero_grad();
-    c10::IValue result;
-    try {
-      result = module.forward(std::move(args));
-    } catch (const c10::Error &e) {
-      ftc::fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what_without_backtrace());
-    }
-    at::Tensor output;
-    if (result.isTensor()) {
-      output = result.toTensor();
-    } else if (result.isTuple() && !result.toTupleRef().elements().empty() &&
-               result.toTupleRef().elements()[0].isTensor()) {
-      output = result.toTupleRef().elements()[0].toTensor();  // the first output is the prediction
-    } else {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("the model returned a ") + result.tagKind() +
-                                              "; a training step needs a Tensor (or a tuple starting with one)");
-    }
-    at::Tensor l = ftc::compute_loss(loss_kind, output, y, {}, {}, reduction, -100, 1.0, 0.0);
-    l.backward();
+    // Data-parallel: gradients and the loss are averaged across ranks before clipping and the
+    // update, and the (global) loss feeds the scheduler, so every rank takes the same step.
+    const double value = ftc::reduced_step(opt, [&] {
+      at::AutoGradMode grad(true);
+      opt.opt->zero_grad();
+      c10::IValue result;
+      try {
+        result = module.forward(std::move(args));
+      } catch (const c10::Error &e) {
+        ftc::fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what_without_backtrace());
+      }
+      at::Tensor output;
+      if (result.isTensor()) {
+        output = result.toTensor();
+      } else if (result.isTuple() && !result.toTupleRef().elements().empty() &&
+                 result.toTupleRef().elements()[0].isTensor()) {
+        output = result.toTupleRef().elements()[0].toTensor();  // the first output is the prediction
+      } else {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("the model returned a ") + result.tagKind() +
+                                                "; a training step needs a Tensor (or a tuple starting with one)");
+      }
+      at::Tensor l = ftc::compute_loss(loss_kind, output, y, {}, {}, reduction, -100, 1.0, 0.0);
+      l.backward();
+      return l.item<double>();
+    });
     if (max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(opt.params, max_grad_norm);
     opt.opt->step();
+    ftc::after_update(opt);
     ++opt.steps;
-    const double value = l.item<double>();
     if (sched != nullptr) sched->step(true, value);
     if (loss != nullptr) *loss = value;  // optional outputs: null means "not wanted"
     if (seconds != nullptr) {

@@ -5,7 +5,8 @@ module ftorch
   use ftorch_devices, only: torch_kCPU, torch_kCUDA, torch_kHIP, torch_kXPU, torch_kMPS
   use ftorch_errors, only: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, &
                            FTORCH_ERR_DEVICE, FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, &
-                           FTORCH_ERR_INTERNAL, FTORCH_ERR_CALLBACK, torch_catch_begin, torch_catch_end
+                           FTORCH_ERR_INTERNAL, FTORCH_ERR_CALLBACK, FTORCH_ERR_DISTRIBUTED, torch_catch_begin, &
+                           torch_catch_end
   use ftorch_runtime, only: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, &
                             ftorch_check_runtime, torch_device_available, ftorch_live_handles
   use ftorch_tensor_type, only: torch_tensor, torch_tensor_from_array, torch_tensor_from_blob, torch_tensor_empty, &
@@ -49,6 +50,11 @@ module ftorch
                          torch_loss_smooth_l1, torch_loss_nll, torch_loss_bce_with_logits, torch_kMSELoss, &
                          torch_kL1Loss, torch_kHuberLoss, torch_kSmoothL1Loss, torch_kCrossEntropyLoss, torch_kNLLLoss, &
                          torch_kBCEWithLogitsLoss
+  use ftorch_distributed, only: torch_comm, torch_comm_rank, torch_comm_size, torch_comm_delete, &
+                                torch_comm_collective_count, torch_allreduce, torch_broadcast, torch_allgather, &
+                                torch_barrier, torch_ddp, torch_ddp_init, torch_ddp_delete, torch_ddp_set_weight, &
+                                torch_ddp_sync_gradients, torch_ddp_bucket_count, torch_ddp_broadcast_parameters, &
+                                torch_kReduceSum, torch_kReduceMean, torch_kReduceMax, torch_kReduceMin
   use ftorch_train, only: torch_train_step, torch_checkpoint_save, torch_checkpoint_load
   implicit none
   private
@@ -56,7 +62,8 @@ module ftorch
             torch_kNone, torch_kMean, torch_kSum
   public :: torch_kCPU, torch_kCUDA, torch_kHIP, torch_kXPU, torch_kMPS
   public :: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, FTORCH_ERR_DEVICE, &
-            FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, FTORCH_ERR_INTERNAL, FTORCH_ERR_CALLBACK, torch_catch_begin, &
+            FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, FTORCH_ERR_INTERNAL, FTORCH_ERR_CALLBACK, &
+            FTORCH_ERR_DISTRIBUTED, torch_catch_begin, &
             torch_catch_end
   public :: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, ftorch_check_runtime, &
             torch_device_available, ftorch_live_handles
@@ -94,11 +101,16 @@ module ftorch
   public :: torch_loss_mse, torch_loss_cross_entropy, torch_loss_l1, torch_loss_huber, torch_loss_smooth_l1, &
             torch_loss_nll, torch_loss_bce_with_logits, torch_kMSELoss, torch_kL1Loss, torch_kHuberLoss, &
             torch_kSmoothL1Loss, torch_kCrossEntropyLoss, torch_kNLLLoss, torch_kBCEWithLogitsLoss
+  public :: torch_comm, torch_comm_rank, torch_comm_size, torch_comm_delete, torch_comm_collective_count, &
+            torch_allreduce, torch_broadcast, torch_allgather, torch_barrier, torch_ddp, torch_ddp_init, &
+            torch_ddp_delete, torch_ddp_set_weight, torch_ddp_sync_gradients, torch_ddp_bucket_count, &
+            torch_ddp_broadcast_parameters, torch_kReduceSum, torch_kReduceMean, torch_kReduceMax, torch_kReduceMin
   public :: torch_train_step, torch_checkpoint_save, torch_checkpoint_load
   public :: torch_delete
 
   !> Free any FTorch object.
   interface torch_delete
-    module procedure torch_tensor_delete, torch_model_delete, torch_optim_delete, torch_scheduler_delete
+    module procedure torch_tensor_delete, torch_model_delete, torch_optim_delete, torch_scheduler_delete, &
+                     torch_comm_delete, torch_ddp_delete
   end interface torch_delete
 end module ftorch

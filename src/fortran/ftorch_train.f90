@@ -11,6 +11,7 @@ module ftorch_train
   use ftorch_model, only: torch_model
   use ftorch_optim, only: torch_optim, torch_scheduler, torch_optim_get_learning_rate, torch_optim_step_count
   use ftorch_loss, only: torch_kMSELoss
+  use ftorch_distributed, only: torch_comm
   implicit none
   private
   public :: torch_train_step, torch_checkpoint_save, torch_checkpoint_load
@@ -44,6 +45,24 @@ module ftorch_train
       integer(c_int64_t), intent(out) :: step
       integer(c_int) :: status
     end function ftc_checkpoint_load
+    function ftc_comm_checkpoint_save(c, filename, m, o, s, step) result(status) &
+        bind(c, name="ftc_comm_checkpoint_save")
+      import :: c_ptr, c_int, c_int64_t, c_char
+      type(c_ptr), value :: c
+      character(kind=c_char), intent(in) :: filename(*)
+      type(c_ptr), value :: m, o, s
+      integer(c_int64_t), value :: step
+      integer(c_int) :: status
+    end function ftc_comm_checkpoint_save
+    function ftc_comm_checkpoint_load(c, filename, m, o, s, step) result(status) &
+        bind(c, name="ftc_comm_checkpoint_load")
+      import :: c_ptr, c_int, c_int64_t, c_char
+      type(c_ptr), value :: c
+      character(kind=c_char), intent(in) :: filename(*)
+      type(c_ptr), value :: m, o, s
+      integer(c_int64_t), intent(out) :: step
+      integer(c_int) :: status
+    end function ftc_comm_checkpoint_load
   end interface
 
 contains
@@ -104,7 +123,9 @@ contains
 
   !> Write model parameters and buffers, optimizer state, scheduler state and a step counter to
   !> one file. The write is atomic: a crash while saving leaves the previous file intact.
-  subroutine torch_checkpoint_save(filename, model, optim, scheduler, step, stat, errmsg)
+  !> With `comm` (a data-parallel run; collective): rank 0 writes, and every rank returns rank 0's
+  !> status, so no rank goes on before the file is complete.
+  subroutine torch_checkpoint_save(filename, model, optim, scheduler, step, stat, errmsg, comm)
     character(len=*), intent(in) :: filename
     type(torch_model), intent(in), optional :: model
     type(torch_optim), intent(in), optional :: optim
@@ -112,17 +133,25 @@ contains
     integer, intent(in), optional :: step
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
+    type(torch_comm), intent(in), optional :: comm
     type(c_ptr) :: m, o, s
     integer(c_int64_t) :: n
     call handles_of(model, optim, scheduler, m, o, s)
     n = 0
     if (present(step)) n = step
+    if (present(comm)) then
+      call ftorch_check(ftc_comm_checkpoint_save(given(comm%p), c_string(filename), m, o, s, n), &
+                        "torch_checkpoint_save", stat, errmsg)
+      return
+    end if
     call ftorch_check(ftc_checkpoint_save(c_string(filename), m, o, s, n), "torch_checkpoint_save", stat, errmsg)
   end subroutine torch_checkpoint_save
 
   !> Restore a checkpoint into objects of the same structure (checked before anything changes);
-  !> continuing from it gives the same trajectory as never stopping.
-  subroutine torch_checkpoint_load(filename, model, optim, scheduler, step, stat, errmsg)
+  !> continuing from it gives the same trajectory as never stopping. With `comm` (collective):
+  !> every rank reads the file, then the ranks check that all of them succeeded and hold the same
+  !> parameters and step (FTORCH_ERR_DISTRIBUTED on every rank otherwise).
+  subroutine torch_checkpoint_load(filename, model, optim, scheduler, step, stat, errmsg, comm)
     character(len=*), intent(in) :: filename
     type(torch_model), intent(in), optional :: model
     type(torch_optim), intent(in), optional :: optim
@@ -130,11 +159,17 @@ contains
     integer, intent(out), optional :: step
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
+    type(torch_comm), intent(in), optional :: comm
     type(c_ptr) :: m, o, s
     integer(c_int64_t) :: n
     call handles_of(model, optim, scheduler, m, o, s)
     n = 0
-    call ftorch_check(ftc_checkpoint_load(c_string(filename), m, o, s, n), "torch_checkpoint_load", stat, errmsg)
+    if (present(comm)) then
+      call ftorch_check(ftc_comm_checkpoint_load(given(comm%p), c_string(filename), m, o, s, n), &
+                        "torch_checkpoint_load", stat, errmsg)
+    else
+      call ftorch_check(ftc_checkpoint_load(c_string(filename), m, o, s, n), "torch_checkpoint_load", stat, errmsg)
+    end if
     if (present(step)) step = int(n)
   end subroutine torch_checkpoint_load
 

@@ -1,0 +1,577 @@
+// distributed.cpp - communicators over the caller's collectives, collectives on tensors, data
+// parallelism (bucketed gradient averaging attached to an optimizer) and checkpoints of
+// data-parallel runs. No collective algorithm lives here: every reduction, broadcast and gather is
+// one call of the caller's MPI (or other) function on a contiguous buffer.
+#include <ATen/DeviceAccelerator.h>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <functional>
+#include <sstream>
+
+#include "internal.hpp"
+#include "ftorch_c_distributed.h"
+#include "ftorch_c_train.h"
+
+namespace ftc {
+
+struct Comm {
+  int64_t ctx = 0;
+  int rank = 0;
+  int size = 1;
+  bool device_aware = false;
+  ftc_allreduce_fn allreduce_fn = nullptr;
+  ftc_broadcast_fn broadcast_fn = nullptr;
+  ftc_allgather_fn allgather_fn = nullptr;
+  ftc_barrier_fn barrier_fn = nullptr;
+  ftc_comm_free_fn free_fn = nullptr;
+  std::atomic<int64_t> calls{0};
+
+  Comm() = default;
+  Comm(const Comm &) = delete;
+  Comm &operator=(const Comm &) = delete;
+  ~Comm() {
+    if (free_fn != nullptr) free_fn(ctx);
+  }
+
+  // Every call of a caller's function goes through here: counted, its failure an Error.
+  template <class Call>
+  void call(const char *what, Call &&fn) {
+    char msg[1024] = {0};
+    ++calls;
+    const int status = fn(msg, static_cast<int64_t>(sizeof(msg) - 1));
+    if (status != 0) {
+      msg[sizeof(msg) - 1] = '\0';
+      fail(FTC_ERR_DISTRIBUTED, std::string(what) + " failed on rank " + std::to_string(rank) + ": " +
+                                    (msg[0] != '\0' ? msg : "error " + std::to_string(status)));
+    }
+  }
+
+  // Raw collectives on contiguous buffers; counts above INT32_MAX go in several calls.
+  void allreduce(void *buf, int64_t count, int dtype, size_t elsize, int op) {
+    for_chunks(buf, count, elsize, [&](char *p, int64_t n) {
+      call("allreduce", [&](char *msg, int64_t len) { return allreduce_fn(ctx, p, n, dtype, op, msg, len); });
+    });
+  }
+  void broadcast(void *buf, int64_t count, int dtype, size_t elsize, int root) {
+    for_chunks(buf, count, elsize, [&](char *p, int64_t n) {
+      call("broadcast", [&](char *msg, int64_t len) { return broadcast_fn(ctx, p, n, dtype, root, msg, len); });
+    });
+  }
+  void allgather(const void *send, void *recv, int64_t count, int dtype, size_t elsize) {
+    if (count > INT_MAX) fail(FTC_ERR_INVALID_ARGUMENT, "allgather of more than 2^31-1 elements per rank");
+    if (count == 0) return;
+    call("allgather", [&](char *msg, int64_t len) { return allgather_fn(ctx, send, recv, count, dtype, msg, len); });
+  }
+  void barrier() {
+    call("barrier", [&](char *msg, int64_t len) { return barrier_fn(ctx, msg, len); });
+  }
+
+  // Every rank's values of a few integers (for agreement checks): result[r * n + i].
+  std::vector<int64_t> gather_values(const std::vector<int64_t> &mine) {
+    std::vector<int64_t> all(mine.size() * static_cast<size_t>(size));
+    allgather(mine.data(), all.data(), static_cast<int64_t>(mine.size()), FTC_INT64, sizeof(int64_t));
+    return all;
+  }
+
+ private:
+  template <class Fn>
+  static void for_chunks(void *buf, int64_t count, size_t elsize, Fn &&fn) {
+    auto *p = static_cast<char *>(buf);
+    while (count > 0) {
+      const int64_t n = std::min<int64_t>(count, INT_MAX);
+      fn(p, n);
+      p += n * static_cast<int64_t>(elsize);
+      count -= n;
+    }
+  }
+};
+
+namespace {
+
+using CommTable = HandleTable<std::shared_ptr<Comm>>;
+
+std::shared_ptr<Comm> &comm_of(ftc_comm h) {
+  auto *s = CommTable::instance().find(h);
+  if (s == nullptr || !s->value) bad_handle(h, "communicator", "communicator");
+  return s->value;
+}
+
+// The caller's dtype code for a tensor's elements.
+int wire_dtype(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Char: return FTC_INT8;
+    case c10::ScalarType::Short: return FTC_INT16;
+    case c10::ScalarType::Int: return FTC_INT32;
+    case c10::ScalarType::Long: return FTC_INT64;
+    case c10::ScalarType::Float: return FTC_FLOAT32;
+    case c10::ScalarType::Double: return FTC_FLOAT64;
+    case c10::ScalarType::Byte:
+    case c10::ScalarType::Bool: return FTC_UINT8;
+    default:
+      fail(FTC_ERR_DTYPE, std::string("collectives support int8/16/32/64, uint8, bool, float32 and float64 tensors, "
+                                      "not ") + c10::toString(t));
+  }
+}
+
+// Device work that wrote t must be finished before the caller's library reads its memory.
+void settle(const at::Tensor &t) {
+  if (!t.is_cpu()) at::accelerator::synchronizeDevice(t.device().index());
+}
+
+// Where the collectives of a tensor's values happen: its own memory when it is contiguous and
+// reachable by the caller's collectives, else a contiguous copy (in host memory unless the
+// communicator is device-aware).
+at::Tensor wire_buffer(const Comm &c, const at::Tensor &t) {
+  const bool reachable = t.is_cpu() || c.device_aware;
+  if (reachable && t.is_contiguous()) return t;
+  const auto device = reachable ? t.device() : c10::Device(c10::kCPU);
+  return t.to(device, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true, c10::MemoryFormat::Contiguous);
+}
+
+// The values of `buffer` into t (nothing to do when the buffer is t's own memory). Tensors
+// changed behind autograd's back get a new version, so that a graph that saved them notices.
+void land(const at::Tensor &t, const at::Tensor &buffer) {
+  at::NoGradGuard no_grad;
+  if (buffer.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+    t.unsafeGetTensorImpl()->bump_version();
+  } else {
+    t.copy_(buffer);
+  }
+}
+
+std::hash<std::string> hasher;
+
+// Every rank must call a tensor collective with the same shape, dtype and option (op or root):
+// checked with one gather, so a mismatch is a clear error on every rank, never a corruption.
+void require_agreement(Comm &c, const at::Tensor &t, int64_t option, const char *what) {
+  const auto sizes = t.sizes().vec();
+  std::string shape = shape_string(t.sizes());
+  const std::vector<int64_t> mine = {static_cast<int64_t>(t.scalar_type()), static_cast<int64_t>(hasher(shape)),
+                                     option};
+  const auto all = c.gather_values(mine);
+  for (int r = 0; r < c.size; ++r) {
+    if (all[3 * r] != mine[0] || all[3 * r + 1] != mine[1] || all[3 * r + 2] != mine[2]) {
+      fail(FTC_ERR_DISTRIBUTED, std::string(what) + ": the ranks disagree (rank " + std::to_string(c.rank) +
+                                    " passed a " + c10::toString(t.scalar_type()) + " tensor of shape " + shape +
+                                    " with option " + std::to_string(option) + "; rank " + std::to_string(r) +
+                                    " passed something else): every rank must pass the same shape, dtype and "
+                                    "operation");
+    }
+  }
+}
+
+int64_t element_size(const at::Tensor &t) { return static_cast<int64_t>(t.element_size()); }
+
+// ---------------------------------------------------------------------------- data parallelism
+
+struct DataParallel final : GradientSync {
+  std::shared_ptr<Comm> comm;
+  std::shared_ptr<torch::jit::Module> module;  // keeps the parameters' owner alive
+  std::vector<at::Tensor> params, buffers;
+  std::vector<std::string> names;
+  std::vector<std::vector<size_t>> buckets;  // parameter indices, by c10d's bucket assignment
+  std::vector<at::Tensor> flat;              // one flat buffer per bucket, made on first use
+  std::vector<int64_t> offset;               // of each parameter in its bucket's buffer
+  int64_t bucket_bytes = 0;
+  double weight = 1;
+  std::weak_ptr<Optim> optim;
+  bool fresh = false;  // gradients averaged since the last optimizer update
+
+  double reduce(double local_loss) override { return average(false, local_loss); }
+  void before_update() override {
+    if (!fresh) average(false, 0.0);
+  }
+  void after_update() override { fresh = false; }
+  void report_failure() noexcept override {
+    try {
+      average(true, 0.0);
+    } catch (...) {
+      // The failure being reported is the one that propagates.
+    }
+  }
+
+  // Averages the gradients (weights w_r / sum w) and the loss; see ftc_ddp_sync.
+  double average(bool failed, double local_loss) {
+    at::NoGradGuard no_grad;
+    const size_t n = params.size();
+    // One small reduction first: failures, weights, loss and which parameters have gradients.
+    std::vector<double> control(3 + n, 0.0);
+    control[0] = failed ? 1 : 0;
+    control[1] = weight;
+    control[2] = weight * local_loss;
+    for (size_t i = 0; i < n; ++i) control[3 + i] = has_gradient(i) ? 1 : 0;
+    comm->allreduce(control.data(), static_cast<int64_t>(control.size()), FTC_FLOAT64, sizeof(double),
+                    FTC_OP_SUM);
+    if (control[0] > 0) {
+      fail(FTC_ERR_DISTRIBUTED, failed ? "this rank failed before averaging the gradients (the other ranks were told)"
+                                       : std::to_string(static_cast<int64_t>(control[0])) +
+                                             " rank(s) failed before averaging the gradients of this step (see "
+                                             "their errors); the gradients were left unchanged");
+    }
+    const double scale = weight / control[1];
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      if (!flat[b].defined()) {
+        int64_t total = 0;
+        for (const size_t i : buckets[b]) total += params[i].numel();
+        const auto &p = params[buckets[b].front()];
+        flat[b] = at::empty({total}, p.options().device(comm->device_aware ? p.device() : c10::Device(c10::kCPU)));
+      }
+      at::Tensor &buf = flat[b];
+      for (const size_t i : buckets[b]) {
+        at::Tensor slice = buf.narrow(0, offset[i], params[i].numel());
+        if (has_gradient(i)) {
+          slice.copy_(params[i].grad().reshape({-1}));
+        } else {
+          slice.zero_();
+        }
+      }
+      buf.mul_(scale);
+      settle(buf);
+      comm->allreduce(buf.data_ptr(), buf.numel(), wire_dtype(buf.scalar_type()), buf.element_size(), FTC_OP_SUM);
+      for (const size_t i : buckets[b]) {
+        auto &p = params[i];
+        // Frozen here, or no rank produced a gradient: left as it is (undefined stays undefined).
+        if (!p.requires_grad() || control[3 + i] == 0) continue;
+        at::Tensor values = buf.narrow(0, offset[i], p.numel()).view(p.sizes());
+        if (p.grad().defined()) {
+          p.mutable_grad().copy_(values);
+        } else {
+          p.mutable_grad() = at::empty_like(p).copy_(values);
+        }
+      }
+    }
+    fresh = true;
+    return control[2] / control[1];
+  }
+
+  bool has_gradient(size_t i) const { return params[i].requires_grad() && params[i].grad().defined(); }
+
+  // Parameters and buffers of rank 0 to every rank, in buckets of flat buffers.
+  void broadcast_parameters() {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> all = params;
+    all.insert(all.end(), buffers.begin(), buffers.end());
+    if (all.empty()) return;
+    const auto groups = std::get<0>(c10d::compute_bucket_assignment_by_size(all, {static_cast<size_t>(bucket_bytes)}));
+    for (const auto &group : groups) {
+      std::vector<at::Tensor> pieces;
+      for (const size_t i : group) pieces.push_back(wire_buffer(*comm, all[i]).reshape({-1}));
+      at::Tensor buf = at::cat(pieces);
+      settle(buf);
+      comm->broadcast(buf.data_ptr(), buf.numel(), wire_dtype(buf.scalar_type()), buf.element_size(), 0);
+      if (comm->rank == 0) continue;
+      int64_t at_ = 0;
+      for (const size_t i : group) {
+        all[i].copy_(buf.narrow(0, at_, all[i].numel()).view(all[i].sizes()));
+        at_ += all[i].numel();
+      }
+    }
+  }
+
+  // Same model on every rank: parameter and buffer names, shapes and dtypes.
+  void require_same_model() {
+    std::string description;
+    int64_t values = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      description += names[i] + shape_string(params[i].sizes()) + c10::toString(params[i].scalar_type()) + ";";
+      values += params[i].numel();
+    }
+    for (const auto &b : buffers) description += "buffer" + shape_string(b.sizes()) + c10::toString(b.scalar_type());
+    const std::vector<int64_t> mine = {static_cast<int64_t>(params.size()), static_cast<int64_t>(buffers.size()),
+                                       values, static_cast<int64_t>(hasher(description))};
+    const auto all = comm->gather_values(mine);
+    std::string differing;
+    for (int r = 1; r < comm->size; ++r) {
+      if (!std::equal(all.begin() + 4 * r, all.begin() + 4 * r + 4, all.begin())) {
+        differing += "; rank " + std::to_string(r) + " has " + std::to_string(all[4 * r]) + " parameters (" +
+                     std::to_string(all[4 * r + 2]) + " values) and " + std::to_string(all[4 * r + 1]) + " buffers";
+      }
+    }
+    if (!differing.empty()) {
+      fail(FTC_ERR_DISTRIBUTED, "the model differs across ranks: rank 0 has " + std::to_string(all[0]) +
+                                    " parameters (" + std::to_string(all[2]) + " values) and " +
+                                    std::to_string(all[1]) + " buffers" + differing +
+                                    " (or the same counts with other names, shapes or dtypes); every rank must load "
+                                    "the same model");
+    }
+  }
+
+  void detach() noexcept {
+    if (auto o = optim.lock()) {
+      if (o->sync.get() == this) o->sync.reset();
+    }
+  }
+};
+
+// What a ftc_ddp handle holds: the last handle going away detaches the optimizer.
+struct DataParallelRef {
+  std::shared_ptr<DataParallel> ddp;
+  ~DataParallelRef() {
+    if (ddp) ddp->detach();
+  }
+};
+
+using DdpTable = HandleTable<std::shared_ptr<DataParallelRef>>;
+
+DataParallel &ddp_of(ftc_ddp h) {
+  auto *s = DdpTable::instance().find(h);
+  if (s == nullptr || !s->value || !s->value->ddp) bad_handle(h, "data-parallel wrapper", "data-parallel wrapper");
+  return *s->value->ddp;
+}
+
+// A digest of the model's parameter values (for the agreement check after loading).
+int64_t parameter_digest(torch::jit::Module &module) {
+  std::string bytes;
+  for (const auto &p : module.parameters()) {
+    const at::Tensor c = p.detach().to(c10::kCPU).contiguous();
+    bytes.append(static_cast<const char *>(c.data_ptr()), c.numel() * c.element_size());
+  }
+  return static_cast<int64_t>(hasher(bytes));
+}
+
+}  // namespace
+}  // namespace ftc
+
+extern "C" {
+
+int ftc_comm_new(ftc_comm *out, int64_t ctx, int rank, int size, int device_aware, ftc_allreduce_fn allreduce,
+                 ftc_broadcast_fn broadcast, ftc_allgather_fn allgather, ftc_barrier_fn barrier,
+                 ftc_comm_free_fn free_fn) {
+  return ftc::guard([&] {
+    ftc::out_arg(out, "out");
+    auto c = std::make_shared<ftc::Comm>();
+    c->free_fn = free_fn;  // from here on, the caller's communicator is released whatever fails
+    c->ctx = ctx;
+    if (allreduce == nullptr || broadcast == nullptr || allgather == nullptr || barrier == nullptr) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a collective function pointer is null");
+    }
+    if (size < 1 || rank < 0 || rank >= size) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+                "rank " + std::to_string(rank) + " of " + std::to_string(size) + " ranks is not a valid position");
+    }
+    c->rank = rank;
+    c->size = size;
+    c->device_aware = device_aware != 0;
+    c->allreduce_fn = allreduce;
+    c->broadcast_fn = broadcast;
+    c->allgather_fn = allgather;
+    c->barrier_fn = barrier;
+    ftc::replace_handle<ftc::CommTable>(out, std::move(c));
+  });
+}
+
+int ftc_comm_delete(ftc_comm *c) { return ftc::delete_handle<ftc::CommTable>(c); }
+void ftc_comm_release(ftc_comm c) { ftc::CommTable::instance().release(c); }
+int ftc_comm_share(ftc_comm src, ftc_comm *dst) { return ftc::share<ftc::CommTable>(src, dst, "communicator"); }
+
+int ftc_comm_rank(ftc_comm c, int *rank) {
+  return ftc::guard([&] { ftc::out_arg(rank, "rank") = ftc::comm_of(c)->rank; });
+}
+
+int ftc_comm_size(ftc_comm c, int *size) {
+  return ftc::guard([&] { ftc::out_arg(size, "size") = ftc::comm_of(c)->size; });
+}
+
+int ftc_comm_collective_count(ftc_comm c, int64_t *count) {
+  return ftc::guard([&] { ftc::out_arg(count, "count") = ftc::comm_of(c)->calls.load(); });
+}
+
+int ftc_allreduce(ftc_comm c, ftc_tensor t, int op) {
+  return ftc::guard([&] {
+    auto &comm = *ftc::comm_of(c);
+    const at::Tensor &x = ftc::tensor_of(t, "tensor");
+    if (op < FTC_OP_SUM || op > FTC_OP_MIN) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown reduction " + std::to_string(op) +
+                                              " (torch_kReduceSum, torch_kReduceMean, torch_kReduceMax, "
+                                              "torch_kReduceMin)");
+    }
+    if (op == FTC_OP_MEAN && !at::isFloatingType(x.scalar_type())) {
+      ftc::fail(FTC_ERR_DTYPE, "the mean over ranks needs a floating-point tensor (this one is " +
+                                   std::string(c10::toString(x.scalar_type())) + "; use the sum)");
+    }
+    const int dtype = ftc::wire_dtype(x.scalar_type());
+    ftc::require_agreement(comm, x, op, "allreduce");
+    at::Tensor buf = ftc::wire_buffer(comm, x);
+    ftc::settle(buf);
+    comm.allreduce(buf.data_ptr(), buf.numel(), dtype, buf.element_size(),
+                   op == FTC_OP_MEAN ? FTC_OP_SUM : op);
+    if (op == FTC_OP_MEAN) {
+      at::NoGradGuard no_grad;
+      buf.div_(comm.size);
+    }
+    ftc::land(x, buf);
+  });
+}
+
+int ftc_broadcast(ftc_comm c, ftc_tensor t, int root) {
+  return ftc::guard([&] {
+    auto &comm = *ftc::comm_of(c);
+    const at::Tensor &x = ftc::tensor_of(t, "tensor");
+    if (root < 0 || root >= comm.size) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+                "root rank " + std::to_string(root) + " is not in 0.." + std::to_string(comm.size - 1));
+    }
+    const int dtype = ftc::wire_dtype(x.scalar_type());
+    ftc::require_agreement(comm, x, root, "broadcast");
+    at::Tensor buf = ftc::wire_buffer(comm, x);
+    ftc::settle(buf);
+    comm.broadcast(buf.data_ptr(), buf.numel(), dtype, buf.element_size(), root);
+    if (comm.rank != root) ftc::land(x, buf);
+  });
+}
+
+int ftc_allgather(ftc_comm c, ftc_tensor *out, ftc_tensor in) {
+  return ftc::guard([&] {
+    auto &comm = *ftc::comm_of(c);
+    ftc::out_arg(out, "output tensor");
+    const at::Tensor &x = ftc::tensor_of(in, "input tensor");
+    const int dtype = ftc::wire_dtype(x.scalar_type());
+    ftc::require_agreement(comm, x, 0, "allgather");
+    at::Tensor send = ftc::wire_buffer(comm, x);
+    auto sizes = x.dim() == 0 ? std::vector<int64_t>{1} : x.sizes().vec();
+    sizes[0] *= comm.size;
+    at::Tensor recv = at::empty(sizes, send.options());
+    ftc::settle(send);
+    comm.allgather(send.data_ptr(), recv.data_ptr(), send.numel(), dtype, send.element_size());
+    ftc::store_result(out, recv.to(x.device()), "allgather");
+  });
+}
+
+int ftc_barrier(ftc_comm c) {
+  return ftc::guard([&] { ftc::comm_of(c)->barrier(); });
+}
+
+int ftc_ddp_new(ftc_ddp *out, ftc_comm c, ftc_model m, ftc_optim o, int64_t bucket_bytes) {
+  return ftc::guard([&] {
+    ftc::out_arg(out, "out");
+    auto ddp = std::make_shared<ftc::DataParallel>();
+    ddp->comm = ftc::comm_of(c);
+    auto *slot = ftc::ModelTable::instance().find(m);
+    if (slot == nullptr || !slot->value) ftc::bad_handle(m, "model", "model");
+    ddp->module = slot->value;
+    std::shared_ptr<ftc::Optim> optim = o != nullptr ? ftc::optim_ptr(o) : nullptr;
+    if (bucket_bytes < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the bucket size must be positive");
+    ddp->bucket_bytes = bucket_bytes;
+    for (const auto &p : ddp->module->named_parameters()) {
+      ddp->names.push_back(p.name);
+      ddp->params.push_back(p.value);
+    }
+    for (const auto &b : ddp->module->named_buffers()) ddp->buffers.push_back(b.value);
+    if (optim) {
+      if (optim->sync) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the optimizer is already data-parallel");
+      for (size_t k = 0; k < optim->params.size(); ++k) {
+        const auto *impl = optim->params[k].unsafeGetTensorImpl();
+        const bool found = std::any_of(ddp->params.begin(), ddp->params.end(),
+                                       [&](const at::Tensor &p) { return p.unsafeGetTensorImpl() == impl; });
+        if (!found) {
+          ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter " + std::to_string(k + 1) +
+                                                  " of the optimizer is not a parameter of the model: a data-parallel "
+                                                  "optimizer may only update the model's parameters");
+        }
+      }
+    }
+    ddp->require_same_model();
+    if (!ddp->params.empty()) {
+      ddp->buckets = std::get<0>(
+          c10d::compute_bucket_assignment_by_size(ddp->params, {static_cast<size_t>(bucket_bytes)}));
+    }
+    ddp->offset.assign(ddp->params.size(), 0);
+    for (const auto &bucket : ddp->buckets) {
+      int64_t at_ = 0;
+      for (const size_t i : bucket) {
+        ddp->offset[i] = at_;
+        at_ += ddp->params[i].numel();
+      }
+    }
+    ddp->flat.resize(ddp->buckets.size());
+    ddp->broadcast_parameters();
+    if (optim) {
+      optim->sync = ddp;
+      ddp->optim = optim;
+    }
+    auto ref = std::make_shared<ftc::DataParallelRef>();
+    ref->ddp = std::move(ddp);
+    ftc::replace_handle<ftc::DdpTable>(out, std::move(ref));
+  });
+}
+
+int ftc_ddp_delete(ftc_ddp *d) { return ftc::delete_handle<ftc::DdpTable>(d); }
+void ftc_ddp_release(ftc_ddp d) { ftc::DdpTable::instance().release(d); }
+int ftc_ddp_share(ftc_ddp src, ftc_ddp *dst) { return ftc::share<ftc::DdpTable>(src, dst, "data-parallel wrapper"); }
+
+int ftc_ddp_set_weight(ftc_ddp d, double weight) {
+  return ftc::guard([&] {
+    auto &ddp = ftc::ddp_of(d);
+    if (!(weight > 0) || !std::isfinite(weight)) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a rank's weight must be positive and finite, not " + std::to_string(weight));
+    }
+    ddp.weight = weight;
+  });
+}
+
+int ftc_ddp_sync(ftc_ddp d, int failed, double *loss) {
+  return ftc::guard([&] {
+    auto &ddp = ftc::ddp_of(d);
+    const double global = ddp.average(failed != 0, loss != nullptr ? *loss : 0.0);
+    if (loss != nullptr) *loss = global;
+  });
+}
+
+int ftc_ddp_bucket_count(ftc_ddp d, int64_t *count) {
+  return ftc::guard([&] { ftc::out_arg(count, "count") = static_cast<int64_t>(ftc::ddp_of(d).buckets.size()); });
+}
+
+int ftc_ddp_broadcast_parameters(ftc_ddp d) {
+  return ftc::guard([&] { ftc::ddp_of(d).broadcast_parameters(); });
+}
+
+int ftc_comm_checkpoint_save(ftc_comm c, const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s,
+                             int64_t step) {
+  return ftc::guard([&] {
+    auto &comm = *ftc::comm_of(c);
+    int64_t status = FTC_OK;
+    std::string message;
+    if (comm.rank == 0) {
+      status = ftc_checkpoint_save(filename, m, o, s, step);
+      if (status != FTC_OK) message = ftc::last_error_message();
+    }
+    comm.broadcast(&status, 1, FTC_INT64, sizeof(status), 0);
+    if (status != FTC_OK) {
+      ftc::fail(static_cast<int>(status),
+                comm.rank == 0 ? message
+                               : "rank 0 could not write the checkpoint (see its error); nothing was written");
+    }
+  });
+}
+
+int ftc_comm_checkpoint_load(ftc_comm c, const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s,
+                             int64_t *step) {
+  return ftc::guard([&] {
+    auto &comm = *ftc::comm_of(c);
+    int64_t saved_step = 0;
+    const int status = ftc_checkpoint_load(filename, m, o, s, &saved_step);
+    const std::string message = status != FTC_OK ? ftc::last_error_message() : std::string();
+    double failures = status != FTC_OK ? 1 : 0;
+    comm.allreduce(&failures, 1, FTC_FLOAT64, sizeof(double), FTC_OP_SUM);
+    if (status != FTC_OK) ftc::fail(status, message);
+    if (failures > 0) {
+      ftc::fail(FTC_ERR_DISTRIBUTED, std::to_string(static_cast<int64_t>(failures)) +
+                                         " rank(s) could not load the checkpoint (see their errors)");
+    }
+    const int64_t digest = m != nullptr ? ftc::parameter_digest(ftc::model_of(m)) : 0;
+    const auto all = comm.gather_values({saved_step, digest});
+    for (int r = 1; r < comm.size; ++r) {
+      if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) {
+        ftc::fail(FTC_ERR_DISTRIBUTED, "rank " + std::to_string(r) +
+                                           " loaded a checkpoint that differs from rank 0's (step or parameters): "
+                                           "every rank must read the same file");
+      }
+    }
+    if (step != nullptr) *step = saved_step;
+  });
+}
+
+}  // extern "C"

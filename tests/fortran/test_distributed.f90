@@ -1,0 +1,712 @@
+!> Data-parallel training and collectives under MPI, run by tests/test_distributed.py with
+!> `mpirun -np 2|3`. Every rank prints its own "N passed, M failed".
+!> Usage: test_distributed <data dir> <mode> [file]
+!>   parity       data-parallel training == single-process training on the concatenated batch
+!>                (SGD with momentum, Adam, accumulation, frozen and unused parameters, uneven
+!>                batches, torch_train_step, LBFGS), 20 steps, 1e-12 relative
+!>   subcomm      the same on a sub-communicator (ranks 0 and 1 train, the others do not)
+!>   bucketing    a 50-tensor model: fewer collectives than tensors, same result as bucket size 1
+!>   collectives  values of allreduce/broadcast/allgather/barrier, and their errors
+!>   errors       mismatched models, a failing rank, bad arguments: clear errors on every rank
+!>   resume full|first|second <file>   checkpoint of a data-parallel run, resumed bit for bit
+!>   crash        rank 1 stops with `error stop` in the middle of training (the job must end)
+module ddp_case
+  use, intrinsic :: iso_fortran_env, only: real64, int64
+  use ftorch
+  use testing, only: check, data_path
+  implicit none
+  integer, parameter :: FEATURES = 4, OUTPUTS = 2, STEPS = 20
+  integer, parameter :: OPT_SGD = 0, OPT_ADAM = 1, OPT_LBFGS = 2
+
+  ! Options of one parity case.
+  type :: case_options
+    character(len=32) :: name = ""
+    integer :: optimizer = OPT_SGD
+    integer :: micro = 1                ! micro-batches accumulated per step
+    logical :: frozen = .false.         ! fc1.weight frozen
+    logical :: uneven = .false.         ! local batch sizes 2, 4, 6, ... with weights
+    logical :: train_step = .false.     ! torch_train_step instead of the building blocks
+    real(real64) :: bucket_mb = 25
+    character(len=64) :: model = "ddp_mlp.pt"
+  end type case_options
+
+  ! The LBFGS closures' data (module variables: closures take only the loss).
+  type(torch_model) :: closure_model
+  real(real64), allocatable, target :: closure_x(:, :), closure_y(:, :), closure_pred(:, :)
+
+contains
+
+  ! Row i, column j of the global batch (deterministic: every rank can make any part of it).
+  pure real(real64) function xval(i, j)
+    integer, intent(in) :: i, j
+    xval = sin(0.37d0 * i + 0.61d0 * j) + 0.1d0 * j
+  end function xval
+
+  pure real(real64) function yval(i, k)
+    integer, intent(in) :: i, k
+    yval = 0.5d0 * cos(0.23d0 * i * k) + 0.1d0 * k
+  end function yval
+
+  ! Global rows first..last as (rows, features) and (rows, outputs) arrays.
+  subroutine make_rows(first, last, x, y)
+    integer, intent(in) :: first, last
+    real(real64), allocatable, intent(out) :: x(:, :), y(:, :)
+    integer :: i, j
+    allocate(x(last - first + 1, FEATURES), y(last - first + 1, OUTPUTS))
+    do i = first, last
+      do j = 1, FEATURES
+        x(i - first + 1, j) = xval(i, j)
+      end do
+      do j = 1, OUTPUTS
+        y(i - first + 1, j) = yval(i, j)
+      end do
+    end do
+  end subroutine make_rows
+
+  ! forward, MSE (mean), backward on rows x, y; returns the loss value.
+  function forward_backward(model, x, y) result(value)
+    type(torch_model), intent(in) :: model
+    real(real64), intent(in), target, contiguous :: x(:, :), y(:, :)
+    real(real64) :: value
+    real(real64), target :: loss_value(1), pred(size(x, 1), OUTPUTS)
+    type(torch_tensor) :: tx, ty, out(1), loss
+    call torch_tensor_from_array(tx, x, torch_kCPU)
+    call torch_tensor_from_array(ty, y, torch_kCPU)
+    call torch_tensor_from_array(out(1), pred, torch_kCPU)
+    call torch_model_forward(model, [tx], out, requires_grad=.true.)
+    call torch_tensor_from_array(loss, loss_value, torch_kCPU)
+    call torch_loss_mse(loss, out(1), ty)
+    call torch_tensor_backward(loss)
+    value = loss_value(1)
+    call torch_delete(out)
+    call torch_delete(loss)
+    call torch_delete(tx)
+    call torch_delete(ty)
+  end function forward_backward
+
+  subroutine lbfgs_closure(loss)
+    type(torch_tensor), intent(inout) :: loss
+    type(torch_tensor) :: tx, ty, out(1)
+    ! The prediction outlives the closure (the graph that backward walks after it returns saved
+    ! it): module memory, not a local array.
+    if (allocated(closure_pred)) deallocate(closure_pred)
+    allocate(closure_pred(size(closure_x, 1), OUTPUTS))
+    call torch_tensor_from_array(tx, closure_x, torch_kCPU)
+    call torch_tensor_from_array(ty, closure_y, torch_kCPU)
+    call torch_tensor_from_array(out(1), closure_pred, torch_kCPU)
+    call torch_model_forward(closure_model, [tx], out, requires_grad=.true.)
+    call torch_loss_mse(loss, out(1), ty)
+    call torch_delete(out)
+    call torch_delete(tx)
+    call torch_delete(ty)
+  end subroutine lbfgs_closure
+
+  subroutine make_optimizer(optim, params, kind)
+    type(torch_optim), intent(inout) :: optim
+    type(torch_tensor), intent(in) :: params(:)
+    integer, intent(in) :: kind
+    select case (kind)
+    case (OPT_SGD)
+      call torch_optim_SGD(optim, params, learning_rate=0.05d0, momentum=0.9d0)
+    case (OPT_ADAM)
+      call torch_optim_Adam(optim, params, learning_rate=0.01d0)
+    case default
+      call torch_optim_LBFGS(optim, params, learning_rate=1d0, max_iter=4, strong_wolfe=.true.)
+    end select
+  end subroutine make_optimizer
+
+  ! Every parameter's values, flattened, one after the other.
+  function parameter_values(params) result(values)
+    type(torch_tensor), intent(in) :: params(:)
+    real(real64), allocatable :: values(:)
+    real(real64), allocatable :: part(:)
+    type(torch_tensor) :: flat
+    integer :: i, n
+    allocate(values(0))
+    do i = 1, size(params)
+      n = int(product(params(i)%get_shape()))
+      allocate(part(n))
+      flat = torch_reshape(params(i), [n])
+      call torch_tensor_to_array(flat, part)
+      call torch_delete(flat)
+      values = [values, part]
+      deallocate(part)
+    end do
+  end function parameter_values
+
+  real(real64) function max_relative_difference(a, b)
+    real(real64), intent(in) :: a(:), b(:)
+    max_relative_difference = maxval(abs(a - b)) / max(maxval(abs(b)), tiny(1.0d0))
+  end function max_relative_difference
+
+  ! Local batch sizes of the ranks (uneven: 2, 4, 6, ...; else 4 each) and this rank's rows.
+  subroutine partition(opts, rank, nranks, first, last, total)
+    type(case_options), intent(in) :: opts
+    integer, intent(in) :: rank, nranks
+    integer, intent(out) :: first, last, total
+    integer :: sizes(0:nranks - 1), r
+    do r = 0, nranks - 1
+      sizes(r) = 4
+      if (opts%uneven) sizes(r) = 2 + 2 * r
+    end do
+    first = sum(sizes(0:rank - 1)) + 1
+    last = first + sizes(rank) - 1
+    total = sum(sizes)
+  end subroutine partition
+
+  !> One parity case: data-parallel training over `comm` against single-process training of a
+  !> second copy of the model on the concatenated batch, step by step.
+  subroutine parity_case(comm, opts)
+    type(torch_comm), intent(in) :: comm
+    type(case_options), intent(in) :: opts
+    type(torch_model) :: model, ref
+    type(torch_optim) :: optim, ref_optim
+    type(torch_ddp) :: ddp
+    type(torch_tensor), allocatable :: params(:), ref_params(:)
+    type(torch_tensor) :: tx, ty
+    real(real64), allocatable, target :: x(:, :), y(:, :)
+    real(real64), allocatable :: gx(:, :), gy(:, :), mx(:, :), my(:, :), initial(:), got(:), want(:)
+    real(real64) :: loss, ref_loss, worst_loss, weight_sum, weighted, tol
+    real(real64), allocatable :: lowest(:), highest(:)
+    integer :: rank, nranks, first, last, total, step, k, n, m, nparams, r, lo, hi
+    integer :: unused_first, unused_last, i
+    rank = torch_comm_rank(comm)
+    nranks = torch_comm_size(comm)
+    call partition(opts, rank, nranks, first, last, total)
+    call make_rows(first, last, x, y)
+
+    call torch_model_load(model, data_path(trim(opts%model)), torch_kCPU, is_training=.true.)
+    call torch_model_load(ref, data_path(trim(opts%model)), torch_kCPU, is_training=.true.)
+    if (opts%frozen) then
+      call torch_model_freeze(model, "fc1.weight")
+      call torch_model_freeze(ref, "fc1.weight")
+    end if
+    nparams = torch_model_parameter_count(model)
+    allocate(params(nparams), ref_params(nparams))
+    call torch_model_parameters(model, params)
+    call torch_model_parameters(ref, ref_params)
+    call make_optimizer(optim, params, opts%optimizer)
+    call make_optimizer(ref_optim, ref_params, opts%optimizer)
+    initial = parameter_values(params)
+    call torch_ddp_init(ddp, comm, model, optim, bucket_mb=opts%bucket_mb)
+    if (opts%uneven) call torch_ddp_set_weight(ddp, real(last - first + 1, real64))
+
+    worst_loss = 0
+    do step = 1, STEPS
+      ! ---- data parallel
+      if (opts%train_step) then
+        call torch_tensor_from_array(tx, x, torch_kCPU)
+        call torch_tensor_from_array(ty, y, torch_kCPU)
+        call torch_train_step(model, optim, [tx], ty, loss=loss)  ! the global (weighted) loss
+        call torch_delete(tx)
+        call torch_delete(ty)
+      else if (opts%optimizer == OPT_LBFGS) then
+        closure_model = model
+        closure_x = x
+        closure_y = y
+        call torch_optim_step_closure(optim, lbfgs_closure, loss)
+      else
+        call torch_optim_zero_grad(optim)
+        loss = 0
+        n = size(x, 1) / opts%micro
+        do k = 1, opts%micro
+          mx = x((k - 1) * n + 1:k * n, :)
+          my = y((k - 1) * n + 1:k * n, :)
+          loss = loss + forward_backward(model, mx, my)
+        end do
+        if (mod(step, 2) == 1) then
+          ! Explicit average (the step then does not average again); the loss comes back global.
+          call torch_ddp_sync_gradients(ddp, loss=loss)
+        else
+          ! The step averages by itself; the global loss by hand, as a user logs it.
+          weighted = loss * (last - first + 1)
+          weight_sum = last - first + 1
+          if (.not. opts%uneven) weighted = loss
+          if (.not. opts%uneven) weight_sum = 1
+          call torch_allreduce(comm, weighted)
+          call torch_allreduce(comm, weight_sum)
+          loss = weighted / weight_sum
+        end if
+        call torch_optim_step(optim)
+      end if
+
+      ! ---- single process on the concatenated batch (micro-batch k of every rank together)
+      if (opts%optimizer == OPT_LBFGS) then
+        closure_model = ref
+        call make_rows(1, total, closure_x, closure_y)
+        call torch_optim_step_closure(ref_optim, lbfgs_closure, ref_loss)
+      else
+        call torch_optim_zero_grad(ref_optim)
+        ref_loss = 0
+        do k = 1, opts%micro
+          ! micro-batch k of every rank, in rank order
+          m = 0
+          do r = 0, nranks - 1
+            call partition(opts, r, nranks, lo, hi, n)
+            m = m + (hi - lo + 1) / opts%micro
+          end do
+          if (allocated(gx)) deallocate(gx, gy)
+          allocate(gx(m, FEATURES), gy(m, OUTPUTS))
+          i = 0
+          do r = 0, nranks - 1
+            call partition(opts, r, nranks, lo, hi, m)
+            n = (hi - lo + 1) / opts%micro
+            call make_rows(lo + (k - 1) * n, lo + k * n - 1, mx, my)
+            gx(i + 1:i + n, :) = mx
+            gy(i + 1:i + n, :) = my
+            i = i + n
+          end do
+          ref_loss = ref_loss + forward_backward(ref, gx, gy)
+        end do
+        call torch_optim_step(ref_optim)
+      end if
+      worst_loss = max(worst_loss, abs(loss - ref_loss) / abs(ref_loss))
+    end do
+    ! The data-parallel gradient sums each rank's rows, then the ranks; the single process sums
+    ! all rows at once: the two differ by rounding (~1e-16 relative per gradient). SGD and Adam
+    ! keep that at the 1e-12 level over 20 steps. LBFGS amplifies it through its curvature pairs
+    ! and line search (80 evaluations here; issue 8 saw the same growth between LibTorch's and
+    ! Python's LBFGS): measured 7e-11 on 2 and 3 ranks, bounded at 1e-8.
+    tol = 1d-12
+    if (opts%optimizer == OPT_LBFGS) tol = 1d-8
+    call check(worst_loss <= tol, trim(opts%name) // ": loss at every step equals single-process training")
+    if (worst_loss > tol) print '(a,es10.3)', "  worst relative loss difference ", worst_loss
+    got = parameter_values(params)
+    want = parameter_values(ref_params)
+    call check(max_relative_difference(got, want) <= tol, &
+               trim(opts%name) // ": parameters after 20 steps equal single-process training")
+    ! Every rank holds the very same parameters (bit for bit).
+    lowest = got
+    highest = got
+    call torch_allreduce(comm, lowest, torch_kReduceMin)
+    call torch_allreduce(comm, highest, torch_kReduceMax)
+    call check(all(lowest == got) .and. all(highest == got), trim(opts%name) // ": identical parameters on every rank")
+    call check(max_relative_difference(got, initial) > 1d-6, trim(opts%name) // ": the parameters did change")
+    if (opts%model == "ddp_mlp.pt") then
+      ! parameters() order: fc1.weight(64), fc1.bias(16), fc2.weight(32), fc2.bias(2), unused.weight(9), unused.bias(3)
+      unused_first = 64 + 16 + 32 + 2 + 1
+      unused_last = unused_first + 11
+      call check(all(got(unused_first:unused_last) == initial(unused_first:unused_last)), &
+                 trim(opts%name) // ": an unused parameter keeps its value")
+      if (opts%frozen) call check(all(got(1:64) == initial(1:64)), trim(opts%name) // ": a frozen parameter keeps its value")
+    end if
+    call torch_delete(ddp)
+    call torch_delete(params)
+    call torch_delete(ref_params)
+    call torch_delete(optim)
+    call torch_delete(ref_optim)
+    call torch_delete(model)
+    call torch_delete(ref)
+    call torch_delete(closure_model)
+  end subroutine parity_case
+
+end module ddp_case
+
+program test_distributed
+  use, intrinsic :: iso_fortran_env, only: real64, real32, int32, int64
+  use mpi_f08
+  use ftorch
+  use ftorch_mpi, only: torch_comm_init
+  use testing, only: check, summary, data_path
+  use ddp_case
+  implicit none
+  type(torch_comm) :: comm
+  integer :: rank, nranks, ierr
+  character(len=64) :: mode
+
+  call MPI_Init(ierr)
+  call MPI_Comm_rank(MPI_COMM_WORLD, rank, ierr)
+  call MPI_Comm_size(MPI_COMM_WORLD, nranks, ierr)
+  call get_command_argument(2, mode)
+  call torch_comm_init(comm, MPI_COMM_WORLD)
+  call check(torch_comm_rank(comm) == rank .and. torch_comm_size(comm) == nranks, "rank and size of the communicator")
+
+  select case (trim(mode))
+  case ("parity")
+    call parity_cases()
+  case ("subcomm")
+    call subcommunicator()
+  case ("bucketing")
+    call bucketing()
+  case ("collectives")
+    call collectives()
+  case ("errors")
+    call errors()
+  case ("resume")
+    call resume()
+  case ("crash")
+    call crash()
+  case default
+    error stop "unknown mode"
+  end select
+  call torch_delete(comm)
+  call check(ftorch_live_handles() == 0, "no live handles at the end")
+  call MPI_Finalize(ierr)
+  call summary()
+
+contains
+
+  subroutine parity_cases()
+    call parity_case(comm, case_options(name="sgd_momentum", optimizer=OPT_SGD))
+    call parity_case(comm, case_options(name="adam", optimizer=OPT_ADAM))
+    call parity_case(comm, case_options(name="accumulation", optimizer=OPT_SGD, micro=2))
+    call parity_case(comm, case_options(name="frozen", optimizer=OPT_ADAM, frozen=.true.))
+    call parity_case(comm, case_options(name="uneven", optimizer=OPT_ADAM, uneven=.true.))
+    call parity_case(comm, case_options(name="uneven_sgd", optimizer=OPT_SGD, uneven=.true.))
+    call parity_case(comm, case_options(name="train_step", optimizer=OPT_ADAM, train_step=.true.))
+    call parity_case(comm, case_options(name="train_step_uneven", optimizer=OPT_SGD, train_step=.true., uneven=.true.))
+    call parity_case(comm, case_options(name="lbfgs", optimizer=OPT_LBFGS))
+    call parity_case(comm, case_options(name="small_buckets", optimizer=OPT_ADAM, bucket_mb=1d-4))
+  end subroutine parity_cases
+
+  ! Ranks 0 and 1 train together on their own communicator; the others only wait.
+  subroutine subcommunicator()
+    type(MPI_Comm) :: sub
+    type(torch_comm) :: pair
+    integer :: colour
+    colour = merge(0, 1, rank < 2)
+    call MPI_Comm_split(MPI_COMM_WORLD, colour, rank, sub, ierr)
+    if (rank < 2) then
+      call torch_comm_init(pair, sub)
+      call check(torch_comm_size(pair) == 2, "sub-communicator of 2 ranks")
+      call parity_case(pair, case_options(name="subcomm_adam", optimizer=OPT_ADAM))
+      call torch_delete(pair)
+    else
+      call check(.true., "rank outside the sub-communicator")
+    end if
+    call MPI_Comm_free(sub, ierr)
+    call torch_barrier(comm)
+  end subroutine subcommunicator
+
+  ! 50 parameter tensors: one bucket (2 collectives per average: control + bucket) against one
+  ! bucket per tensor; the same parameters after training.
+  subroutine bucketing()
+    type(torch_model) :: a, b
+    type(torch_optim) :: oa, ob
+    type(torch_ddp) :: da, db
+    type(torch_tensor), allocatable :: pa(:), pb(:)
+    real(real64), allocatable :: x(:, :), y(:, :)
+    real(real64) :: loss
+    integer(int64) :: before, per_average_a, per_average_b
+    integer :: n, step, first
+    first = 4 * rank + 1
+    call make_rows(first, first + 3, x, y)
+    call torch_model_load(a, data_path("ddp_deep.pt"), torch_kCPU, is_training=.true.)
+    call torch_model_load(b, data_path("ddp_deep.pt"), torch_kCPU, is_training=.true.)
+    n = torch_model_parameter_count(a)
+    call check(n >= 50, "the deep model has >= 50 parameter tensors")
+    allocate(pa(n), pb(n))
+    call torch_model_parameters(a, pa)
+    call torch_model_parameters(b, pb)
+    call torch_optim_SGD(oa, pa, learning_rate=0.1d0, momentum=0.5d0)
+    call torch_optim_SGD(ob, pb, learning_rate=0.1d0, momentum=0.5d0)
+    call torch_ddp_init(da, comm, a, oa)
+    call torch_ddp_init(db, comm, b, ob, bucket_mb=1d-6)
+    call check(torch_ddp_bucket_count(da) == 1, "default buckets: one bucket for a small model")
+    call check(torch_ddp_bucket_count(db) == n, "a tiny bucket size: one bucket per tensor")
+    do step = 1, 5
+      call torch_optim_zero_grad(oa)
+      loss = forward_backward(a, x, y)
+      before = torch_comm_collective_count(comm)
+      call torch_optim_step(oa)
+      per_average_a = torch_comm_collective_count(comm) - before
+      call torch_optim_zero_grad(ob)
+      loss = forward_backward(b, x, y)
+      before = torch_comm_collective_count(comm)
+      call torch_optim_step(ob)
+      per_average_b = torch_comm_collective_count(comm) - before
+    end do
+    call check(per_average_a == 2 .and. per_average_a < n, "bucketed: 2 collectives per step for 50 tensors")
+    call check(per_average_b == n + 1, "bucket size 1: one collective per tensor (and the control reduction)")
+    call check(max_relative_difference(parameter_values(pa), parameter_values(pb)) <= 1d-12, &
+               "bucketed and per-tensor averaging give the same parameters")
+    call torch_delete(da)
+    call torch_delete(db)
+    call torch_delete(pa)
+    call torch_delete(pb)
+    call torch_delete(oa)
+    call torch_delete(ob)
+    call torch_delete(a)
+    call torch_delete(b)
+  end subroutine bucketing
+
+  subroutine collectives()
+    real(real64), target :: v(3), g(3 * nranks), m(2, 3)
+    real(real32) :: s32
+    integer(int32) :: i32, arr(4)
+    integer(int64) :: i64
+    real(real64) :: s
+    type(torch_tensor) :: t, out, bad
+    integer :: stat, r
+    character(len=512) :: msg
+
+    ! tensors wrapping Fortran arrays: results land in the arrays
+    v = [1d0, 2d0, 3d0] * (rank + 1)
+    call torch_tensor_from_array(t, v, torch_kCPU)
+    call torch_allreduce(comm, t)
+    call check(all(v == [1d0, 2d0, 3d0] * nranks * (nranks + 1) / 2), "allreduce sum of a wrapped array")
+    v = [1d0, 2d0, 3d0] * (rank + 1)
+    call torch_allreduce(comm, t, torch_kReduceMean)
+    call check(all(abs(v - [1d0, 2d0, 3d0] * (nranks + 1) / 2d0) < 1d-15), "allreduce mean")
+    v = [real(rank, real64), -real(rank, real64), 5d0]
+    call torch_allreduce(comm, t, torch_kReduceMax)
+    call check(all(v == [real(nranks - 1, real64), 0d0, 5d0]), "allreduce max")
+    v = [real(rank, real64), -real(rank, real64), 5d0]
+    call torch_allreduce(comm, t, torch_kReduceMin)
+    call check(all(v == [0d0, -real(nranks - 1, real64), 5d0]), "allreduce min")
+    ! a rank-2 Fortran array (not contiguous for torch): staged, still lands in place
+    m = reshape([(real(r, real64), r = 1, 6)], [2, 3]) + rank
+    call torch_delete(t)
+    call torch_tensor_from_array(t, m, torch_kCPU)
+    call torch_allreduce(comm, t)
+    call check(all(m == nranks * reshape([(real(r, real64), r = 1, 6)], [2, 3]) + nranks * (nranks - 1) / 2), &
+               "allreduce of a rank-2 Fortran array")
+    ! broadcast
+    v = real(rank + 10, real64)
+    call torch_delete(t)
+    call torch_tensor_from_array(t, v, torch_kCPU)
+    call torch_broadcast(comm, t, root=nranks - 1)
+    call check(all(v == real(nranks - 1 + 10, real64)), "broadcast from the last rank")
+    ! allgather into a Fortran array
+    v = [1d0, 2d0, 3d0] + 10 * rank
+    g = 0
+    call torch_tensor_from_array(out, g, torch_kCPU)
+    call torch_allgather(comm, out, t)
+    call check(all([(g(3 * r + 1:3 * r + 3) == [1d0, 2d0, 3d0] + 10 * r, r = 0, nranks - 1)]), &
+               "allgather into a Fortran array, rank order")
+    call torch_delete(out)
+    call torch_allgather(comm, out, t)
+    call check(all(out%get_shape() == [3 * nranks]), "allgather into a new tensor")
+    call torch_delete(out)
+    ! Fortran scalars and arrays
+    s = rank + 1
+    call torch_allreduce(comm, s, torch_kReduceSum)
+    call check(s == nranks * (nranks + 1) / 2d0, "allreduce of a real64 scalar")
+    s32 = real(rank, real32)
+    call torch_allreduce(comm, s32, torch_kReduceMax)
+    call check(s32 == real(nranks - 1, real32), "allreduce of a real32 scalar")
+    i32 = rank
+    call torch_allreduce(comm, i32)
+    call check(i32 == nranks * (nranks - 1) / 2, "allreduce of an int32 scalar")
+    i64 = 7 * rank
+    call torch_broadcast(comm, i64, root=1)
+    call check(i64 == 7, "broadcast of an int64 scalar")
+    arr = [1, 2, 3, 4] * rank
+    call torch_allreduce(comm, arr, torch_kReduceMin)
+    call check(all(arr == 0), "allreduce of an int32 array")
+    call torch_barrier(comm)
+    call check(.true., "barrier")
+
+    ! errors: every rank gets them, nobody hangs
+    call torch_allreduce(comm, i32, torch_kReduceMean, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_DTYPE .and. index(msg, "floating-point") > 0, "mean of integers: dtype error")
+    call torch_allreduce(comm, t, 17, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "unknown reduction") > 0, "unknown reduction")
+    call torch_broadcast(comm, t, root=nranks, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "root rank") > 0, "root out of range")
+    if (rank == 0) then
+      call torch_tensor_from_array(bad, m, torch_kCPU)
+    else
+      call torch_tensor_from_array(bad, v, torch_kCPU)
+    end if
+    call torch_allreduce(comm, bad, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_DISTRIBUTED .and. index(msg, "disagree") > 0, &
+               "different shapes on different ranks: a clear error on every rank")
+    call torch_broadcast(comm, t, root=rank, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_DISTRIBUTED, "different roots on different ranks: an error on every rank")
+    call torch_delete(bad)
+    call torch_allreduce(comm, bad, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_NULL_HANDLE, "allreduce of an unconstructed tensor")
+    call torch_delete(t)
+    block
+      type(torch_comm) :: none
+      call torch_barrier(none, stat=stat, errmsg=msg)
+      call check(stat == FTORCH_ERR_NULL_HANDLE .and. index(msg, "communicator") > 0, "unconstructed communicator")
+    end block
+  end subroutine collectives
+
+  subroutine errors()
+    type(torch_model) :: model
+    type(torch_optim) :: optim, other_optim
+    type(torch_ddp) :: ddp
+    type(torch_tensor), allocatable :: params(:)
+    type(torch_tensor) :: tx, ty, lone(1)
+    real(real64), allocatable, target :: x(:, :), y(:, :), wrong(:, :)
+    real(real64), target :: lone_value(2)
+    real(real64) :: loss
+    integer :: stat
+    character(len=512) :: msg
+
+    ! a different model on rank 1
+    if (rank == 1) then
+      call torch_model_load(model, data_path("ddp_other.pt"), torch_kCPU, is_training=.true.)
+    else
+      call torch_model_load(model, data_path("ddp_mlp.pt"), torch_kCPU, is_training=.true.)
+    end if
+    call torch_ddp_init(ddp, comm, model, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_DISTRIBUTED .and. index(msg, "differs across ranks") > 0 .and. &
+               index(msg, "rank 1 has") > 0, "mismatched models: a clear error on every rank")
+    call torch_delete(model)
+
+    call torch_model_load(model, data_path("ddp_mlp.pt"), torch_kCPU, is_training=.true.)
+    allocate(params(torch_model_parameter_count(model)))
+    call torch_model_parameters(model, params)
+    call torch_optim_SGD(optim, params, learning_rate=0.1d0)
+    call torch_ddp_init(ddp, comm, model, optim, bucket_mb=0d0, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "bucket size") > 0, "bucket size 0")
+    call torch_tensor_from_array(lone(1), lone_value, torch_kCPU, requires_grad=.true.)
+    call torch_optim_SGD(other_optim, lone, learning_rate=0.1d0)
+    call torch_ddp_init(ddp, comm, model, other_optim, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "not a parameter of the model") > 0, &
+               "an optimizer over other tensors is refused")
+    call torch_ddp_init(ddp, comm, model, optim)
+    block
+      type(torch_ddp) :: second
+      call torch_ddp_init(second, comm, model, optim, stat=stat, errmsg=msg)
+      call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "already data-parallel") > 0, &
+                 "an optimizer can be data-parallel once")
+    end block
+    call torch_ddp_set_weight(ddp, 0d0, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "weight") > 0, "weight 0 is refused")
+
+    ! A train step that fails on rank 1 only (wrong target shape): every rank gets an error.
+    call make_rows(4 * rank + 1, 4 * rank + 4, x, y)
+    allocate(wrong(4, 5))
+    wrong = 0
+    call torch_tensor_from_array(tx, x, torch_kCPU)
+    if (rank == 1) then
+      call torch_tensor_from_array(ty, wrong, torch_kCPU)
+    else
+      call torch_tensor_from_array(ty, y, torch_kCPU)
+    end if
+    call torch_train_step(model, optim, [tx], ty, loss=loss, stat=stat, errmsg=msg)
+    if (rank == 1) then
+      call check(stat /= 0, "the failing rank reports its own error")
+    else
+      call check(stat == FTORCH_ERR_DISTRIBUTED .and. index(msg, "rank(s) failed") > 0, &
+                 "the other ranks learn that a rank failed (no hang)")
+    end if
+    ! The building-block loop: a rank reports its failure through torch_ddp_sync_gradients.
+    loss = 1
+    call torch_ddp_sync_gradients(ddp, failed=(rank == 0), loss=loss, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_DISTRIBUTED, "failed=.true. on one rank: every rank gets the error")
+    ! And training goes on afterwards.
+    call torch_delete(ty)
+    call torch_tensor_from_array(ty, y, torch_kCPU)
+    call torch_train_step(model, optim, [tx], ty, loss=loss, stat=stat, errmsg=msg)
+    call check(stat == 0, "training goes on after a failed step")
+    ! Unconstructed arguments.
+    block
+      type(torch_model) :: unloaded
+      type(torch_ddp) :: d2
+      call torch_ddp_init(d2, comm, unloaded, stat=stat, errmsg=msg)
+      call check(stat == FTORCH_ERR_NULL_HANDLE, "torch_ddp_init of an unloaded model")
+      call torch_ddp_sync_gradients(d2, stat=stat, errmsg=msg)
+      call check(stat == FTORCH_ERR_NULL_HANDLE, "sync of an unconstructed wrapper")
+    end block
+    ! Deleting the wrapper detaches the optimizer: its steps are local again (no collective).
+    block
+      integer(int64) :: before
+      call torch_delete(ddp)
+      before = torch_comm_collective_count(comm)
+      call torch_optim_zero_grad(optim)
+      loss = forward_backward(model, x, y)
+      call torch_optim_step(optim)
+      call check(torch_comm_collective_count(comm) == before, "after torch_ddp_delete the optimizer is local")
+    end block
+    call torch_delete(tx)
+    call torch_delete(ty)
+    call torch_delete(lone)
+    call torch_delete(params)
+    call torch_delete(optim)
+    call torch_delete(other_optim)
+    call torch_delete(model)
+  end subroutine errors
+
+  !> full: 20 steps, writes the final parameters; first: 10 steps then a checkpoint (rank 0
+  !> writes); second: loads it on every rank, 10 more steps. The test compares full with second.
+  subroutine resume()
+    character(len=4096) :: phase, file
+    type(torch_model) :: model
+    type(torch_optim) :: optim
+    type(torch_scheduler) :: sched
+    type(torch_ddp) :: ddp
+    type(torch_tensor), allocatable :: params(:)
+    real(real64), allocatable :: x(:, :), y(:, :), values(:)
+    real(real64) :: loss
+    integer :: step, first_step, last_step, saved, unit, stat
+    character(len=512) :: msg
+    call get_command_argument(3, phase)
+    call get_command_argument(4, file)
+    call make_rows(4 * rank + 1, 4 * rank + 4, x, y)
+    call torch_model_load(model, data_path("ddp_mlp.pt"), torch_kCPU, is_training=.true.)
+    allocate(params(torch_model_parameter_count(model)))
+    call torch_model_parameters(model, params)
+    call torch_optim_Adam(optim, params, learning_rate=0.01d0)
+    call torch_scheduler_step_lr(sched, optim, step_size=5, gamma=0.5d0)
+    call torch_ddp_init(ddp, comm, model, optim)
+    first_step = 1
+    last_step = 20
+    if (trim(phase) == "first") last_step = 10
+    if (trim(phase) == "second") then
+      call torch_checkpoint_load(trim(file), model, optim, sched, step=saved, comm=comm)
+      call check(saved == 10, "every rank resumes at step 10")
+      first_step = saved + 1
+    end if
+    do step = first_step, last_step
+      call torch_optim_zero_grad(optim)
+      loss = forward_backward(model, x, y)
+      call torch_optim_step(optim)
+      call torch_scheduler_step(sched)
+    end do
+    if (trim(phase) == "first") then
+      call torch_checkpoint_save(trim(file), model, optim, sched, step=10, comm=comm)
+      call check(.true., "checkpoint written by rank 0")
+      ! A write that fails on rank 0 is an error on every rank.
+      call torch_checkpoint_save("/nonexistent-dir/x.ckpt", model, optim, sched, step=10, comm=comm, stat=stat, &
+                                 errmsg=msg)
+      call check(stat == FTORCH_ERR_IO .and. (rank == 0 .or. index(msg, "rank 0") > 0), &
+                 "a failed write on rank 0 fails on every rank")
+      call torch_checkpoint_load("/nonexistent-dir/x.ckpt", model, optim, sched, comm=comm, stat=stat, errmsg=msg)
+      call check(stat == FTORCH_ERR_IO, "loading a missing checkpoint fails on every rank")
+    else
+      values = parameter_values(params)
+      if (rank == 0) then
+        open(newunit=unit, file=trim(file) // "." // trim(phase) // ".txt", status="replace", action="write")
+        write(unit, '(es25.17e3)') values
+        close(unit)
+      end if
+      call check(.true., "parameters written")
+    end if
+    call torch_delete(ddp)
+    call torch_delete(sched)
+    call torch_delete(params)
+    call torch_delete(optim)
+    call torch_delete(model)
+  end subroutine resume
+
+  ! Rank 1 stops with error stop in the middle of training while rank 0 waits in a collective:
+  ! MPI ends the job (the test checks that mpirun returns, with a failure status).
+  subroutine crash()
+    type(torch_model) :: model
+    type(torch_optim) :: optim
+    type(torch_ddp) :: ddp
+    type(torch_tensor), allocatable :: params(:)
+    real(real64), allocatable :: x(:, :), y(:, :)
+    real(real64) :: loss
+    integer :: step
+    call make_rows(4 * rank + 1, 4 * rank + 4, x, y)
+    call torch_model_load(model, data_path("ddp_mlp.pt"), torch_kCPU, is_training=.true.)
+    allocate(params(torch_model_parameter_count(model)))
+    call torch_model_parameters(model, params)
+    call torch_optim_SGD(optim, params, learning_rate=0.01d0)
+    call torch_ddp_init(ddp, comm, model, optim)
+    do step = 1, 1000000
+      call torch_optim_zero_grad(optim)
+      loss = forward_backward(model, x, y)
+      if (rank == 1 .and. step == 5) error stop "rank 1 gives up"
+      call torch_optim_step(optim)
+    end do
+  end subroutine crash
+
+end program test_distributed

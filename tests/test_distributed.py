@@ -1,0 +1,135 @@
+"""Data-parallel training and collectives over MPI (tests/fortran/test_distributed.f90), run with
+`mpirun -np 2|3 --oversubscribe`. The Fortran program compares every data-parallel run with a
+single-process run of the same model on the concatenated batch, step by step; here we also
+compare the final parameters of one run with torch.optim in Python, and check checkpoint resume
+bit for bit across processes, errors on every rank, and that a crashing rank ends the job."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import IN_CI, REPO, TESTS, run, tool_env
+
+
+class DDPNet(torch.nn.Module):
+    """An MLP with a buffer (used in forward) and a parameter that forward never uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 16)
+        self.fc2 = torch.nn.Linear(16, 2)
+        self.unused = torch.nn.Linear(3, 3)
+        self.register_buffer("scale", torch.tensor([1.5, 0.5]))
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x))) * self.scale
+
+
+def deep_model() -> torch.nn.Module:
+    layers = []
+    for _ in range(25):
+        layers += [torch.nn.Linear(4, 4), torch.nn.Tanh()]
+    layers.append(torch.nn.Linear(4, 2))
+    return torch.nn.Sequential(*layers)
+
+
+def mpi_env() -> dict[str, str]:
+    env = tool_env()
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    return env
+
+
+def require_mpi() -> str:
+    for tool in ("mpif90", "mpirun"):
+        if shutil.which(tool) is None:
+            if IN_CI:
+                pytest.fail(f"{tool} is required in CI (apt-get install openmpi-bin libopenmpi-dev)")
+            pytest.skip(f"{tool} not installed")
+    return shutil.which("mpirun")
+
+
+@pytest.fixture(scope="session")
+def mpi_data(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("mpi-data")
+    torch.manual_seed(21)
+    torch.jit.script(DDPNet().double()).save(str(d / "ddp_mlp.pt"))
+    torch.manual_seed(22)
+    torch.jit.script(deep_model().double()).save(str(d / "ddp_deep.pt"))
+    torch.jit.script(torch.nn.Linear(3, 3).double()).save(str(d / "ddp_other.pt"))
+    return d
+
+
+@pytest.fixture(scope="session")
+def mpi_program(installed, mpi_data, tmp_path_factory) -> Path:
+    """tests/projects/mpi built with CMake, find_package(MPI) and FTorch::ftorch_mpi."""
+    require_mpi()
+    bdir = tmp_path_factory.mktemp("cmake-mpi")
+    run(["cmake", "-S", TESTS / "projects" / "mpi", "-B", bdir, "-G", "Ninja", "-DCMAKE_Fortran_COMPILER=gfortran",
+         f"-DCMAKE_PREFIX_PATH={installed['prefix']}", "-DCMAKE_BUILD_TYPE=Debug"], env=tool_env())
+    run(["cmake", "--build", bdir], env=tool_env())
+    return bdir / "test_distributed"
+
+
+def mpirun(np_: int, program: Path, *args, check=True, timeout=600):
+    return run([require_mpi(), "--oversubscribe", "--bind-to", "none", "-np", str(np_), program, *args],
+               env=mpi_env(), check=check, timeout=timeout)
+
+
+def assert_every_rank_passed(proc, np_: int) -> None:
+    lines = [ln.strip() for ln in proc.stdout.splitlines()]
+    summaries = [ln for ln in lines if ln.endswith(" failed") and " passed, " in ln]
+    failures = [ln for ln in lines if ln.startswith("FAIL")]
+    ok = proc.returncode == 0 and len(summaries) == np_ and all(s.endswith(" passed, 0 failed") for s in summaries)
+    assert ok and not failures, (
+        "\n".join(failures) + f"\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+    )
+    assert all(int(s.split()[0]) > 0 for s in summaries)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_data_parallel_equals_single_process(mpi_program, mpi_data, np_):
+    """SGD with momentum, Adam, accumulation, frozen/unused parameters, uneven batches,
+    torch_train_step, LBFGS and small buckets: 20 steps, loss and parameters within 1e-12."""
+    assert_every_rank_passed(mpirun(np_, mpi_program, mpi_data, "parity"), np_)
+
+
+def test_sub_communicator(mpi_program, mpi_data):
+    assert_every_rank_passed(mpirun(3, mpi_program, mpi_data, "subcomm"), 3)
+
+
+def test_bucketing(mpi_program, mpi_data):
+    assert_every_rank_passed(mpirun(2, mpi_program, mpi_data, "bucketing"), 2)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_collectives(mpi_program, mpi_data, np_):
+    assert_every_rank_passed(mpirun(np_, mpi_program, mpi_data, "collectives"), np_)
+
+
+def test_errors_reach_every_rank(mpi_program, mpi_data):
+    assert_every_rank_passed(mpirun(2, mpi_program, mpi_data, "errors"), 2)
+
+
+def test_checkpoint_resume_bit_for_bit(mpi_program, mpi_data, tmp_path):
+    ckpt = tmp_path / "ddp.ckpt"
+    for phase in ("full", "first", "second"):
+        assert_every_rank_passed(mpirun(2, mpi_program, mpi_data, "resume", phase, ckpt), 2)
+    full = (tmp_path / "ddp.ckpt.full.txt").read_text()
+    second = (tmp_path / "ddp.ckpt.second.txt").read_text()
+    assert full == second, "resuming the data-parallel run did not reproduce the uninterrupted run"
+
+
+def test_a_crashing_rank_ends_the_job(mpi_program, mpi_data):
+    """Rank 1 stops with error stop while rank 0 waits in a collective: mpirun must return (with
+    a failure status) rather than hang."""
+    proc = mpirun(2, mpi_program, mpi_data, "crash", check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "rank 1 gives up" in proc.stdout + proc.stderr
