@@ -133,3 +133,40 @@ def test_a_crashing_rank_ends_the_job(mpi_program, mpi_data):
     proc = mpirun(2, mpi_program, mpi_data, "crash", check=False, timeout=120)
     assert proc.returncode != 0
     assert "rank 1 gives up" in proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def example10(installed, tmp_path_factory) -> Path:
+    require_mpi()
+    work = tmp_path_factory.mktemp("example10")
+    run([sys.executable, REPO / "examples" / "10_data_parallel" / "write_model.py", work])
+    return work
+
+
+def test_example_data_parallel_cmake(example10, installed):
+    """examples/10_data_parallel built by CMake (find_package(MPI), FTorch COMPONENTS MPI) and run
+    on 2 ranks: rank 0 alone prints the global loss."""
+    bdir = example10 / "build-cmake"
+    run(["cmake", "-S", REPO / "examples" / "10_data_parallel", "-B", bdir, "-G", "Ninja",
+         "-DCMAKE_Fortran_COMPILER=gfortran", f"-DCMAKE_PREFIX_PATH={installed['prefix']}"], env=tool_env())
+    run(["cmake", "--build", bdir], env=tool_env())
+    proc = mpirun(2, bdir / "data_parallel", example10, "200")
+    assert "trained on 2 ranks; example 10 finished" in proc.stdout
+    assert proc.stdout.count("step  200  global loss") == 1
+    assert (example10 / "emulator.ckpt").is_file()
+
+
+def test_example_data_parallel_fpm(example10, installed, tmp_path):
+    """The same example built by fpm, with ftorch_mpi as a dependency and mpif90 as the compiler."""
+    if shutil.which("fpm", path=tool_env()["PATH"]) is None:
+        pytest.skip("fpm not installed")
+    project = tmp_path / "ex10"
+    shutil.copytree(REPO / "examples" / "10_data_parallel", project)
+    deps = [run([sys.executable, "-m", "ftorch", flag], cwd=project).stdout.strip()
+            for flag in ("--fpm-dependency", "--fpm-mpi-dependency")]
+    (project / "fpm.toml").write_text((project / "fpm.toml.in").read_text() + "\n".join(deps) + "\n")
+    env = dict(tool_env(), FPM_LDFLAGS=installed["fpm_flags"])
+    run(["fpm", "build", "--compiler", "mpif90"], cwd=project, env=env)
+    (exe,) = (project / "build").glob("mpif90_*/app/data_parallel")
+    proc = mpirun(2, exe, example10, "100")
+    assert "trained on 2 ranks; example 10 finished" in proc.stdout

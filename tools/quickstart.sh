@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh Debian/Ubuntu machine and run the demo:
 #   - a Fortran compiler (gfortran; flang-19 too when available) and pkg-config, via apt if missing
+#   - OpenMPI (mpif90, mpirun) for data-parallel training (FTORCH_WITH_MPI=0 to skip)
 #   - a virtual environment .venv with torch==2.13.0 and the build/test tools
 #   - FTorch itself, built against that torch
 #   - the demo: a Fortran simulation training a TorchScript MLP online (examples/06_online_training)
@@ -21,6 +22,9 @@ if [ "${FTORCH_WITH_FLANG:-1}" = 1 ] && ! command -v flang-new-19 >/dev/null; th
 fi
 if [ "${FTORCH_WITH_FLANG:-1}" = 1 ] && [ ! -e /usr/lib/llvm-19/lib/libomp.so ]; then
   need+=(libomp-19-dev)  # OpenMP runtime for flang (tests/test_threads.py)
+fi
+if [ "${FTORCH_WITH_MPI:-1}" = 1 ] && ! command -v mpif90 >/dev/null; then
+  need+=(openmpi-bin libopenmpi-dev)  # tests/test_distributed.py, examples/10_data_parallel
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "==> installing system packages: ${need[*]}"
