@@ -1,7 +1,7 @@
 !> Data-parallel training and collectives under MPI, run by tests/test_distributed.py with
 !> `mpirun -np 2|3`. Every rank prints its own "N passed, M failed".
 !> Usage: test_distributed <data dir> <mode> [file]
-!>   parity       data-parallel training == single-process training on the concatenated batch
+!>   parity [file]  data-parallel training == single-process training on the concatenated batch
 !>                (SGD with momentum, Adam, accumulation, frozen and unused parameters, uneven
 !>                batches, torch_train_step, LBFGS), 20 steps, 1e-12 relative
 !>   subcomm      the same on a sub-communicator (ranks 0 and 1 train, the others do not)
@@ -29,6 +29,9 @@ module ddp_case
     real(real64) :: bucket_mb = 25
     character(len=64) :: model = "ddp_mlp.pt"
   end type case_options
+
+  ! Where rank 0 writes each case's final parameters (for the comparison with PyTorch), if open.
+  integer :: dump_unit = 0
 
   ! The LBFGS closures' data (module variables: closures take only the loss).
   type(torch_model) :: closure_model
@@ -275,6 +278,7 @@ contains
     want = parameter_values(ref_params)
     call check(max_relative_difference(got, want) <= tol, &
                trim(opts%name) // ": parameters after 20 steps equal single-process training")
+    if (dump_unit /= 0 .and. rank == 0) write(dump_unit, '(a,*(1x,es25.17e3))') trim(opts%name), got
     ! Every rank holds the very same parameters (bit for bit).
     lowest = got
     highest = got
@@ -347,6 +351,11 @@ program test_distributed
 contains
 
   subroutine parity_cases()
+    character(len=4096) :: file
+    if (command_argument_count() > 2) then
+      call get_command_argument(3, file)
+      open(newunit=dump_unit, file=trim(file), status="replace", action="write")
+    end if
     call parity_case(comm, case_options(name="sgd_momentum", optimizer=OPT_SGD))
     call parity_case(comm, case_options(name="adam", optimizer=OPT_ADAM))
     call parity_case(comm, case_options(name="accumulation", optimizer=OPT_SGD, micro=2))
@@ -357,6 +366,7 @@ contains
     call parity_case(comm, case_options(name="train_step_uneven", optimizer=OPT_SGD, train_step=.true., uneven=.true.))
     call parity_case(comm, case_options(name="lbfgs", optimizer=OPT_LBFGS))
     call parity_case(comm, case_options(name="small_buckets", optimizer=OPT_ADAM, bucket_mb=1d-4))
+    if (dump_unit /= 0) close(dump_unit)
   end subroutine parity_cases
 
   ! Ranks 0 and 1 train together on their own communicator; the others only wait.
