@@ -28,3 +28,26 @@ def test_benchmark_smoke_run(installed, tmp_path):
     assert set(results["rss"]) >= {"fortran", "cpp", "python"}
     table = (out / "latest.md").read_text()
     assert "| case | Fortran (FTorch) | C++ (LibTorch) | Python (PyTorch) | Fortran/C++ | Python/Fortran |" in table
+
+
+def test_distributed_benchmark_smoke_run(installed, tmp_path):
+    """bench/distributed.py --quick: FTorch's data-parallel step (mpirun, 1 and 2 ranks) and
+    PyTorch's DDP on Gloo, side by side; the table and the JSON are written."""
+    import shutil
+
+    import pytest
+
+    from conftest import IN_CI
+
+    if shutil.which("mpirun") is None or shutil.which("mpif90") is None:
+        if IN_CI:
+            pytest.fail("OpenMPI is required in CI")
+        pytest.skip("OpenMPI not installed")
+    out = tmp_path / "results"
+    run([sys.executable, REPO / "bench" / "distributed.py", "--quick", "--out", out, "--build-dir", tmp_path / "build"],
+        env=tool_env())
+    results = json.loads((out / "distributed.json").read_text())
+    assert set(results["median_ms"]) == {"fortran_1", "fortran_2", "python_1", "python_2"}
+    assert all(v > 0 for v in results["median_ms"].values())
+    assert results["weak_scaling"]["fortran"] > 0 and results["fortran_over_python_2_ranks"] > 0
+    assert "| ranks | FTorch (torch_ddp over MPI) | Python DDP (Gloo) | FTorch/Python |" in (out / "distributed.md").read_text()

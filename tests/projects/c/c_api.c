@@ -29,6 +29,34 @@ static int triple_backward(void *data, ftc_function_ctx ctx, const ftc_tensor *g
   return ftc_tensor_binary_scalar(FTC_MUL, grad_outputs[0], 3, 3.0, 1, 0, FTC_NAMED, &grad_inputs[0]);
 }
 
+/* A one-rank "communicator" for the distributed C API (no MPI needed): collectives over one rank
+ * leave the buffer as it is; allgather copies; `fail_collectives` makes them report an error. */
+static int fail_collectives = 0, freed = 0;
+static int report(char *msg, int64_t msglen) {
+  if (!fail_collectives) return 0;
+  snprintf(msg, (size_t)msglen, "fake failure");
+  return 5;
+}
+static int one_allreduce(int64_t ctx, void *buf, int64_t count, int dtype, int op, char *msg, int64_t msglen) {
+  (void)ctx; (void)buf; (void)count; (void)dtype; (void)op;
+  return report(msg, msglen);
+}
+static int one_broadcast(int64_t ctx, void *buf, int64_t count, int dtype, int root, char *msg, int64_t msglen) {
+  (void)ctx; (void)buf; (void)count; (void)dtype; (void)root;
+  return report(msg, msglen);
+}
+static int one_allgather(int64_t ctx, const void *send, void *recv, int64_t count, int dtype, char *msg,
+                         int64_t msglen) {
+  (void)ctx;
+  memcpy(recv, send, (size_t)count * (dtype == FTC_FLOAT64 || dtype == FTC_INT64 ? 8 : 4));
+  return report(msg, msglen);
+}
+static int one_barrier(int64_t ctx, char *msg, int64_t msglen) {
+  (void)ctx;
+  return report(msg, msglen);
+}
+static void one_free(int64_t ctx) { freed += (int)ctx; }
+
 int main(void) {
   double data[6] = {1, 2, 3, 4, 5, 6};
   int64_t shape[2] = {2, 3};
@@ -120,6 +148,42 @@ int main(void) {
     ftc_tensor_delete(&outs[0]);
     ftc_tensor_delete(&loss);
     ftc_tensor_delete(&g);
+  }
+  {
+    /* Distributed C API over caller-provided collectives (one rank, no MPI). */
+    ftc_comm comm = NULL, bad = NULL;
+    ftc_tensor v = NULL, gathered = NULL;
+    int64_t three[1] = {3}, count = 0;
+    double values[3] = {1, 2, 3}, out[3] = {0, 0, 0};
+    int rank = -1, size = -1;
+    check(ftc_comm_new(&bad, 7, 1, 1, 0, one_allreduce, one_broadcast, one_allgather, one_barrier, one_free) ==
+                  FTC_ERR_INVALID_ARGUMENT &&
+              freed == 7 && bad == NULL,
+          "C: a rank outside the communicator is refused (and the caller's communicator freed)");
+    check(ftc_comm_new(&comm, 1, 0, 1, 0, one_allreduce, one_broadcast, one_allgather, one_barrier, one_free) ==
+              FTC_OK,
+          "C: communicator over caller-provided collectives");
+    check(ftc_comm_rank(comm, &rank) == FTC_OK && ftc_comm_size(comm, &size) == FTC_OK && rank == 0 && size == 1,
+          "C: rank and size");
+    ftc_tensor_from_blob(&v, values, 1, three, NULL, NULL, FTC_FLOAT64, FTC_CPU, -1, 0);
+    check(ftc_allreduce(comm, v, FTC_OP_MEAN) == FTC_OK && values[0] == 1 && values[2] == 3,
+          "C: mean over one rank leaves the values");
+    check(ftc_comm_collective_count(comm, &count) == FTC_OK && count == 2,
+          "C: an allreduce is one agreement gather plus one reduction");
+    check(ftc_allgather(comm, &gathered, v) == FTC_OK && ftc_tensor_copy_to_blob(gathered, out, FTC_FLOAT64, 1, three) ==
+              FTC_OK && out[1] == 2,
+          "C: allgather over one rank");
+    fail_collectives = 1;
+    check(ftc_barrier(comm) == FTC_ERR_DISTRIBUTED && strstr(ftc_last_error(), "fake failure") != NULL &&
+              strstr(ftc_last_error(), "barrier failed on rank 0") != NULL,
+          "C: a failing collective is FTC_ERR_DISTRIBUTED with the caller's message");
+    fail_collectives = 0;
+    check(ftc_allreduce(comm, v, 42) == FTC_ERR_INVALID_ARGUMENT, "C: unknown reduction");
+    ftc_tensor_delete(&v);
+    ftc_tensor_delete(&gathered);
+    freed = 0;
+    ftc_comm_delete(&comm);
+    check(comm == NULL && freed == 1, "C: the last handle frees the caller's communicator once");
   }
   ftc_tensor_delete(&t);
   check(t == NULL && ftc_live_handles() == 0, "delete nulls the handle and is idempotent");
