@@ -193,7 +193,8 @@ struct DataParallel final : GradientSync {
     }
   }
 
-  // Averages the gradients (weights w_r / sum w) and the loss; see ftc_ddp_sync.
+  // Averages the gradients (weights w_r / sum w) and the loss; see ftc_ddp_sync. A gradient that
+  // is not contiguous (a view, a Fortran layout) is read through reshape and written in place.
   double average(bool failed, double local_loss) {
     at::NoGradGuard no_grad;
     const size_t n = params.size();
@@ -211,7 +212,9 @@ struct DataParallel final : GradientSync {
                                              " rank(s) failed before averaging the gradients of this step (see "
                                              "their errors); the gradients were left unchanged");
     }
-    const double scale = weight / control[1];
+    // Each rank's gradients enter the sum weighted by w_r (a plain copy for the default 1); the
+    // sum is divided by sum_s w_s while it is copied back: two passes over the gradients.
+    const double inverse_total = 1.0 / control[1];
     for (size_t b = 0; b < buckets.size(); ++b) {
       if (!flat[b].defined()) {
         int64_t total = 0;
@@ -222,13 +225,14 @@ struct DataParallel final : GradientSync {
       at::Tensor &buf = flat[b];
       for (const size_t i : buckets[b]) {
         at::Tensor slice = buf.narrow(0, offset[i], params[i].numel());
-        if (has_gradient(i)) {
+        if (!has_gradient(i)) {
+          slice.zero_();
+        } else if (weight == 1) {
           slice.copy_(params[i].grad().reshape({-1}));
         } else {
-          slice.zero_();
+          at::mul_out(slice, params[i].grad().reshape({-1}), weight);
         }
       }
-      buf.mul_(scale);
       settle(buf);
       comm->allreduce(buf.data_ptr(), buf.numel(), wire_dtype(buf.scalar_type()), buf.element_size(), FTC_OP_SUM);
       for (const size_t i : buckets[b]) {
@@ -236,11 +240,8 @@ struct DataParallel final : GradientSync {
         // Frozen here, or no rank produced a gradient: left as it is (undefined stays undefined).
         if (!p.requires_grad() || control[3 + i] == 0) continue;
         at::Tensor values = buf.narrow(0, offset[i], p.numel()).view(p.sizes());
-        if (p.grad().defined()) {
-          p.mutable_grad().copy_(values);
-        } else {
-          p.mutable_grad() = at::empty_like(p).copy_(values);
-        }
+        if (!p.grad().defined()) p.mutable_grad() = at::empty_like(p);
+        at::mul_out(p.mutable_grad(), values, inverse_total);
       }
     }
     fresh = true;
