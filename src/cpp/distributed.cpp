@@ -147,8 +147,7 @@ std::hash<std::string> hasher;
 // Every rank must call a tensor collective with the same shape, dtype and option (op or root):
 // checked with one gather, so a mismatch is a clear error on every rank, never a corruption.
 void require_agreement(Comm &c, const at::Tensor &t, int64_t option, const char *what) {
-  const auto sizes = t.sizes().vec();
-  std::string shape = shape_string(t.sizes());
+  const std::string shape = shape_string(t.sizes());
   const std::vector<int64_t> mine = {static_cast<int64_t>(t.scalar_type()), static_cast<int64_t>(hasher(shape)),
                                      option};
   const auto all = c.gather_values(mine);
@@ -162,8 +161,6 @@ void require_agreement(Comm &c, const at::Tensor &t, int64_t option, const char 
     }
   }
 }
-
-int64_t element_size(const at::Tensor &t) { return static_cast<int64_t>(t.element_size()); }
 
 // ---------------------------------------------------------------------------- data parallelism
 
