@@ -38,6 +38,16 @@ class TupleNet(torch.nn.Module):
         return 2.0 * x, x + 1.0
 
 
+class ScalarArgs(torch.nn.Module):
+    """A forward that takes numbers and a logical besides a tensor (pytorch-fortran's add_scalar)."""
+
+    def forward(self, x, scale: float, n: int, flag: bool):
+        y = x * scale + n
+        if flag:
+            y = y + 2.0
+        return y
+
+
 class DictNet(torch.nn.Module):
     def forward(self, x):
         return {"y": x}
@@ -85,6 +95,7 @@ def build(directory: Path) -> Path:
     torch.jit.script(TwoInputs()).save(str(directory / "two_inputs.pt"))
     torch.jit.script(TupleNet()).save(str(directory / "tuple_net.pt"))
     torch.jit.script(DictNet()).save(str(directory / "dict_net.pt"))
+    torch.jit.script(ScalarArgs()).save(str(directory / "scalar_args.pt"))
 
     batched = Batched().double().eval()
     torch.jit.script(batched).save(str(directory / "batched.pt"))

@@ -6,6 +6,7 @@
 #include "ftorch_c_tensor.h"
 #include "ftorch_c_math.h"
 #include "ftorch_c_autograd.h"
+#include "ftorch_c_arglist.h"
 #include "ftorch_c_model.h"
 #include "ftorch_c_optim.h"
 #include "ftorch_c_loss.h"
@@ -13,5 +14,6 @@
 #include "ftorch_c_function.h"
 #include "ftorch_c_functional.h"
 #include "ftorch_c_distributed.h"
+#include "ftorch_c_python.h"
 
 #endif

@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 #include "ftorch_c_runtime.h"
+#include "ftorch_c_arglist.h"
 #include "ftorch_c_tensor.h"
 
 #ifdef __cplusplus
@@ -12,7 +13,8 @@ extern "C" {
 
 typedef struct ftc_model_s *ftc_model;
 
-/* Load a TorchScript file onto a device; is_training selects train() or eval().
+/* Load a TorchScript file onto a device; is_training selects train() (1) or eval() (0), or keeps
+ * the mode the model was saved in (-1).
  * If *out is not null it is deleted first. */
 FTC_API int ftc_model_load(ftc_model *out, const char *filename, int device_type, int device_index,
                    int requires_grad, int is_training);
@@ -29,6 +31,16 @@ FTC_API int ftc_model_share(ftc_model src, ftc_model *dst);
  * and each output carries it. */
 FTC_API int ftc_model_forward(ftc_model m, const ftc_tensor *inputs, int n_inputs, const ftc_tensor *outputs,
                       int n_outputs, int requires_grad);
+
+/* forward with the items of an argument list: tensors, and the integers, reals, logicals and
+ * strings of models whose forward takes them (int, float, bool, str in TorchScript). */
+FTC_API int ftc_model_forward_args(ftc_model m, ftc_arglist args, const ftc_tensor *outputs, int n_outputs,
+                                   int requires_grad);
+
+/* forward with the items of args; the returned tensors (one, or a tuple/list of them) become
+ * the items of *results (made new when null, else overwritten), sharing the model's result memory
+ * (no copy). */
+FTC_API int ftc_model_forward_list(ftc_model m, ftc_arglist args, ftc_arglist *results, int requires_grad);
 
 FTC_API int ftc_model_save(ftc_model m, const char *filename);
 FTC_API int ftc_model_is_training(ftc_model m, int *is_training);

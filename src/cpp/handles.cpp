@@ -74,7 +74,7 @@ void bad_handle(const void *handle, const char *kind, const char *what) {
                                   "; leave an optional object out rather than passing an unconstructed one");
   }
   if (handle == nullptr) {
-    fail(FTC_ERR_NULL_HANDLE, std::string(what) + " is not " + (std::string(kind) == "tensor" ? "constructed" : "loaded") +
+    fail(FTC_ERR_NULL_HANDLE, std::string(what) + " is not " + (std::string(kind) == "model" || std::string(kind) == "Python module" ? "loaded" : "constructed") +
                                   " (null handle)");
   }
   fail(FTC_ERR_NULL_HANDLE, std::string(what) + " is not a live " + kind +

@@ -178,6 +178,11 @@ T &out_arg(T *p, const char *what) {
 // tensors flagged kShared (model and optimizer parameters) are always written in place.
 void assign_into(TensorTable::Slot &slot, const at::Tensor &r);
 
+// Result `index` (0-based) of a model or a Python function (`source` says which, for the shape
+// error) written into an output tensor as `=` does: into its memory (an aliased Fortran array
+// receives it), carrying the graph when one was recorded. The shapes must match.
+void store_result(ftc_tensor out, int index, const at::Tensor &result, const char *source);
+
 // A LibTorch loss computed by kind (ftorch_c_loss.h), shared by ftc_loss and the train step.
 at::Tensor compute_loss(int kind, const at::Tensor &input, const at::Tensor &target, const at::Tensor &weight,
                         const at::Tensor &pos_weight, int reduction, int64_t ignore_index, double param,

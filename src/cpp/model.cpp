@@ -4,7 +4,7 @@
 #include <iostream>
 #include <vector>
 
-#include "internal.hpp"
+#include "arglist.hpp"
 
 namespace {
 
@@ -13,21 +13,61 @@ std::string checked_filename(const char *filename) {
   return filename;
 }
 
-// Results go into the output tensors as `=` does: into their memory (an aliased Fortran array
-// receives them), carrying the graph back to inputs and weights when one was recorded.
+// A model result that is not a tensor is an error naming it.
 void store_output(ftc_tensor out, int index, const c10::IValue &value) {
   if (!value.isTensor()) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, "model output " + std::to_string(index + 1) + " is a " +
                                             value.tagKind() + ", not a Tensor");
   }
-  const at::Tensor &result = value.toTensor();
-  auto &slot = ftc::tensor_slot(out, ("output tensor " + std::to_string(index + 1)).c_str());
-  if (slot.value.sizes() != result.sizes()) {
-    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output tensor " + std::to_string(index + 1) + " has shape " +
-                                            ftc::shape_string(slot.value.sizes()) + " but the model returned shape " +
-                                            ftc::shape_string(result.sizes()));
+  ftc::store_result(out, index, value.toTensor(), "the model returned");
+}
+
+// forward(args...) of model m (graph recorded when requires_grad).
+c10::IValue call_forward(ftc_model m, std::vector<c10::IValue> args, int requires_grad) {
+  auto &module = ftc::model_of(m);
+  torch::AutoGradMode grad_mode(requires_grad != 0);
+  torch::jit::GraphOptimizerEnabledGuard optimize(ftc::jit_optimize());
+  try {
+    return module.forward(std::move(args));
+  } catch (const c10::Error &e) {
+    ftc::fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what_without_backtrace());
+  } catch (const std::exception &e) {
+    ftc::fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what());
   }
-  ftc::assign_into(slot, result);
+}
+
+// The tensors a forward returned: one Tensor, or the items of a tuple or list.
+std::vector<c10::IValue> result_items(const c10::IValue &result) {
+  if (result.isTensor()) return {result};
+  std::vector<c10::IValue> items;
+  if (result.isTuple()) {
+    const auto &elems = result.toTupleRef().elements();
+    items.assign(elems.begin(), elems.end());
+  } else if (result.isList()) {
+    const auto list = result.toListRef();
+    items.assign(list.begin(), list.end());
+  } else {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("the model returned a ") + result.tagKind() +
+                                            "; only a Tensor, a tuple or a list of Tensors is supported");
+  }
+  return items;
+}
+
+// forward(args...) of model m, its results written into the outputs (see ftc_model_forward).
+void run_forward(ftc_model m, std::vector<c10::IValue> args, const ftc_tensor *outputs, int n_outputs,
+                 int requires_grad) {
+  ftc::tensors_of(outputs, n_outputs, "output tensor");
+  ftc::model_of(m);
+  if (n_outputs < 1) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "need at least one output tensor (got " + std::to_string(n_outputs) + ")");
+  }
+  const auto items = result_items(call_forward(m, std::move(args), requires_grad));
+  if (static_cast<int>(items.size()) != n_outputs) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the model returned " + std::to_string(items.size()) + " tensor" +
+                                            (items.size() == 1 ? "" : "s") + " but " + std::to_string(n_outputs) +
+                                            " output tensors were given");
+  }
+  for (int i = 0; i < n_outputs; ++i) store_output(outputs[i], i, items[static_cast<size_t>(i)]);
 }
 
 // Named parameter `index` (0-based, parameters() order), or an error naming the valid range.
@@ -48,6 +88,16 @@ torch::jit::Named<at::Tensor> parameter_at(const torch::jit::Module &module, int
 }  // namespace
 
 namespace ftc {
+
+void store_result(ftc_tensor out, int index, const at::Tensor &result, const char *source) {
+  auto &slot = tensor_slot(out, ("output tensor " + std::to_string(index + 1)).c_str());
+  if (slot.value.sizes() != result.sizes()) {
+    fail(FTC_ERR_INVALID_ARGUMENT, "output tensor " + std::to_string(index + 1) + " has shape " +
+                                       shape_string(slot.value.sizes()) + " but " + source + " shape " +
+                                       shape_string(result.sizes()));
+  }
+  assign_into(slot, result);
+}
 
 std::atomic<bool> &jit_optimize() {
   static std::atomic<bool> enabled{false};
@@ -78,11 +128,11 @@ int ftc_model_load(ftc_model *out, const char *filename, int device_type, int de
     } catch (const c10::Error &e) {
       ftc::fail(FTC_ERR_IO, "'" + file + "' is not a loadable TorchScript model: " + e.what_without_backtrace());
     }
-    if (is_training != 0) {
+    if (is_training > 0) {
       module.train();
-    } else {
+    } else if (is_training == 0) {
       module.eval();
-    }
+    }  // < 0: the mode the model was saved in
     ftc::replace_handle<ftc::ModelTable>(out, std::make_shared<torch::jit::Module>(std::move(module)));
   });
 }
@@ -92,49 +142,39 @@ int ftc_model_forward(ftc_model m, const ftc_tensor *inputs, int n_inputs, const
   return ftc::guard([&] {
     ftc::take_temporaries(outputs, n_outputs);  // the inputs' are taken by tensors_of
     const auto input_values = ftc::tensors_of(inputs, n_inputs, "input tensor");
-    ftc::tensors_of(outputs, n_outputs, "output tensor");
-    auto &module = ftc::model_of(m);
-    if (n_outputs < 1) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "need at least one output tensor (got " + std::to_string(n_outputs) + ")");
-    }
-    std::vector<c10::IValue> args(input_values.begin(), input_values.end());
+    run_forward(m, std::vector<c10::IValue>(input_values.begin(), input_values.end()), outputs, n_outputs,
+                requires_grad);
+  });
+}
 
-    const bool keep_graph = requires_grad != 0;
-    torch::AutoGradMode grad_mode(keep_graph);
-    torch::jit::GraphOptimizerEnabledGuard optimize(ftc::jit_optimize());
-    c10::IValue result;
-    try {
-      result = module.forward(std::move(args));
-    } catch (const c10::Error &e) {
-      ftc::fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what_without_backtrace());
-    } catch (const std::exception &e) {
-      ftc::fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what());
-    }
+int ftc_model_forward_args(ftc_model m, ftc_arglist args, const ftc_tensor *outputs, int n_outputs,
+                           int requires_grad) {
+  return ftc::guard([&] {
+    ftc::take_temporaries(outputs, n_outputs);
+    run_forward(m, ftc::ivalues_of(ftc::arglist_of(args)), outputs, n_outputs, requires_grad);
+  });
+}
 
-    if (result.isTensor()) {
-      if (n_outputs != 1) {
-        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the model returned 1 tensor but " + std::to_string(n_outputs) +
-                                                " output tensors were given");
+int ftc_model_forward_list(ftc_model m, ftc_arglist args, ftc_arglist *results, int requires_grad) {
+  return ftc::guard([&] {
+    ftc::out_arg(results, "results");
+    const auto items = result_items(call_forward(m, ftc::ivalues_of(ftc::arglist_of(args)), requires_grad));
+    auto list = std::make_shared<ftc::ArgList>();
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!items[i].isTensor()) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "model output " + std::to_string(i + 1) + " is a " + items[i].tagKind() +
+                                                ", not a Tensor");
       }
-      store_output(outputs[0], 0, result);
-      return;
+      ftc::ArgItem item;
+      item.kind = FTC_ARG_TENSOR;
+      item.tensor = items[i].toTensor();
+      list->push_back(std::move(item));
     }
-    std::vector<c10::IValue> items;
-    if (result.isTuple()) {
-      const auto &elems = result.toTupleRef().elements();
-      items.assign(elems.begin(), elems.end());
-    } else if (result.isList()) {
-      const auto list = result.toListRef();
-      items.assign(list.begin(), list.end());
+    if (*results != nullptr) {
+      const_cast<ftc::ArgList &>(ftc::arglist_of(*results, false)) = std::move(*list);
     } else {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("the model returned a ") + result.tagKind() +
-                                              "; only a Tensor, a tuple or a list of Tensors is supported");
+      ftc::replace_handle<ftc::ArgListTable>(results, std::move(list));
     }
-    if (static_cast<int>(items.size()) != n_outputs) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the model returned " + std::to_string(items.size()) + " tensors but " +
-                                              std::to_string(n_outputs) + " output tensors were given");
-    }
-    for (int i = 0; i < n_outputs; ++i) store_output(outputs[i], i, items[static_cast<size_t>(i)]);
   });
 }
 

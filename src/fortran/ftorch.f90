@@ -5,7 +5,8 @@ module ftorch
   use ftorch_devices, only: torch_kCPU, torch_kCUDA, torch_kHIP, torch_kXPU, torch_kMPS
   use ftorch_errors, only: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, &
                            FTORCH_ERR_DEVICE, FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, &
-                           FTORCH_ERR_INTERNAL, FTORCH_ERR_CALLBACK, FTORCH_ERR_DISTRIBUTED, torch_catch_begin, &
+                           FTORCH_ERR_INTERNAL, FTORCH_ERR_CALLBACK, FTORCH_ERR_DISTRIBUTED, FTORCH_ERR_PYTHON, &
+                           torch_catch_begin, &
                            torch_catch_end
   use ftorch_runtime, only: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, &
                             ftorch_check_runtime, torch_device_available, ftorch_live_handles
@@ -56,6 +57,11 @@ module ftorch
                                 torch_ddp_sync_gradients, torch_ddp_bucket_count, torch_ddp_broadcast_parameters, &
                                 torch_kReduceSum, torch_kReduceMean, torch_kReduceMax, torch_kReduceMin
   use ftorch_train, only: torch_train_step, torch_checkpoint_save, torch_checkpoint_load
+  use ftorch_arglist, only: torch_arglist, torch_arglist_add, torch_arglist_get, torch_arglist_size, &
+                            torch_arglist_kind, torch_arglist_clear, torch_arglist_delete, torch_kArgTensor, &
+                            torch_kArgInt, torch_kArgReal, torch_kArgLogical, torch_kArgString
+  use ftorch_python, only: torch_pymodule, torch_pymodule_load, torch_pymodule_call, torch_pymodule_delete, &
+                           torch_python_loaded, torch_python_initialize
   implicit none
   private
   public :: ftorch_int, torch_kInt8, torch_kInt16, torch_kInt32, torch_kInt64, torch_kFloat32, torch_kFloat64, &
@@ -63,7 +69,7 @@ module ftorch
   public :: torch_kCPU, torch_kCUDA, torch_kHIP, torch_kXPU, torch_kMPS
   public :: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, FTORCH_ERR_DEVICE, &
             FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, FTORCH_ERR_INTERNAL, FTORCH_ERR_CALLBACK, &
-            FTORCH_ERR_DISTRIBUTED, torch_catch_begin, &
+            FTORCH_ERR_DISTRIBUTED, FTORCH_ERR_PYTHON, torch_catch_begin, &
             torch_catch_end
   public :: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, ftorch_check_runtime, &
             torch_device_available, ftorch_live_handles
@@ -106,11 +112,16 @@ module ftorch
             torch_ddp_delete, torch_ddp_set_weight, torch_ddp_sync_gradients, torch_ddp_bucket_count, &
             torch_ddp_broadcast_parameters, torch_kReduceSum, torch_kReduceMean, torch_kReduceMax, torch_kReduceMin
   public :: torch_train_step, torch_checkpoint_save, torch_checkpoint_load
+  public :: torch_arglist, torch_arglist_add, torch_arglist_get, torch_arglist_size, torch_arglist_kind, &
+            torch_arglist_clear, torch_arglist_delete, torch_kArgTensor, torch_kArgInt, torch_kArgReal, &
+            torch_kArgLogical, torch_kArgString
+  public :: torch_pymodule, torch_pymodule_load, torch_pymodule_call, torch_pymodule_delete, torch_python_loaded, &
+            torch_python_initialize
   public :: torch_delete
 
   !> Free any FTorch object.
   interface torch_delete
     module procedure torch_tensor_delete, torch_model_delete, torch_optim_delete, torch_scheduler_delete, &
-                     torch_comm_delete, torch_ddp_delete
+                     torch_comm_delete, torch_ddp_delete, torch_arglist_delete, torch_pymodule_delete
   end interface torch_delete
 end module ftorch

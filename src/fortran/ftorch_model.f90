@@ -5,6 +5,7 @@ module ftorch_model
   use ftorch_errors, only: ftorch_check
   use ftorch_interop, only: c_flag, c_string
   use ftorch_tensor_type, only: torch_tensor
+  use ftorch_arglist, only: torch_arglist
   implicit none
   private
 
@@ -26,6 +27,12 @@ module ftorch_model
     procedure :: is_training => torch_model_is_training
     final :: finalize_model
   end type torch_model
+
+  !> Run the model's forward method on tensors, or on a `torch_arglist` for models whose forward
+  !> also takes integers, reals, logicals or strings.
+  interface torch_model_forward
+    module procedure forward_tensors, forward_args, forward_list
+  end interface torch_model_forward
 
   !> A tensor sharing storage with one parameter, by name or by 1-based index.
   interface torch_model_parameter
@@ -101,6 +108,22 @@ module ftorch_model
       integer(c_int), value :: n_inputs, n_outputs, requires_grad
       integer(c_int) :: status
     end function ftc_model_forward
+    function ftc_model_forward_args(m, args, outputs, n_outputs, requires_grad) result(status) &
+        bind(c, name="ftc_model_forward_args")
+      import :: c_ptr, c_int
+      type(c_ptr), value :: m, args
+      type(c_ptr), intent(in) :: outputs(*)
+      integer(c_int), value :: n_outputs, requires_grad
+      integer(c_int) :: status
+    end function ftc_model_forward_args
+    function ftc_model_forward_list(m, args, results, requires_grad) result(status) &
+        bind(c, name="ftc_model_forward_list")
+      import :: c_ptr, c_int
+      type(c_ptr), value :: m, args
+      type(c_ptr), intent(inout) :: results
+      integer(c_int), value :: requires_grad
+      integer(c_int) :: status
+    end function ftc_model_forward_list
     function ftc_model_save(m, filename) result(status) bind(c, name="ftc_model_save")
       import :: c_ptr, c_char, c_int
       type(c_ptr), value :: m
@@ -156,7 +179,7 @@ contains
   !> Run the model's forward method. The results are written into the output tensors' storage as
   !> `=` does (aliased Fortran arrays receive them); with requires_grad the outputs also carry the
   !> graph, so that gradients flow back to inputs and parameters.
-  subroutine torch_model_forward(model, input_tensors, output_tensors, requires_grad, stat, errmsg)
+  subroutine forward_tensors(model, input_tensors, output_tensors, requires_grad, stat, errmsg)
     type(torch_model), intent(in) :: model
     type(torch_tensor), intent(in) :: input_tensors(:)
     type(torch_tensor), intent(in) :: output_tensors(:)
@@ -174,7 +197,38 @@ contains
     call ftorch_check(ftc_model_forward(model%p, inputs, size(inputs, kind=c_int), outputs, &
                                         size(outputs, kind=c_int), c_flag(requires_grad)), &
                       "torch_model_forward", stat, errmsg)
-  end subroutine torch_model_forward
+  end subroutine forward_tensors
+
+  !> forward(args...) with the items of an argument list: tensors, and integers, reals,
+  !> logicals and strings for a forward declared with int, float, bool or str arguments.
+  subroutine forward_args(model, args, output_tensors, requires_grad, stat, errmsg)
+    type(torch_model), intent(in) :: model
+    type(torch_arglist), intent(in) :: args
+    type(torch_tensor), intent(in) :: output_tensors(:)
+    logical, intent(in), optional :: requires_grad
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    type(c_ptr) :: outputs(size(output_tensors))
+    integer :: i
+    do i = 1, size(output_tensors)
+      outputs(i) = output_tensors(i)%p
+    end do
+    call ftorch_check(ftc_model_forward_args(model%p, args%p, outputs, size(outputs, kind=c_int), &
+                                             c_flag(requires_grad)), "torch_model_forward", stat, errmsg)
+  end subroutine forward_args
+
+  !> forward(args...) with the returned tensors (one, or each of a tuple) as the items of
+  !> `results`: new tensors over the model's result memory (no copy), any shape.
+  subroutine forward_list(model, args, results, requires_grad, stat, errmsg)
+    type(torch_model), intent(in) :: model
+    type(torch_arglist), intent(in) :: args
+    type(torch_arglist), intent(inout) :: results
+    logical, intent(in), optional :: requires_grad
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_model_forward_list(model%p, args%p, results%p, c_flag(requires_grad)), &
+                      "torch_model_forward", stat, errmsg)
+  end subroutine forward_list
 
   !> Save the model as TorchScript (loadable by torch.jit.load).
   subroutine torch_model_save(model, filename, stat, errmsg)

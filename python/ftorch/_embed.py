@@ -1,0 +1,66 @@
+"""Python side of FTorch's embedded interpreter (used by libftorch_python; not a public API).
+
+Fortran programs reach these functions through ``torch_pymodule_load`` / ``torch_pymodule_call``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+
+
+def check_torch(version: str, torch_dir: str) -> None:
+    """Fail unless ``import torch`` gives the torch FTorch was built against and runs on."""
+    import torch
+
+    here = os.path.realpath(os.path.dirname(torch.__file__))
+    want = os.path.realpath(torch_dir)
+    if here != want:
+        raise ImportError(
+            f"the embedded interpreter imports torch from {here}, but FTorch runs on the torch at {want}; "
+            f"run the program in the environment that holds {want} (or set FTORCH_PYTHON and "
+            "FTORCH_LIBPYTHON to that environment's interpreter and libpython)"
+        )
+    if torch.__version__ != version:
+        raise ImportError(
+            f"the embedded interpreter has torch {torch.__version__}, but FTorch was built against torch "
+            f"{version}; reinstall FTorch in this environment (pip install --no-build-isolation ftorch)"
+        )
+
+
+def load(name: str):
+    """A module from a file path (executed anew; its directory goes first on sys.path) or by
+    dotted name (imported, shared with other imports of it)."""
+    if name.endswith(".py") or os.sep in name:
+        path = os.path.abspath(name)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no Python file {path}")
+        directory = os.path.dirname(path)
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+        module_name = os.path.splitext(os.path.basename(path))[0]
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(module_name, None)
+            raise
+        return module
+    return importlib.import_module(name)
+
+
+def describe(exc_type, exc_value, exc_tb) -> str:
+    """'module.Type: message' and the traceback, for the Fortran side's errmsg."""
+    name = getattr(exc_type, "__qualname__", str(exc_type))
+    module = getattr(exc_type, "__module__", "builtins")
+    if module not in ("builtins", "__main__"):
+        name = f"{module}.{name}"
+    trace = "".join(traceback.format_exception(exc_type, exc_value, exc_tb))
+    return f"{name}: {exc_value}\n{trace.rstrip()}"

@@ -1,0 +1,32 @@
+// arglist.hpp - the items of an argument list (ftorch_c_arglist.h), shared by model forward
+// calls (arglist.cpp) and Python calls (python.cpp).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ftorch_c_arglist.h"
+#include "internal.hpp"
+
+namespace ftc {
+
+struct ArgItem {
+  int kind = FTC_ARG_INT;
+  at::Tensor tensor;
+  int64_t integer = 0;
+  double real = 0;
+  std::string text;  // strings; the logical value is `integer`
+};
+
+using ArgList = std::vector<ArgItem>;
+using ArgListTable = HandleTable<std::shared_ptr<ArgList>>;
+
+// The list of a handle; a null handle is an empty list when null_is_empty, an error otherwise.
+const ArgList &arglist_of(ftc_arglist h, bool null_is_empty = true);
+// The list behind *h, made new and empty when *h is null.
+ArgList &arglist_for_append(ftc_arglist *h);
+// The items as TorchScript values (tensor, int, float, bool, str).
+std::vector<c10::IValue> ivalues_of(const ArgList &list);
+
+}  // namespace ftc

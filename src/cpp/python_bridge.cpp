@@ -1,0 +1,356 @@
+// python_bridge.cpp - libftorch_python: the Python side of embedded calls, written against
+// Python's stable C API only (no torch headers, no libtorch_python), so one build serves every
+// Python version >= 3.9. It is loaded by libftorch_c on first use; libpython is already in the
+// process then (loaded by libftorch_c, or the program is Python itself).
+#define Py_LIMITED_API 0x03090000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dlfcn.h>
+
+#include <string>
+#include <thread>
+
+#include "ftorch_c_enums.h"
+#include "python_bridge.h"
+
+namespace {
+
+thread_local std::string last_error;
+
+// Set once by initialize (under libftorch_c's lock), read-only afterwards.
+struct State {
+  bool started_here = false;      // we called Py_Initialize (and finalize at exit)
+  bool finalized = false;
+  PyThreadState *main_state = nullptr;
+  std::thread::id init_thread;
+  void (*dlpack_delete)(void *) = nullptr;
+  PyObject *from_dlpack = nullptr;  // torch.utils.dlpack.from_dlpack
+  PyObject *to_dlpack = nullptr;    // torch.utils.dlpack.to_dlpack
+  PyObject *tensor_type = nullptr;  // torch.Tensor
+  PyObject *load = nullptr;         // ftorch._embed.load
+  PyObject *describe = nullptr;     // ftorch._embed.describe
+} state;
+
+const char kCapsuleName[] = "dltensor";
+const char kUsedCapsuleName[] = "used_dltensor";
+
+// Runs with the GIL held for as long as it lives (any thread, any number of times).
+class Gil {
+ public:
+  Gil() : s_(PyGILState_Ensure()) {}
+  ~Gil() { PyGILState_Release(s_); }
+  Gil(const Gil &) = delete;
+  Gil &operator=(const Gil &) = delete;
+
+ private:
+  PyGILState_STATE s_;
+};
+
+// An owned reference, released at scope exit.
+class Ref {
+ public:
+  explicit Ref(PyObject *p = nullptr) : p_(p) {}
+  ~Ref() { Py_XDECREF(p_); }
+  Ref(const Ref &) = delete;
+  Ref &operator=(const Ref &) = delete;
+  PyObject *get() const { return p_; }
+  PyObject *release() {
+    PyObject *p = p_;
+    p_ = nullptr;
+    return p;
+  }
+  explicit operator bool() const { return p_ != nullptr; }
+
+ private:
+  PyObject *p_;
+};
+
+std::string utf8(PyObject *o) {
+  Ref bytes(o == nullptr ? nullptr : PyUnicode_AsUTF8String(o));
+  if (!bytes) {
+    PyErr_Clear();
+    return "<unprintable>";
+  }
+  char *data = nullptr;
+  Py_ssize_t n = 0;
+  if (PyBytes_AsStringAndSize(bytes.get(), &data, &n) != 0) {
+    PyErr_Clear();
+    return "<unprintable>";
+  }
+  return std::string(data, static_cast<size_t>(n));
+}
+
+// The pending Python exception as "Type: message" + traceback (it is cleared); returns 1.
+int python_failure(const std::string &context) {
+  PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+  PyErr_Fetch(&type, &value, &tb);
+  if (type == nullptr) {
+    last_error = context + ": failed without a Python exception";
+    return 1;
+  }
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (tb != nullptr && value != nullptr) PyException_SetTraceback(value, tb);
+  Ref t(type), v(value), b(tb);
+  std::string text;
+  if (state.describe != nullptr) {
+    Ref d(PyObject_CallFunctionObjArgs(state.describe, t.get(), v.get() ? v.get() : Py_None,
+                                       b.get() ? b.get() : Py_None, nullptr));
+    if (d) {
+      text = utf8(d.get());
+    } else {
+      PyErr_Clear();
+    }
+  }
+  if (text.empty()) {
+    Ref name(PyObject_GetAttrString(t.get(), "__name__"));
+    Ref str(v ? PyObject_Str(v.get()) : nullptr);
+    PyErr_Clear();
+    text = (name ? utf8(name.get()) : std::string("exception")) + ": " + (str ? utf8(str.get()) : std::string());
+  }
+  last_error = context + ": " + text;
+  return 1;
+}
+
+int fail(const std::string &message) {
+  last_error = message;
+  return 1;
+}
+
+void capsule_destructor(PyObject *capsule) {
+  // A capsule nobody consumed still owns its tensor.
+  if (PyCapsule_IsValid(capsule, kCapsuleName)) {
+    void *p = PyCapsule_GetPointer(capsule, kCapsuleName);
+    if (p != nullptr && state.dlpack_delete != nullptr) state.dlpack_delete(p);
+  }
+  PyErr_Clear();
+}
+
+PyObject *import_attr(const char *module, const char *name) {
+  Ref m(PyImport_ImportModule(module));
+  if (!m) return nullptr;
+  return PyObject_GetAttrString(m.get(), name);
+}
+
+// One argument as a Python object (a new reference), or nullptr with a Python error set.
+PyObject *to_python(const ftc_bridge_value &v) {
+  switch (v.kind) {
+    case FTC_ARG_TENSOR: {
+      PyObject *capsule = PyCapsule_New(v.dlpack, kCapsuleName, capsule_destructor);
+      if (capsule == nullptr) {
+        state.dlpack_delete(v.dlpack);
+        return nullptr;
+      }
+      Ref cap(capsule);
+      Ref tensor(PyObject_CallFunctionObjArgs(state.from_dlpack, cap.get(), nullptr));
+      if (!tensor) return nullptr;
+      if (v.requires_grad != 0) {
+        Ref r(PyObject_CallMethod(tensor.get(), "requires_grad_", nullptr));
+        if (!r) return nullptr;
+      }
+      return tensor.release();
+    }
+    case FTC_ARG_INT: return PyLong_FromLongLong(v.integer);
+    case FTC_ARG_REAL: return PyFloat_FromDouble(v.real);
+    case FTC_ARG_LOGICAL: return PyBool_FromLong(static_cast<long>(v.integer));
+    case FTC_ARG_STRING: return PyUnicode_FromStringAndSize(v.text, static_cast<Py_ssize_t>(v.length));
+    default: PyErr_SetString(PyExc_ValueError, "unknown argument kind"); return nullptr;
+  }
+}
+
+// One result to the sink; 0, or 1 with last_error set (the Python error, if any, cleared).
+int from_python(PyObject *item, Py_ssize_t index, const char *function, ftc_bridge_sink sink, void *ctx) {
+  ftc_bridge_value v{};
+  std::string text;
+  const std::string where = std::string("result ") + std::to_string(index + 1) + " of " + function + "()";
+  if (PyBool_Check(item)) {
+    v.kind = FTC_ARG_LOGICAL;
+    v.integer = item == Py_True ? 1 : 0;
+  } else if (PyLong_Check(item)) {
+    v.kind = FTC_ARG_INT;
+    v.integer = PyLong_AsLongLong(item);
+    if (v.integer == -1 && PyErr_Occurred() != nullptr) return python_failure(where);
+  } else if (PyFloat_Check(item)) {
+    v.kind = FTC_ARG_REAL;
+    v.real = PyFloat_AsDouble(item);
+  } else if (PyUnicode_Check(item)) {
+    v.kind = FTC_ARG_STRING;
+    text = utf8(item);
+    v.text = text.data();
+    v.length = static_cast<int64_t>(text.size());
+  } else {
+    const int is_tensor = PyObject_IsInstance(item, state.tensor_type);
+    if (is_tensor < 0) return python_failure(where);
+    if (is_tensor == 0) {
+      Ref type(PyObject_Type(item));
+      Ref name(type ? PyObject_GetAttrString(type.get(), "__name__") : nullptr);
+      PyErr_Clear();
+      return fail(where + " is a " + (name ? utf8(name.get()) : std::string("?")) +
+                  "; return tensors, integers, floats, bools or strings (or a tuple or list of them)");
+    }
+    Ref detached(PyObject_CallMethod(item, "detach", nullptr));
+    if (!detached) return python_failure(where);
+    Ref cap(PyObject_CallFunctionObjArgs(state.to_dlpack, detached.get(), nullptr));
+    if (!cap) return python_failure(where);
+    void *p = PyCapsule_GetPointer(cap.get(), kCapsuleName);
+    if (p == nullptr) return python_failure(where);
+    if (PyCapsule_SetName(cap.get(), kUsedCapsuleName) != 0) return python_failure(where);
+    v.kind = FTC_ARG_TENSOR;
+    v.dlpack = p;  // ours now: the renamed capsule no longer frees it
+  }
+  if (sink(ctx, &v) != 0) return fail(where + ": out of memory");
+  return 0;
+}
+
+int bridge_initialize(const char *program, const char *site_dir, const char *torch_version, const char *torch_dir,
+                      void (*dlpack_delete)(void *)) {
+  state.dlpack_delete = dlpack_delete;
+  if (Py_IsInitialized() == 0) {
+    // Py_SetProgramName makes sys.prefix (and a virtual environment's site-packages) follow the
+    // environment's interpreter rather than the Fortran executable; it is deprecated, so it is
+    // looked up rather than linked.
+    using SetProgramName = void (*)(const wchar_t *);
+    auto set_name = reinterpret_cast<SetProgramName>(dlsym(RTLD_DEFAULT, "Py_SetProgramName"));
+    if (set_name != nullptr && program != nullptr && program[0] != '\0') {
+      static wchar_t *name = Py_DecodeLocale(program, nullptr);  // must outlive the interpreter
+      if (name != nullptr) set_name(name);
+    }
+    Py_InitializeEx(0);  // 0: leave the program's signal handlers alone
+    if (Py_IsInitialized() == 0) return fail("Py_InitializeEx failed");
+    state.started_here = true;
+    state.init_thread = std::this_thread::get_id();
+  }
+  int status = 0;
+  {
+    Gil gil;
+    // The environment's site-packages first (it holds torch and ftorch), with its .pth files.
+    Ref addsitedir(import_attr("site", "addsitedir"));
+    Ref sys_path(import_attr("sys", "path"));
+    if (!addsitedir || !sys_path) {
+      status = python_failure("cannot set up sys.path");
+    } else {
+      Ref site(PyUnicode_DecodeFSDefault(site_dir));
+      const int present = site ? PySequence_Contains(sys_path.get(), site.get()) : -1;
+      if (present < 0) {
+        status = python_failure("cannot set up sys.path");
+      } else if (present == 0) {
+        Ref r(PyObject_CallFunctionObjArgs(addsitedir.get(), site.get(), nullptr));
+        // addsitedir appends: move the environment's directory to the front.
+        if (!r || PySequence_DelItem(sys_path.get(), PySequence_Index(sys_path.get(), site.get())) != 0 ||
+            PyList_Insert(sys_path.get(), 0, site.get()) != 0) {
+          status = python_failure("cannot add " + std::string(site_dir) + " to sys.path");
+        }
+      }
+    }
+    if (status == 0) {
+      Ref embed(PyImport_ImportModule("ftorch._embed"));
+      if (!embed) {
+        status = python_failure("cannot import ftorch._embed from " + std::string(site_dir));
+      } else {
+        state.describe = PyObject_GetAttrString(embed.get(), "describe");
+        Ref check(PyObject_GetAttrString(embed.get(), "check_torch"));
+        Ref ok(check ? PyObject_CallFunction(check.get(), "ss", torch_version, torch_dir) : nullptr);
+        if (!ok) {
+          status = python_failure("the embedded Python cannot use the torch FTorch was built with");
+        } else {
+          state.load = PyObject_GetAttrString(embed.get(), "load");
+          state.from_dlpack = import_attr("torch.utils.dlpack", "from_dlpack");
+          state.to_dlpack = import_attr("torch.utils.dlpack", "to_dlpack");
+          state.tensor_type = import_attr("torch", "Tensor");
+          if (state.load == nullptr || state.from_dlpack == nullptr || state.to_dlpack == nullptr ||
+              state.tensor_type == nullptr) {
+            status = python_failure("cannot find torch's DLPack functions");
+          }
+        }
+      }
+    }
+  }
+  // Control goes back to Fortran without the GIL: other threads may call Python, and the
+  // autograd engine (PyTorch's Python engine, now that torch is imported) may run.
+  if (state.started_here && state.main_state == nullptr) state.main_state = PyEval_SaveThread();
+  return status;
+}
+
+int bridge_load(const char *name, void **module) {
+  Gil gil;
+  Ref arg(PyUnicode_DecodeFSDefault(name));
+  Ref m(arg ? PyObject_CallFunctionObjArgs(state.load, arg.get(), nullptr) : nullptr);
+  if (!m) return python_failure("cannot load Python module '" + std::string(name) + "'");
+  *module = m.release();
+  return 0;
+}
+
+void bridge_release(void *module) {
+  if (module == nullptr || state.finalized || Py_IsInitialized() == 0) return;
+  Gil gil;
+  Py_DECREF(static_cast<PyObject *>(module));
+}
+
+int bridge_call(void *module, const char *function, const ftc_bridge_value *args, int64_t n_args,
+                ftc_bridge_sink sink, void *ctx) {
+  Gil gil;
+  if (state.finalized) {
+    // Arguments handed over must still be freed.
+    for (int64_t i = 0; i < n_args; ++i) {
+      if (args[i].kind == FTC_ARG_TENSOR) state.dlpack_delete(args[i].dlpack);
+    }
+    return fail("the Python interpreter has been finalized");
+  }
+  // Every tensor argument is handed to a capsule (which frees it if the call never takes it).
+  Ref tuple(PyTuple_New(static_cast<Py_ssize_t>(n_args)));
+  int64_t converted = 0;
+  bool ok = tuple.get() != nullptr;
+  for (; ok && converted < n_args; ++converted) {
+    PyObject *o = to_python(args[converted]);
+    if (o == nullptr || PyTuple_SetItem(tuple.get(), static_cast<Py_ssize_t>(converted), o) != 0) ok = false;
+  }
+  if (!ok) {
+    for (int64_t i = converted; i < n_args; ++i) {
+      if (args[i].kind == FTC_ARG_TENSOR) state.dlpack_delete(args[i].dlpack);
+    }
+    return python_failure(std::string("cannot pass argument ") + std::to_string(converted) + " to " + function + "()");
+  }
+  Ref fn(PyObject_GetAttrString(static_cast<PyObject *>(module), function));
+  if (!fn) return python_failure(std::string("no function ") + function);
+  Ref result(PyObject_CallObject(fn.get(), tuple.get()));
+  if (!result) return python_failure(std::string(function) + "() raised");
+  if (result.get() == Py_None) return 0;
+  if (PyTuple_Check(result.get()) || PyList_Check(result.get())) {
+    const Py_ssize_t n = PySequence_Size(result.get());
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      Ref item(PySequence_GetItem(result.get(), i));
+      if (!item) return python_failure(std::string("cannot read the results of ") + function + "()");
+      if (from_python(item.get(), i, function, sink, ctx) != 0) return 1;
+    }
+    return 0;
+  }
+  return from_python(result.get(), 0, function, sink, ctx);
+}
+
+const char *bridge_last_error() { return last_error.c_str(); }
+
+void bridge_finalize() {
+  // Only an interpreter we started, and only from its thread (Python requires it).
+  if (!state.started_here || state.finalized || std::this_thread::get_id() != state.init_thread) return;
+  if (state.main_state != nullptr) PyEval_RestoreThread(state.main_state);
+  state.finalized = true;
+  Py_CLEAR(state.from_dlpack);
+  Py_CLEAR(state.to_dlpack);
+  Py_CLEAR(state.tensor_type);
+  Py_CLEAR(state.load);
+  Py_CLEAR(state.describe);
+  Py_FinalizeEx();
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int ftorch_python_bridge(int version, ftc_bridge *out) {
+  if (version != FTC_BRIDGE_VERSION || out == nullptr) return 1;
+  out->initialize = bridge_initialize;
+  out->load = bridge_load;
+  out->release = bridge_release;
+  out->call = bridge_call;
+  out->last_error = bridge_last_error;
+  out->finalize = bridge_finalize;
+  return 0;
+}

@@ -1,0 +1,55 @@
+/* python_bridge.h - between libftorch_c (which knows torch, not Python) and libftorch_python
+ * (which knows only Python's stable C API, not torch): tensors cross as DLPack capsules, so one
+ * bridge serves every Python version. Internal: not installed. */
+#ifndef FTORCH_PYTHON_BRIDGE_H
+#define FTORCH_PYTHON_BRIDGE_H
+
+#include <stdint.h>
+
+#define FTC_BRIDGE_VERSION 1
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One argument or result. kind is an enum ftc_arg_kind value. A tensor is a DLManagedTensor*
+ * whose ownership moves with the value. */
+struct ftc_bridge_value {
+  int kind;
+  void *dlpack;
+  int requires_grad;
+  int64_t integer; /* integers, and logicals (0/1) */
+  double real;
+  const char *text; /* strings: not NUL-terminated; valid during the call that passes it */
+  int64_t length;
+};
+
+/* Receives the results of a call, one by one; returns 0, or nonzero (out of memory) to stop. */
+typedef int (*ftc_bridge_sink)(void *ctx, const struct ftc_bridge_value *value);
+
+struct ftc_bridge {
+  /* Start (or join) the interpreter: program is the Python executable of the environment
+   * (sys.prefix follows from it), site_dir its site-packages, which holds torch at torch_dir,
+   * of version torch_version; dlpack_delete frees a DLManagedTensor nobody took. 0 or nonzero. */
+  int (*initialize)(const char *program, const char *site_dir, const char *torch_version, const char *torch_dir,
+                    void (*dlpack_delete)(void *));
+  /* Load a module by file path or dotted name into *module (a new reference). */
+  int (*load)(const char *name, void **module);
+  /* Drop a module reference (nothing once the interpreter is finalized). */
+  void (*release)(void *module);
+  /* module.function(*args); results (None: none, a tuple/list: its items, else one) to sink. */
+  int (*call)(void *module, const char *function, const struct ftc_bridge_value *args, int64_t n_args,
+              ftc_bridge_sink sink, void *ctx);
+  /* Message of the calling thread's last failure. */
+  const char *(*last_error)(void);
+  /* At process exit: finalize an interpreter this bridge started (on the thread that started it). */
+  void (*finalize)(void);
+};
+
+/* The one symbol libftorch_python exports: fills *out; 0, or nonzero for a version mismatch. */
+int ftorch_python_bridge(int version, struct ftc_bridge *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,73 @@
+"""Python functions the Fortran test program test_python.f90 calls through torch_pymodule."""
+
+import torch
+
+calls = 0
+kept = None
+
+
+def add(a, b):
+    return a + b
+
+
+def echo(*args):
+    """Every argument back, unchanged (tensors come back over the same memory)."""
+    return args
+
+
+def kinds(*args):
+    return ",".join(type(a).__name__ for a in args)
+
+
+def grad_flags(*tensors):
+    return tuple(t.requires_grad for t in tensors)
+
+
+def layout(t):
+    """Shape, strides and whether it is a view of the caller's memory (no copy)."""
+    return (*t.shape, *t.stride())
+
+
+def scale_(t, factor):
+    """Writes into the caller's array."""
+    t.mul_(factor)
+
+
+def keep(t):
+    global kept
+    kept = t
+
+
+def kept_sum():
+    return float(kept.sum())
+
+
+def arange(n):
+    return torch.arange(n, dtype=torch.float64)
+
+
+def count():
+    global calls
+    calls += 1
+    return calls
+
+
+def fail(message):
+    raise ValueError(message)
+
+
+def nothing():
+    return None
+
+
+def a_dict():
+    return {"a": 1}
+
+
+def scalar_tensor(x):
+    return x.sum()
+
+
+def square_sum(x):
+    """A result with autograd history (it is detached when it crosses back)."""
+    return (x * x).sum()

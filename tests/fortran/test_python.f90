@@ -1,0 +1,257 @@
+!> Embedded Python: torch_pymodule and torch_arglist (argument kinds, aliasing both ways, results,
+!> errors, several modules, autograd after Python started, memory over many calls).
+!> Usage: test_python DATA_DIR PY_DIR (PY_DIR holds pyfuncs.py).
+program test_python
+  use, intrinsic :: iso_fortran_env, only: real32, real64, int32, int64
+  use ftorch
+  use testing, only: check, check_close, summary, rss_kib
+  implicit none
+
+  character(len=1024) :: data_dir, py_dir
+  type(torch_pymodule) :: py, py2, other, math
+  type(torch_tensor) :: a, b, c, r, x, y, g
+  type(torch_arglist) :: args, results
+  real(real64), target :: av(3), bv(3), cv(3), m(2, 3), out(5), xv(3), gv(3)
+  real(real32), target :: f32(4)
+  integer(int64) :: i64, n_before, n_after
+  integer(int32) :: i32
+  real(real64) :: r64
+  real(real32) :: r32
+  logical :: flag
+  integer :: stat, i, rss_before, rss_after
+  character(len=4096) :: errmsg
+
+  call get_command_argument(1, data_dir)
+  call get_command_argument(2, py_dir)
+
+  call check(.not. torch_python_loaded(), "Python is not loaded before the first pymodule")
+  call torch_pymodule_load(py, trim(py_dir) // "/pyfuncs.py")
+  call check(torch_python_loaded(), "loading a pymodule starts Python")
+
+  ! Tensors in, tensors out (written into the outputs' memory, i.e. the Fortran array).
+  av = [1d0, 2d0, 3d0]
+  bv = [10d0, 20d0, 30d0]
+  cv = 0
+  call torch_tensor_from_array(a, av, torch_kCPU)
+  call torch_tensor_from_array(b, bv, torch_kCPU)
+  call torch_tensor_from_array(c, cv, torch_kCPU)
+  call torch_pymodule_call(py, "add", [a, b], [c])
+  call check_close(cv, [11d0, 22d0, 33d0], 0d0, "tensors in, result written into the output array")
+
+  ! Every argument kind goes in, and comes back (echo returns its arguments).
+  call torch_arglist_add(args, a)
+  call torch_arglist_add(args, 7_int32)
+  call torch_arglist_add(args, 8_int64)
+  call torch_arglist_add(args, 2.5_real32)
+  call torch_arglist_add(args, 0.1_real64)
+  call torch_arglist_add(args, .true.)
+  call torch_arglist_add(args, "hello")
+  call check(torch_arglist_size(args) == 7, "arglist size")
+  call torch_pymodule_call(py, "kinds", args, results)
+  call check(torch_arglist_size(results) == 1 .and. torch_arglist_kind(results, 1) == torch_kArgString, &
+             "kinds() returns one string")
+  call torch_pymodule_call(py, "echo", args, results)
+  call check(torch_arglist_size(results) == 7, "echo returns every argument")
+  call check(torch_arglist_kind(results, 1) == torch_kArgTensor .and. torch_arglist_kind(results, 2) == torch_kArgInt &
+             .and. torch_arglist_kind(results, 4) == torch_kArgReal .and. &
+             torch_arglist_kind(results, 6) == torch_kArgLogical .and. torch_arglist_kind(results, 7) == torch_kArgString, &
+             "result kinds: tensor, int, float, bool, str")
+  call torch_arglist_get(results, 2, i32)
+  call torch_arglist_get(results, 3, i64)
+  call check(i32 == 7 .and. i64 == 8, "integers round-trip")
+  call torch_arglist_get(results, 4, r32)
+  call torch_arglist_get(results, 5, r64)
+  call check(r32 == 2.5_real32 .and. r64 == 0.1_real64, "reals round-trip exactly (as Python floats)")
+  call torch_arglist_get(results, 6, flag)
+  call check(flag, "logical round-trips")
+  call torch_arglist_get(results, 1, r)
+  call torch_tensor_to_array(r, out(1:3))
+  call check_close(out(1:3), av, 0d0, "tensor round-trips")
+  av(2) = -5d0
+  call torch_tensor_to_array(r, out(1:3))
+  call check(out(2) == -5d0, "a tensor returned by Python still aliases the Fortran array (no copy either way)")
+  av(2) = 2d0
+  call torch_arglist_get(results, 7, r, stat=stat, errmsg=errmsg)
+  call check(stat == FTORCH_ERR_DTYPE .and. index(errmsg, "item 7 is a string") > 0, "reading a string as a tensor fails")
+  call torch_arglist_get(results, 1, r64, stat=stat, errmsg=errmsg)
+  call check(stat == FTORCH_ERR_DTYPE .and. index(errmsg, "shape [3]") > 0, "a 3-element tensor is not a real")
+  call torch_arglist_get(results, 9, r64, stat=stat, errmsg=errmsg)
+  call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(errmsg, "out of range") > 0, "item index out of range")
+
+  ! Layout: a Fortran (2, 3) array is a (2, 3) tensor with Fortran strides, no copy.
+  m = reshape([1d0, 2d0, 3d0, 4d0, 5d0, 6d0], [2, 3])
+  call torch_tensor_from_array(x, m, torch_kCPU)
+  call torch_arglist_clear(args)
+  call torch_arglist_add(args, x)
+  call torch_pymodule_call(py, "layout", args, results)
+  call torch_arglist_get(results, 1, i64)
+  call check(torch_arglist_size(results) == 4, "layout returns shape and strides")
+  call torch_arglist_get(results, 3, i32)
+  call torch_arglist_get(results, 4, i)
+  call check(i64 == 2 .and. i32 == 1 .and. i == 2, "shape (2, 3), strides (1, 2): Fortran order seen in Python")
+
+  ! Python writes into the Fortran array; Fortran changes are seen by Python.
+  call torch_arglist_clear(args)
+  call torch_arglist_add(args, x)
+  call torch_arglist_add(args, 3d0)
+  call torch_pymodule_call(py, "scale_", args)
+  call check(all(m == 3 * reshape([1d0, 2d0, 3d0, 4d0, 5d0, 6d0], [2, 3])), "Python's in-place write lands in the Fortran array")
+  call torch_arglist_clear(args)
+  call torch_arglist_add(args, x)
+  call torch_pymodule_call(py, "keep", args)
+  m = 1d0
+  call torch_pymodule_call(py, "kept_sum", torch_arglist(), results)
+  call torch_arglist_get(results, 1, r64)
+  call check(r64 == 6d0, "a tensor kept by Python sees later Fortran writes")
+
+  ! requires_grad is carried.
+  call torch_tensor_from_array(y, xv, torch_kCPU, requires_grad=.true.)
+  call torch_arglist_clear(args)
+  call torch_arglist_add(args, y)
+  call torch_arglist_add(args, a)
+  call torch_pymodule_call(py, "grad_flags", args, results)
+  call torch_arglist_get(results, 1, flag)
+  call check(flag, "requires_grad arrives set")
+  call torch_arglist_get(results, 2, flag)
+  call check(.not. flag, "requires_grad arrives unset")
+
+  ! New tensors from Python; a 0-d tensor reads as a number; float32 tensors.
+  call torch_arglist_clear(args)
+  call torch_arglist_add(args, 5)
+  call torch_pymodule_call(py, "arange", args, results)
+  call torch_arglist_get(results, 1, r)
+  call torch_tensor_to_array(r, out)
+  call check_close(out, [0d0, 1d0, 2d0, 3d0, 4d0], 0d0, "a new tensor from Python")
+  f32 = [1.5, 2.5, 3.5, 4.5]
+  call torch_tensor_from_array(g, f32, torch_kCPU)
+  call torch_arglist_clear(args)
+  call torch_arglist_add(args, g)
+  call torch_pymodule_call(py, "scalar_tensor", args, results)
+  call torch_arglist_get(results, 1, r32)
+  call check(r32 == 12.0, "a one-element tensor result reads as a real")
+
+  ! Results with autograd history come back detached; gradients are computed on one side.
+  xv = [1d0, 2d0, 3d0]
+  call torch_arglist_clear(args)
+  call torch_arglist_add(args, y)
+  call torch_pymodule_call(py, "square_sum", args, results)
+  call torch_arglist_get(results, 1, r64)
+  call check(r64 == 14d0, "square_sum value")
+
+  ! Fortran autograd keeps working after torch was imported in the embedded interpreter.
+  call torch_tensor_delete(r)
+  r = y * y * 0.5d0
+  call torch_tensor_backward(torch_sum(r))
+  call torch_tensor_delete(g)
+  call torch_tensor_get_gradient(g, y)
+  call torch_tensor_to_array(g, gv)
+  call check_close(gv, xv, 0d0, "torch_tensor_backward from Fortran after Python started")
+
+  ! None gives no results; several outputs must match what is returned.
+  call torch_pymodule_call(py, "nothing", torch_arglist(), results)
+  call check(torch_arglist_size(results) == 0, "None returns no results")
+  call torch_pymodule_call(py, "add", [a, b], [c, x], stat=stat, errmsg=errmsg)
+  call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(errmsg, "returned 1 tensor but 2 output tensors") > 0, &
+             "output count mismatch")
+  call torch_pymodule_call(py, "add", [a, b], [x], stat=stat, errmsg=errmsg)
+  call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(errmsg, "shape") > 0, "output shape mismatch")
+  call torch_pymodule_call(py, "a_dict", torch_arglist(), results, stat=stat, errmsg=errmsg)
+  call check(stat == FTORCH_ERR_PYTHON .and. index(errmsg, "is a dict") > 0, "an unsupported result type is an error")
+
+  ! Exceptions become stat/errmsg with type, message and traceback; the module stays usable.
+  call torch_arglist_clear(args)
+  call torch_arglist_add(args, "bad input 42")
+  call torch_pymodule_call(py, "fail", args, stat=stat, errmsg=errmsg)
+  call check(stat == FTORCH_ERR_PYTHON, "a Python exception is FTORCH_ERR_PYTHON")
+  call check(index(errmsg, "ValueError: bad input 42") > 0, "errmsg has the exception type and message")
+  call check(index(errmsg, "Traceback") > 0 .and. index(errmsg, "pyfuncs.py") > 0, "errmsg has the traceback")
+  call torch_pymodule_call(py, "no_such_function", torch_arglist(), stat=stat, errmsg=errmsg)
+  call check(stat == FTORCH_ERR_PYTHON .and. index(errmsg, "AttributeError") > 0, "a missing function is an error")
+  cv = 0
+  call torch_pymodule_call(py, "add", [a, b], [c])
+  call check(cv(1) == 11d0, "the module works after exceptions")
+
+  ! Loading errors.
+  call torch_pymodule_load(other, trim(py_dir) // "/missing.py", stat, errmsg)
+  call check(stat == FTORCH_ERR_PYTHON .and. index(errmsg, "FileNotFoundError") > 0, "a missing file")
+  call torch_pymodule_load(other, trim(py_dir) // "/syntax_error.py", stat, errmsg)
+  call check(stat == FTORCH_ERR_PYTHON .and. index(errmsg, "SyntaxError") > 0, "a file with a syntax error")
+  call torch_pymodule_load(other, "no_such_module_xyz", stat, errmsg)
+  call check(stat == FTORCH_ERR_PYTHON .and. index(errmsg, "ModuleNotFoundError") > 0, "a missing module")
+  call torch_pymodule_call(other, "f", torch_arglist(), stat=stat, errmsg=errmsg)
+  call check(stat == FTORCH_ERR_NULL_HANDLE, "an unloaded pymodule is an error")
+
+  ! Several modules at once: two loads of one file have their own state; modules by name.
+  call torch_pymodule_load(py2, trim(py_dir) // "/pyfuncs.py")
+  call torch_pymodule_call(py, "count", torch_arglist(), results)
+  call torch_pymodule_call(py, "count", torch_arglist(), results)
+  call torch_arglist_get(results, 1, i)
+  call torch_pymodule_call(py2, "count", torch_arglist(), results)
+  call torch_arglist_get(results, 1, i32)
+  call check(i == 2 .and. i32 == 1, "two loads of a file keep separate state")
+  call torch_pymodule_load(math, "math")
+  call torch_arglist_clear(args)
+  call torch_arglist_add(args, 16d0)
+  call torch_pymodule_call(math, "sqrt", args, results)
+  call torch_arglist_get(results, 1, r64)
+  call check(r64 == 4d0, "a module loaded by dotted name")
+
+  ! Model forward with non-tensor arguments (forward(x, scale: float, n: int, flag: bool)).
+  block
+    type(torch_model) :: model
+    call torch_model_load(model, trim(data_dir) // "/scalar_args.pt", torch_kCPU)
+    call torch_arglist_clear(args)
+    call torch_arglist_add(args, a)
+    call torch_arglist_add(args, 2d0)
+    call torch_arglist_add(args, 3)
+    call torch_arglist_add(args, .true.)
+    call torch_model_forward(model, args, [c])
+    call check_close(cv, [7d0, 9d0, 11d0], 0d0, "forward(x, 2.0, 3, True) = x * 2 + 3 + 2")
+    call torch_model_forward(model, args, results)
+    call torch_arglist_get(results, 1, r)
+    call torch_tensor_to_array(r, out(1:3))
+    call check_close(out(1:3), [7d0, 9d0, 11d0], 0d0, "forward into a results list")
+    call torch_arglist_clear(args)
+    call torch_arglist_add(args, a)
+    call torch_arglist_add(args, "not a number")
+    call torch_model_forward(model, args, [c], stat=stat, errmsg=errmsg)
+    call check(stat == FTORCH_ERR_TORCH, "a wrongly typed scalar argument is a clear error")
+    call torch_model_delete(model)
+  end block
+
+  ! Memory stays flat over 10^4 calls (handles and resident memory).
+  call torch_arglist_clear(args)
+  call torch_arglist_add(args, a)
+  call torch_arglist_add(args, 2d0)
+  do i = 1, 1000
+    call torch_pymodule_call(py, "add", [a, b], [c])
+    call torch_pymodule_call(py, "echo", args, results)
+  end do
+  n_before = ftorch_live_handles()
+  rss_before = rss_kib()
+  do i = 1, 10000
+    call torch_pymodule_call(py, "add", [a, b], [c])
+    call torch_pymodule_call(py, "echo", args, results)
+    call torch_pymodule_call(py, "fail", args, stat=stat)
+  end do
+  n_after = ftorch_live_handles()
+  rss_after = rss_kib()
+  call check(n_after == n_before, "live handles flat over 10^4 calls")
+  print '(a, i0, a)', "  resident memory grew by ", rss_after - rss_before, " KiB over 3x10^4 calls"
+  call check(rss_after - rss_before < 4096, "resident memory flat over 10^4 calls (< 4 MiB growth)")
+
+  call torch_delete(a)
+  call torch_delete(b)
+  call torch_delete(c)
+  call torch_delete(r)
+  call torch_delete(x)
+  call torch_delete(y)
+  call torch_delete(g)
+  call torch_arglist_delete(args)
+  call torch_arglist_delete(results)
+  call torch_pymodule_delete(py)
+  call torch_pymodule_delete(py2)
+  call torch_pymodule_delete(math)
+  call check(ftorch_live_handles() == 0, "no live handles at the end")
+  call summary()
+end program test_python
