@@ -96,6 +96,7 @@ def build(directory: Path) -> Path:
     torch.jit.script(TupleNet()).save(str(directory / "tuple_net.pt"))
     torch.jit.script(DictNet()).save(str(directory / "dict_net.pt"))
     torch.jit.script(ScalarArgs()).save(str(directory / "scalar_args.pt"))
+    (directory / "py_raises.py").write_text("def fail(message):\n    raise ValueError(message)\n")
 
     batched = Batched().double().eval()
     torch.jit.script(batched).save(str(directory / "batched.pt"))

@@ -55,6 +55,7 @@ ERROR_CASES = {
     "backward_no_grad": ("torch_tensor_backward", "does not require grad"),
     "gradient_before_backward": ("torch_tensor_get_gradient", "no gradient yet"),
     "implicit_backward_non_scalar": ("torch_tensor_backward", "one-element tensor"),
+    "python_exception": ("torch_pymodule_call", "ValueError: boom"),
 }
 
 

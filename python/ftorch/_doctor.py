@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import shutil
 import subprocess
@@ -54,17 +55,17 @@ def _check_torch(r: Report) -> None:
         r.ok(f"torch {installed} matches the torch FTorch was built against ({built})")
 
 
-def _check_library(r: Report) -> None:
+def _check_library(r: Report):
     lib = ftorch.get_library()
     if not lib.exists():
         r.fail(f"C++ library missing: {lib}", "reinstall FTorch: pip install --force-reinstall ftorch")
-        return
+        return None
     try:
         handle = ctypes.CDLL(str(lib))
     except OSError as exc:
         r.fail(f"C++ library does not load: {exc}",
                f"install the torch it was built for: pip install torch=={_public(ftorch.torch_version)}")
-        return
+        return None
     handle.ftc_check_runtime.restype = ctypes.c_int
     handle.ftc_last_error.restype = ctypes.c_char_p
     if handle.ftc_check_runtime() != 0:
@@ -72,6 +73,30 @@ def _check_library(r: Report) -> None:
                f"pip install torch=={_public(ftorch.torch_version)}")
     else:
         r.ok(f"C++ library loads LibTorch {ftorch.torch_version}: {lib}")
+    return handle
+
+
+def _check_embedded_python(r: Report, handle) -> None:
+    """What a Fortran program's first torch_pymodule_load would use (optional feature: warnings)."""
+    buf = ctypes.create_string_buffer(8192)
+    handle.ftc_python_locate.restype = ctypes.c_int
+    if handle.ftc_python_locate(buf, ctypes.c_int64(len(buf))) != 0:
+        r.warn("embedded Python (torch_pymodule) unavailable: " + handle.ftc_last_error().decode(errors="replace"),
+               "install the shared libpython of this environment's Python, or set FTORCH_LIBPYTHON")
+        return
+    libpython, _, executable = buf.value.decode(errors="replace").partition("\n")
+    if not executable or not os.path.isfile(executable):
+        r.warn(f"embedded Python: no interpreter executable found next to {libpython}",
+               "set FTORCH_PYTHON to this environment's python")
+        return
+    probe = subprocess.run([executable, "-c", "import torch; print(torch.__version__)"],
+                           capture_output=True, text=True, check=False)
+    version = probe.stdout.strip()
+    if probe.returncode != 0 or version != ftorch.torch_version:
+        r.warn(f"embedded Python: {executable} imports torch {version or '(none)'}, FTorch was built against "
+               f"{ftorch.torch_version}", "set FTORCH_PYTHON and FTORCH_LIBPYTHON to the environment FTorch is in")
+        return
+    r.ok(f"embedded Python (torch_pymodule): libpython {libpython}, interpreter {executable}")
 
 
 def _check_tools(r: Report) -> None:
@@ -113,7 +138,9 @@ def run() -> int:
     print(f"FTorch {ftorch.__version__} at {ftorch.get_package_dir()}")
     r = Report()
     _check_torch(r)
-    _check_library(r)
+    handle = _check_library(r)
+    if handle is not None:
+        _check_embedded_python(r, handle)
     _check_tools(r)
     if r.failures:
         print(f"{r.failures} problem(s) found")

@@ -17,6 +17,14 @@ program error_stop
   x = 1.0d0
   call get_command_argument(2, which)
   select case (trim(which))
+  case ("python_exception")
+    block
+      type(torch_pymodule) :: py
+      type(torch_arglist) :: args
+      call torch_pymodule_load(py, data_path("py_raises.py"))
+      call torch_arglist_add(args, "boom")
+      call torch_pymodule_call(py, "fail", args)
+    end block
   case ("missing_file")
     call torch_model_load(model, data_path("does_not_exist.pt"), torch_kCPU)
   case ("corrupt_file")

@@ -1,0 +1,71 @@
+"""Embedded Python (tests/fortran/test_python.f90 and test_python_threads.f90): torch_pymodule
+calls with every argument kind, aliasing both ways, errors, several modules, autograd after
+Python started, memory over 10^4 calls, OpenMP threads; and programs that never use Python do not
+load it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import COMPILERS, IN_CI, TESTS, assert_all_passed, helper, require_compiler, run, tool_env
+
+PY_DIR = TESTS / "fortran" / "py"
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_pymodule_calls(cmake_consumer, data_dir, compiler):
+    bdir = cmake_consumer(compiler)
+    proc = run([bdir / "test_python", data_dir, PY_DIR], check=False, timeout=600)
+    assert_all_passed(proc)
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_pymodule_from_openmp_threads(installed, tmp_path, compiler):
+    fc = require_compiler(compiler)
+    build = tmp_path / "build"
+    configure = run(["cmake", "-S", TESTS / "projects" / "threads", "-B", build, "-G", "Ninja",
+                     f"-DCMAKE_Fortran_COMPILER={fc}", f"-DCMAKE_PREFIX_PATH={installed['prefix']}"],
+                    env=tool_env(), check=False)
+    if configure.returncode != 0 and "OpenMP" in configure.stdout + configure.stderr and not IN_CI:
+        pytest.skip(f"{compiler} has no OpenMP runtime here")
+    assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
+    run(["cmake", "--build", build, "--target", "test_python_threads"], env=tool_env())
+    env = dict(os.environ, OMP_NUM_THREADS="4", OMP_DYNAMIC="false")
+    proc = run([build / "test_python_threads", PY_DIR], env=env, check=False, timeout=600)
+    assert_all_passed(proc)
+
+
+def test_core_library_links_no_python(installed):
+    needed = run(["readelf", "-d", os.path.join(installed["libdir"], "libftorch_c.so")]).stdout
+    assert "libpython" not in needed
+    bridge = run(["readelf", "-d", os.path.join(installed["libdir"], "libftorch_python.so")]).stdout
+    assert "libpython" not in bridge  # it uses the interpreter already in the process
+    assert "libtorch" not in bridge
+
+
+def test_a_program_that_never_uses_python_does_not_load_it(cmake_consumer, data_dir):
+    bdir = cmake_consumer(COMPILERS[0])
+    env = dict(os.environ, LD_DEBUG="files")
+    proc = run([bdir / "test_tensor", data_dir], env=env, check=False)
+    assert_all_passed(proc)
+    loaded = [ln for ln in proc.stderr.splitlines() if "file=" in ln]
+    assert any("libtorch_cpu" in ln for ln in loaded)  # LD_DEBUG did report the loads
+    assert not any("libpython" in ln or "libftorch_python" in ln for ln in loaded)
+
+
+def test_missing_libpython_is_a_clear_error(cmake_consumer, data_dir):
+    bdir = cmake_consumer(COMPILERS[0])
+    env = dict(os.environ, FTORCH_LIBPYTHON="/nonexistent/libpython3.11.so")
+    proc = run([bdir / "error_stop", data_dir, "python_exception"], env=env, check=False)
+    out = proc.stdout + proc.stderr
+    assert 0 < proc.returncode < 128
+    assert "[torch_pymodule_load]" in out and "FTORCH_LIBPYTHON=/nonexistent/libpython3.11.so is not a file" in out
+
+
+def test_doctor_reports_the_embedded_interpreter(installed):
+    out = helper("doctor")
+    assert "embedded Python" in out and "libpython" in out
