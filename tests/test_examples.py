@@ -19,6 +19,7 @@ def examples(installed, tmp_path_factory):
     run([sys.executable, REPO / "examples" / "05_model_gradients" / "write_model.py", work])
     run([sys.executable, REPO / "examples" / "06_online_training" / "write_model.py", work])
     run([sys.executable, REPO / "examples" / "09_hybrid_physics" / "write_model.py", work])
+    run([sys.executable, REPO / "examples" / "12_pytorch_fortran" / "write_model.py", work])
 
     def build(compiler):
         fc = require_compiler(compiler)
@@ -35,13 +36,15 @@ def examples(installed, tmp_path_factory):
 
 @pytest.mark.parametrize("compiler", COMPILERS)
 @pytest.mark.parametrize("example", ["tensors", "inference", "errors", "autograd", "model_gradients",
-                                     "online_training", "time_stepping", "custom_function", "hybrid_physics"])
+                                     "online_training", "time_stepping", "custom_function", "hybrid_physics",
+                                     "python_training", "migration"])
 def test_example_runs(examples, compiler, example):
     bdir, work = examples(compiler)
     args = ["400"] if example == "online_training" else []
     proc = run([bdir / example, work, *args])
     number = {"tensors": 1, "inference": 2, "errors": 3, "autograd": 4, "model_gradients": 5,
-              "online_training": 6, "time_stepping": 7, "custom_function": 8, "hybrid_physics": 9}[example]
+              "online_training": 6, "time_stepping": 7, "custom_function": 8, "hybrid_physics": 9,
+              "python_training": 11, "migration": 12}[example]
     assert f"example {number} finished" in proc.stdout
 
 
@@ -66,3 +69,37 @@ def test_online_training_demo_script(installed, tmp_path):
     untrained = torch.jit.load(str(tmp_path / "emulator.pt"))
     x = torch.rand(5, 3, dtype=torch.float64)
     assert not torch.equal(trained(x), untrained(x)), "the saved model holds the trained weights"
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_python_training_equals_the_same_loop_in_python_alone(examples, compiler):
+    """Example 11: replay, in this Python process, the data the Fortran simulation sent to
+    trainer.py; the model trained from Fortran is bit for bit the one trained here."""
+    import importlib.util
+
+    import torch
+
+    bdir, work = examples(compiler)
+    run([bdir / "python_training", work])
+    saved = torch.load(work / "trainer_state.pt")
+    spec = importlib.util.spec_from_file_location("trainer_replay", REPO / "examples" / "11_python_training" / "trainer.py")
+    trainer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trainer)
+    assert len(saved["received"]) == 150
+    for state, tendency in saved["received"]:
+        trainer.train_step(state, tendency)
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(value, saved["model"][name]), name
+
+
+def test_migration_example_uses_native_calls_on_torch_ftn_objects(examples):
+    import torch
+
+    bdir, work = examples(COMPILERS[0])
+    proc = run([bdir / "migration", work])
+    assert "parameters: 65" in proc.stdout
+    losses = [float(line.split()[-1]) for line in proc.stdout.splitlines() if line.startswith("epoch")]
+    assert losses[-1] < losses[0]
+    trained = torch.jit.load(str(work / "pf_mlp_trained.pt"))
+    assert (work / "pf_checkpoint.pt").stat().st_size > 0
+    assert sum(p.numel() for p in trained.parameters()) == 65
