@@ -84,6 +84,41 @@ def measure(commands, args, iterations, reps, env):
     return results
 
 
+def measure_embedding(commands, model, script, iterations, reps, env) -> dict:
+    """The training step of batch 1, hidden 32 through TorchScript from Fortran, through an embedded
+    Python function from Fortran, and the same Python function called from Python; and an empty
+    Python function called from Fortran and from Python. Interleaved repetitions, per-call medians."""
+    runs = {
+        "torchscript_fortran": [*commands["fortran"], "train", model, 1, 16, 16, iterations],
+        "pymodule_fortran": [*commands["fortran"], "pymodule", model, 1, 16, 16, iterations, script],
+        "pymodule_python": [*commands["python"], "pymodule", model, 1, 16, 16, iterations, script],
+        "noop_fortran": [*commands["fortran"], "pycall", model, 1, 16, 16, iterations * 5, script],
+        "noop_python": [*commands["python"], "pycall", model, 1, 16, 16, iterations * 5, script],
+    }
+    times = {k: [] for k in runs}
+    for _ in range(reps):
+        for k, cmd in runs.items():
+            n = iterations * 5 if k.startswith("noop") else iterations
+            times[k].append(parse(run(cmd, env=env))["seconds"] / n)
+    out = {k: statistics.median(v) for k, v in times.items()}
+    out["embedding_overhead_step"] = out["pymodule_fortran"] - out["pymodule_python"]
+    out["embedding_overhead_call"] = out["noop_fortran"] - out["noop_python"]
+    return out
+
+
+def embedding_table(e) -> str:
+    us = 1e6
+    return "\n".join([
+        "| embedded Python (batch 1, hidden 32), per call | Fortran → Python (torch_pymodule) | Python → Python | "
+        "embedding adds | Fortran → TorchScript |",
+        "|---|---|---|---|---|",
+        f"| training step (Adam, MSE) | {e['pymodule_fortran'] * us:.3g} µs | {e['pymodule_python'] * us:.3g} µs | "
+        f"{e['embedding_overhead_step'] * us:.2g} µs | {e['torchscript_fortran'] * us:.3g} µs |",
+        f"| empty function (2 tensors in, a float out) | {e['noop_fortran'] * us:.3g} µs | "
+        f"{e['noop_python'] * us:.3g} µs | {e['embedding_overhead_call'] * us:.2g} µs | |",
+    ]) + "\n"
+
+
 def instructions_per_step(commands, make_args, iterations=(200, 1200)):
     """valgrind instruction counts per step of the Fortran and C++ programs: the difference between
     two run lengths cancels start-up. make_args(n) gives the command-line arguments for n steps."""
@@ -144,6 +179,9 @@ def table(results) -> str:
         lines.append("|---|---|---|---|")
         for name, r in overhead.items():
             lines.append(f"| {name} | " + " | ".join(f"{r[p]:.2f}" for p in PROGRAMS) + " |")
+    if results.get("embedding"):
+        lines.append("")
+        lines.append(embedding_table(results["embedding"]).rstrip("\n"))
     rss = results.get("rss")
     if rss:
         lines.append("")
@@ -222,6 +260,11 @@ def main(argv=None) -> int:
         plural = "s" if elements > 1 else ""
         case(f"custom function y = x*x + backward, {elements} element{plural}", ["custom", elements, n], n)
         case(f"built-in y = x*x + backward, {elements} element{plural}", ["builtin", elements, n], n)
+
+    if not only or "embedded" in only:
+        print("measuring embedded Python ...", flush=True)
+        results["embedding"] = measure_embedding(commands, models[32], HERE / "python" / "pystep.py",
+                                                 5000 if not quick else 50, reps, env)
 
     if not only or "RSS" in only:
         rss_steps = 100000 if not quick else 1100

@@ -132,6 +132,9 @@ def test_wheel_contents_and_pinned_torch(wheel):
         "ftorch/share/cmake/FTorch/FTorchConfigVersion.cmake", "ftorch/share/cmake/FTorch/FTorchTargets.cmake",
         "ftorch/src/fortran/ftorch.f90", "ftorch/src/fortran/ftorch_tensor.f90",
         "ftorch/src/fortran/ftorch_model.f90", "ftorch/src/fortran/ftorch_test_utils.f90",
+        "ftorch/src/fortran/ftorch_python.f90", "ftorch/src/fortran/ftorch_arglist.f90",
+        "ftorch/src/fortran/torch_ftn.f90", "ftorch/lib/libftorch_python.so", "ftorch/_embed.py",
+        "ftorch/include/ftorch_c_python.h", "ftorch/include/ftorch_c_arglist.h",
     }
     assert expected <= names
     assert not any(n.endswith((".mod", ".o", ".fypp")) for n in names), "no compiler-specific or template files"

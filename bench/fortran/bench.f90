@@ -49,6 +49,10 @@ program bench_fortran
     call get_command_argument(2, path)
     batch = int_arg(3); n_in = int_arg(4); n_out = int_arg(5); iters = int_arg(6)
     call model_case(trim(mode), trim(path), batch, n_in, n_out, iters)
+  case ("pymodule", "pycall")
+    call get_command_argument(2, path)
+    batch = int_arg(3); n_in = int_arg(4); n_out = int_arg(5); iters = int_arg(6)
+    call pymodule_case(trim(mode), trim(path), batch, n_in, n_out, iters)
   case ("ops")
     n = int_arg(2); iters = int_arg(3)
     call ops_case(n, iters)
@@ -165,6 +169,43 @@ contains
     call torch_delete(y)
     call torch_delete(x)
   end subroutine autograd_case
+
+  ! The training step of model_case written in Python (bench/python/pystep.py, argument 7), called
+  ! through torch_pymodule each step ("pymodule"); or an empty Python function ("pycall").
+  subroutine pymodule_case(mode, path, batch, n_in, n_out, iters)
+    character(len=*), intent(in) :: mode, path
+    integer, intent(in) :: batch, n_in, n_out, iters
+    real(real64), allocatable, target :: x(:,:), y(:,:)
+    type(torch_pymodule) :: pystep
+    type(torch_tensor) :: xt, yt
+    type(torch_arglist) :: args, results
+    character(len=4096) :: script
+    character(len=:), allocatable :: fn
+    real(real64) :: loss
+    integer :: i, warm
+    integer(int64) :: t0
+    call get_command_argument(7, script)
+    allocate(x(batch, n_in), y(batch, n_out))
+    call random_number(x)
+    call random_number(y)
+    call torch_pymodule_load(pystep, trim(script))
+    call torch_arglist_add(args, path)
+    call torch_pymodule_call(pystep, "setup", args)
+    call torch_tensor_from_array(xt, x, torch_kCPU)
+    call torch_tensor_from_array(yt, y, torch_kCPU)
+    call torch_arglist_clear(args)
+    call torch_arglist_add(args, xt)
+    call torch_arglist_add(args, yt)
+    fn = "step"
+    if (mode == "pycall") fn = "noop"
+    warm = max(10, iters / 10)
+    do i = 1, warm + iters
+      if (i == warm + 1) t0 = ticks()
+      call torch_pymodule_call(pystep, fn, args, results)
+      call torch_arglist_get(results, 1, loss)
+    end do
+    print '(a,es16.8)', "seconds ", seconds_since(t0)
+  end subroutine pymodule_case
 
   integer(int64) function ticks()
     call system_clock(ticks)

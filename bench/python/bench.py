@@ -46,6 +46,26 @@ def model_case(mode, path, batch, n_in, n_out, iters):
         print(f"rss_at_end {status_kib('VmRSS:')}")
 
 
+def pymodule_case(mode, path, batch, n_in, n_out, iters, script):
+    """The same calls as bench_fortran's pymodule/pycall cases, made from Python."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pystep", script)
+    pystep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pystep)
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(np.asfortranarray(rng.random((batch, n_in))))
+    y = torch.from_numpy(np.asfortranarray(rng.random((batch, n_out))))
+    pystep.setup(path)
+    fn = pystep.step if mode == "pymodule" else pystep.noop
+    warm = max(10, iters // 10)
+    for i in range(1, warm + iters + 1):
+        if i == warm + 1:
+            t0 = time.perf_counter()
+        fn(x, y)
+    print(f"seconds {time.perf_counter() - t0:.8e}")
+
+
 def ops_case(n, iters):
     a, b, c = (torch.from_numpy(np.random.default_rng(i).random(n)) for i in range(3))
     warm = max(10, iters // 10)
@@ -97,6 +117,8 @@ def main(argv):
     mode = argv[1]
     if mode in ("train", "infer", "rss"):
         model_case(mode, argv[2], *map(int, argv[3:7]))
+    elif mode in ("pymodule", "pycall"):
+        pymodule_case(mode, argv[2], *map(int, argv[3:7]), argv[7])
     elif mode == "ops":
         ops_case(int(argv[2]), int(argv[3]))
     elif mode == "from_array":

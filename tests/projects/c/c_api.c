@@ -187,6 +187,40 @@ int main(void) {
   }
   ftc_tensor_delete(&t);
   check(t == NULL && ftc_live_handles() == 0, "delete nulls the handle and is idempotent");
+
+  /* Argument lists and embedded Python from C: math.fsum over a list of reals, and a tensor
+   * handed to Python without a copy (operator.neg returns a new tensor). */
+  {
+    ftc_arglist args = NULL, results = NULL, inner = NULL;
+    ftc_pymodule m = NULL, op = NULL;
+    ftc_tensor x = NULL, y = NULL;
+    double values[3] = {0.5, 1.25, 2.0}, sum = 0, got[3] = {0, 0, 0};
+    int64_t n = 0, three = 3;
+    int kind = -1;
+    check(ftc_python_loaded() == 0, "Python is not loaded before it is used");
+    check(ftc_arglist_add_real(&inner, 0.5) == FTC_OK && ftc_arglist_add_real(&inner, 1.25) == FTC_OK &&
+              ftc_arglist_add_real(&inner, 2.0) == FTC_OK && ftc_arglist_size(inner, &n) == FTC_OK && n == 3,
+          "an argument list of reals");
+    check(ftc_pymodule_load(&m, "statistics") == FTC_OK && ftc_python_loaded() == 1, "load a module by name");
+    check(ftc_arglist_add_real(&args, 1.0) == FTC_OK && ftc_arglist_add_real(&args, 3.0) == FTC_OK, "two reals");
+    check(ftc_pymodule_call(m, "mean", args, NULL, NULL, 0) == FTC_ERR_PYTHON &&
+              strstr(ftc_last_error(), "TypeError") != NULL, "a Python exception is FTC_ERR_PYTHON with its type");
+    check(ftc_pymodule_load(&op, "operator") == FTC_OK, "load operator");
+    check(ftc_pymodule_call(op, "add", args, &results, NULL, 0) == FTC_OK &&
+              ftc_arglist_get_real(results, 0, &sum) == FTC_OK && sum == 4.0, "operator.add(1.0, 3.0) = 4.0");
+    check(ftc_arglist_kind(results, 0, &kind) == FTC_OK && kind == FTC_ARG_REAL, "the result is a real");
+    check(ftc_tensor_from_blob(&x, values, 1, &three, NULL, NULL, FTC_FLOAT64, FTC_CPU, -1, 0) == FTC_OK &&
+              ftc_tensor_from_blob(&y, got, 1, &three, NULL, NULL, FTC_FLOAT64, FTC_CPU, -1, 0) == FTC_OK,
+          "two tensors over C arrays");
+    check(ftc_arglist_clear(args) == FTC_OK && ftc_arglist_add_tensor(&args, x) == FTC_OK &&
+              ftc_pymodule_call(op, "neg", args, NULL, &y, 1) == FTC_OK && got[0] == -0.5 && got[2] == -2.0,
+          "operator.neg(tensor) written into the output's C array");
+    check(ftc_arglist_delete(&args) == FTC_OK && ftc_arglist_delete(&results) == FTC_OK &&
+              ftc_arglist_delete(&inner) == FTC_OK && ftc_pymodule_delete(&m) == FTC_OK &&
+              ftc_pymodule_delete(&op) == FTC_OK && ftc_tensor_delete(&x) == FTC_OK && ftc_tensor_delete(&y) == FTC_OK &&
+              ftc_live_handles() == 0,
+          "no live handles after the Python calls");
+  }
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
 }
