@@ -69,3 +69,38 @@ def test_missing_libpython_is_a_clear_error(cmake_consumer, data_dir):
 def test_doctor_reports_the_embedded_interpreter(installed):
     out = helper("doctor")
     assert "embedded Python" in out and "libpython" in out
+
+
+def test_a_python_program_calling_fortran_reuses_its_interpreter(installed, tmp_path):
+    """A Fortran library used from Python (here the C API through ctypes, as an f2py or ctypes
+    wrapper would): the program's own interpreter runs the calls, none is started or finalized."""
+    script = tmp_path / "hosted.py"
+    script.write_text(f"""
+import ctypes, sys
+import torch  # the host program uses torch itself
+lib = ctypes.CDLL({os.path.join(installed["libdir"], "libftorch_c.so")!r})
+lib.ftc_last_error.restype = ctypes.c_char_p
+sys.hosted_marker = 42
+results = ctypes.c_void_p()
+helper = ctypes.c_void_p()
+open({str(tmp_path / "probe.py")!r}, "w").write("import sys\\ndef marker():\\n    return sys.hosted_marker\\n")
+assert lib.ftc_pymodule_load(ctypes.byref(helper), {str(tmp_path / "probe.py")!r}.encode()) == 0, lib.ftc_last_error()
+assert lib.ftc_pymodule_call(helper, b"marker", None, ctypes.byref(results), None, 0) == 0, lib.ftc_last_error()
+value = ctypes.c_int64()
+assert lib.ftc_arglist_get_int(results, ctypes.c_int64(0), ctypes.byref(value)) == 0
+print("marker", value.value)
+""")
+    proc = run([sys.executable, script])
+    assert "marker 42" in proc.stdout  # the same interpreter: it sees the host's sys module state
+
+
+def test_torch_mismatch_in_the_embedded_interpreter_is_explained():
+    from ftorch import _embed
+
+    import torch
+
+    with pytest.raises(ImportError, match="FTorch was built against torch 9.9.9"):
+        _embed.check_torch("9.9.9", os.path.dirname(torch.__file__))
+    with pytest.raises(ImportError, match="imports torch from"):
+        _embed.check_torch(torch.__version__, "/somewhere/else/torch")
+    _embed.check_torch(torch.__version__, os.path.dirname(torch.__file__))

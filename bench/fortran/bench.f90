@@ -200,11 +200,17 @@ contains
     if (mode == "pycall") fn = "noop"
     warm = max(10, iters / 10)
     do i = 1, warm + iters
-      if (i == warm + 1) t0 = ticks()
+      if (i == warm + 1) then
+        call torch_pymodule_call(pystep, "reset", torch_arglist())
+        t0 = ticks()
+      end if
       call torch_pymodule_call(pystep, fn, args, results)
       call torch_arglist_get(results, 1, loss)
     end do
     print '(a,es16.8)', "seconds ", seconds_since(t0)
+    call torch_pymodule_call(pystep, "inner_seconds", torch_arglist(), results)
+    call torch_arglist_get(results, 1, loss)
+    print '(a,es16.8)', "inner_seconds ", loss
   end subroutine pymodule_case
 
   integer(int64) function ticks()

@@ -61,9 +61,11 @@ def pymodule_case(mode, path, batch, n_in, n_out, iters, script):
     warm = max(10, iters // 10)
     for i in range(1, warm + iters + 1):
         if i == warm + 1:
+            pystep.reset()
             t0 = time.perf_counter()
         fn(x, y)
     print(f"seconds {time.perf_counter() - t0:.8e}")
+    print(f"inner_seconds {pystep.inner_seconds():.8e}")
 
 
 def ops_case(n, iters):

@@ -32,7 +32,8 @@ FTC_API int ftc_pymodule_share(ftc_pymodule src, ftc_pymodule *dst);
  * Tensors arrive as torch.Tensor sharing memory with the caller's tensors (requires_grad
  * carried; the autograd graph does not cross: a tensor arrives as a leaf). The result: None (no
  * items), one value or a tuple/list of values (tensors, int, float, bool, str). If results is not
- * NULL, *results is replaced by a list of them (tensors share Python's memory); if n_outputs > 0,
+ * NULL, the list *results (made new when null) gets them as its items (tensors share Python's
+ * memory); if n_outputs > 0,
  * the tensor results are also written into outputs[0..n_outputs) as ftc_tensor_assign does (their
  * number and shapes must match). */
 FTC_API int ftc_pymodule_call(ftc_pymodule m, const char *name, ftc_arglist args, ftc_arglist *results,

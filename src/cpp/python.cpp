@@ -161,7 +161,13 @@ void start(Runtime &rt) {
   const std::string bridge = parent(library_of(reinterpret_cast<const void *>(&ftc_pymodule_load))) +
                              "/libftorch_python.so";
   void *h = dlopen(bridge.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (h == nullptr) fail(FTC_ERR_PYTHON, "cannot load FTorch's Python bridge " + bridge + ": " + dlerror());
+  if (h == nullptr) {
+    const std::string reason = dlerror();
+    fail(FTC_ERR_PYTHON, "cannot load FTorch's Python bridge " + bridge + ": " + reason +
+                             (is_file(bridge) ? std::string()
+                                              : " (FTorch was built without Python's C headers: install them, e.g. "
+                                                "apt-get install python3-dev, and reinstall FTorch)"));
+  }
   using Entry = int (*)(int, ftc_bridge *);
   auto entry = reinterpret_cast<Entry>(dlsym(h, "ftorch_python_bridge"));
   if (entry == nullptr || entry(FTC_BRIDGE_VERSION, &rt.api) != 0) {

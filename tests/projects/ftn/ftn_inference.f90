@@ -21,6 +21,7 @@ program ftn_inference
 
   x = reshape([(real(i, real32) / 10, i = 1, 12)], [4, 3])
   call net%load(trim(dir) // "/ftn_linear.pt")
+  write(u, '(i0)') merge(1, 0, net%model%is_training())   ! kept as saved (train mode)
   call inputs%create()
   call inputs%add_array(x)
   call net%forward(inputs, out_tensor, flags=module_use_inference_mode)
