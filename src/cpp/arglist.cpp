@@ -68,6 +68,17 @@ ArgList &arglist_for_append(ftc_arglist *h) {
   return *s->value;
 }
 
+void set_results(ftc_arglist *results, ArgList items) {
+  out_arg(results, "results");
+  if (*results == nullptr) {
+    replace_handle<ArgListTable>(results, std::make_shared<ArgList>(std::move(items)));
+    return;
+  }
+  auto *s = ArgListTable::instance().find(*results);
+  if (s == nullptr || !s->value) bad_handle(*results, "argument list", "results list");
+  *s->value = std::move(items);
+}
+
 std::vector<c10::IValue> ivalues_of(const ArgList &list) {
   std::vector<c10::IValue> values;
   values.reserve(list.size());

@@ -26,6 +26,9 @@ using ArgListTable = HandleTable<std::shared_ptr<ArgList>>;
 const ArgList &arglist_of(ftc_arglist h, bool null_is_empty = true);
 // The list behind *h, made new and empty when *h is null.
 ArgList &arglist_for_append(ftc_arglist *h);
+// *results gets `items` as its items: a new list when *results is null, else that list overwritten
+// (every handle to it sees them). Used by every call that returns into a results list.
+void set_results(ftc_arglist *results, ArgList items);
 // The items as TorchScript values (tensor, int, float, bool, str).
 std::vector<c10::IValue> ivalues_of(const ArgList &list);
 

@@ -159,7 +159,7 @@ int ftc_model_forward_list(ftc_model m, ftc_arglist args, ftc_arglist *results, 
   return ftc::guard([&] {
     ftc::out_arg(results, "results");
     const auto items = result_items(call_forward(m, ftc::ivalues_of(ftc::arglist_of(args)), requires_grad));
-    auto list = std::make_shared<ftc::ArgList>();
+    ftc::ArgList list;
     for (size_t i = 0; i < items.size(); ++i) {
       if (!items[i].isTensor()) {
         ftc::fail(FTC_ERR_INVALID_ARGUMENT, "model output " + std::to_string(i + 1) + " is a " + items[i].tagKind() +
@@ -168,13 +168,9 @@ int ftc_model_forward_list(ftc_model m, ftc_arglist args, ftc_arglist *results, 
       ftc::ArgItem item;
       item.kind = FTC_ARG_TENSOR;
       item.tensor = items[i].toTensor();
-      list->push_back(std::move(item));
+      list.push_back(std::move(item));
     }
-    if (*results != nullptr) {
-      const_cast<ftc::ArgList &>(ftc::arglist_of(*results, false)) = std::move(*list);
-    } else {
-      ftc::replace_handle<ftc::ArgListTable>(results, std::move(list));
-    }
+    ftc::set_results(results, std::move(list));
   });
 }
 

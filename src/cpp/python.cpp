@@ -333,10 +333,7 @@ int ftc_pymodule_call(ftc_pymodule m, const char *name, ftc_arglist args, ftc_ar
     if (name == nullptr || name[0] == '\0') ftc::fail(FTC_ERR_INVALID_ARGUMENT, "Python function name is empty");
     if (n_outputs < 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "negative number of output tensors");
     ftc::tensors_of(outputs, n_outputs, "output tensor");
-    ftc::ArgList *result_list = nullptr;
-    if (results != nullptr && *results != nullptr) {
-      result_list = const_cast<ftc::ArgList *>(&ftc::arglist_of(*results, false));
-    }
+    if (results != nullptr && *results != nullptr) ftc::arglist_of(*results, false);  // a bad results handle fails before Python runs
     const auto &api = ftc::bridge();
     ftc::Arguments arguments(ftc::arglist_of(args));
     ftc::Results r;
@@ -358,13 +355,7 @@ int ftc_pymodule_call(ftc_pymodule m, const char *name, ftc_arglist args, ftc_ar
       const std::string source = std::string(name) + "() returned";
       for (int i = 0; i < n_outputs; ++i) ftc::store_result(outputs[i], i, *tensors[static_cast<size_t>(i)], source.c_str());
     }
-    if (results != nullptr) {
-      if (result_list != nullptr) {
-        *result_list = std::move(r.items);
-      } else {
-        ftc::replace_handle<ftc::ArgListTable>(results, std::make_shared<ftc::ArgList>(std::move(r.items)));
-      }
-    }
+    if (results != nullptr) ftc::set_results(results, std::move(r.items));
   });
 }
 
