@@ -183,3 +183,61 @@ def build_training(directory: Path) -> None:
     torch.jit.script(WithBuffer(2).double()).save(str(directory / "buffer2.pt"))
     torch.manual_seed(7)
     torch.jit.script(WithBuffer(3).double()).save(str(directory / "buffer3.pt"))
+
+
+class MultiIO(torch.nn.Module):
+    """Two inputs, two outputs, elementwise (the compiled code computes them exactly as eager)."""
+
+    def forward(self, a, b):
+        return a * b + a, 2.0 * b - a
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, n_in: int = 5, n_hidden: int = 16, n_out: int = 3):
+        super().__init__()
+        self.l1 = torch.nn.Linear(n_in, n_hidden)
+        self.l2 = torch.nn.Linear(n_hidden, n_out)
+
+    def forward(self, x):
+        return self.l2(torch.tanh(self.l1(x)))
+
+
+def compile_pt2(model: torch.nn.Module, inputs: tuple, path: Path, dynamic_batch: bool = False) -> Path:
+    """torch.export + AOTInductor: the package a Fortran program loads (dim 0 dynamic if asked)."""
+    shapes = None
+    if dynamic_batch:
+        batch = torch.export.Dim("batch", min=1, max=4096)
+        shapes = tuple({0: batch} for _ in inputs)
+    program = torch.export.export(model, inputs, dynamic_shapes=shapes)
+    torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+    return path
+
+
+def build_compiled(directory: Path) -> Path:
+    """AOTInductor packages and the reference outputs of their eager models (tests/test_compiled.py)."""
+    torch.manual_seed(4321)
+    # Multi-input, multi-output, static shapes (2, 3), float64.
+    a = torch.linspace(-1.0, 1.0, 6, dtype=torch.float64).reshape(3, 2).t()  # Fortran-order values
+    b = torch.linspace(0.5, 3.0, 6, dtype=torch.float64).reshape(3, 2).t()
+    multi = MultiIO().eval()
+    compile_pt2(multi, (a.contiguous(), b.contiguous()), directory / "multi_io.pt2")
+    write_values(directory / "multi_a.txt", a)
+    write_values(directory / "multi_b.txt", b)
+    for i, out in enumerate(multi(a, b)):
+        write_values(directory / f"multi_out{i + 1}.txt", out)
+    # An MLP over [batch, 5] float32 inputs, batch exported as dynamic.
+    mlp = MLP().eval()
+    compile_pt2(mlp, (torch.randn(8, 5),), directory / "mlp_dynamic.pt2", dynamic_batch=True)
+    torch.jit.script(mlp).save(str(directory / "mlp_script.pt"))
+    with torch.no_grad():
+        for batch in (4, 7):
+            x = torch.randn(batch, 5)
+            write_values(directory / f"mlp_x{batch}.txt", x)
+            write_values(directory / f"mlp_y{batch}.txt", mlp(x))
+    # The same package under a name that says nothing, and a TorchScript file named .pt2: the
+    # content decides.
+    (directory / "compiled_model.bin").write_bytes((directory / "mlp_dynamic.pt2").read_bytes())
+    (directory / "script_named.pt2").write_bytes((directory / "mlp_script.pt").read_bytes())
+    # A .pt2 archive without compiled code (torch.export.save of the exported program).
+    torch.export.save(torch.export.export(mlp, (torch.randn(8, 5),)), str(directory / "exported_only.pt2"))
+    return directory

@@ -447,9 +447,7 @@ int ftc_ddp_new(ftc_ddp *out, ftc_comm c, ftc_model m, ftc_optim o, int64_t buck
     ftc::out_arg(out, "out");
     auto ddp = std::make_shared<ftc::DataParallel>();
     ddp->comm = ftc::comm_of(c);
-    auto *slot = ftc::ModelTable::instance().find(m);
-    if (slot == nullptr || !slot->value) ftc::bad_handle(m, "model", "model");
-    ddp->module = slot->value;
+    ddp->module = ftc::module_ptr(m);
     std::shared_ptr<ftc::Optim> optim = o != nullptr ? ftc::optim_ptr(o) : nullptr;
     if (bucket_bytes < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the bucket size must be positive");
     ddp->bucket_bytes = bucket_bytes;

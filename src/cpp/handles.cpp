@@ -122,10 +122,25 @@ ftc_tensor new_tensor_handle(at::Tensor t, uint8_t flags) {
 
 bool delete_tensor(ftc_tensor h) noexcept { return TensorTable::instance().release(h); }
 
-torch::jit::Module &model_of(ftc_model h) {
+Model &any_model_of(ftc_model h) {
   auto *s = ModelTable::instance().find(h);
   if (s == nullptr || !s->value) bad_handle(h, "model", "model");
   return *s->value;
+}
+
+torch::jit::Module &model_of(ftc_model h) {
+  auto &model = any_model_of(h);
+  if (model.compiled) {
+    fail(FTC_ERR_INVALID_ARGUMENT,
+         "the model is a compiled AOTInductor package (.pt2), which can only run forward (no gradients, training, "
+         "parameters or save); load the TorchScript export of the model for that");
+  }
+  return model.module;
+}
+
+std::shared_ptr<torch::jit::Module> module_ptr(ftc_model h) {
+  auto &module = model_of(h);
+  return {ModelTable::instance().find(h)->value, &module};  // shares the handle's ownership
 }
 
 std::shared_ptr<Optim> &optim_ptr(ftc_optim h) {

@@ -160,8 +160,16 @@ class HandleTable {
   uint32_t next_ = 0;           // guarded by mutex_
 };
 
+class CompiledModel;  // compiled.hpp
+
+// A model handle holds a TorchScript module, or an AOTInductor package (compiled is set).
+struct Model {
+  torch::jit::Module module;
+  std::shared_ptr<CompiledModel> compiled;
+};
+
 using TensorTable = HandleTable<at::Tensor>;
-using ModelTable = HandleTable<std::shared_ptr<torch::jit::Module>>;
+using ModelTable = HandleTable<std::shared_ptr<Model>>;
 using OptimTable = HandleTable<std::shared_ptr<Optim>>;
 using SchedulerTable = HandleTable<std::shared_ptr<Scheduler>>;
 
@@ -209,7 +217,11 @@ void take_temporaries(std::initializer_list<ftc_tensor> handles);
 ftc_tensor new_tensor_handle(at::Tensor t, uint8_t flags = 0);
 bool delete_tensor(ftc_tensor h) noexcept;
 
+// The model of a handle, either kind.
+Model &any_model_of(ftc_model h);
+// The TorchScript module of a handle; a compiled model fails: it can only run forward.
 torch::jit::Module &model_of(ftc_model h);
+std::shared_ptr<torch::jit::Module> module_ptr(ftc_model h);
 std::shared_ptr<Optim> &optim_ptr(ftc_optim h);
 inline Optim &optim_of(ftc_optim h) { return *optim_ptr(h); }
 std::shared_ptr<Scheduler> &scheduler_ptr(ftc_scheduler h);

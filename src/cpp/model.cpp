@@ -1,10 +1,12 @@
-// model.cpp - C API for TorchScript models: load, forward, save, parameters.
+// model.cpp - C API for models: load, forward, save, parameters. TorchScript modules, and
+// AOTInductor packages (compiled.cpp) for load and forward.
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <vector>
 
 #include "arglist.hpp"
+#include "compiled.hpp"
 
 namespace {
 
@@ -22,9 +24,30 @@ void store_output(ftc_tensor out, int index, const c10::IValue &value) {
   ftc::store_result(out, index, value.toTensor(), "the model returned");
 }
 
+// forward of a compiled model: tensors in, a tuple of tensors out.
+c10::IValue call_compiled(ftc::CompiledModel &compiled, const std::vector<c10::IValue> &args, int requires_grad) {
+  if (requires_grad != 0) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a compiled AOTInductor model (.pt2) cannot record a graph for gradients: "
+                                        "run it with requires_grad off, or use the TorchScript export of the model");
+  }
+  std::vector<at::Tensor> inputs;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!args[i].isTensor()) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "argument " + std::to_string(i + 1) + " is a " + args[i].tagKind() +
+                                              ": a compiled model takes tensors only (other values were fixed "
+                                              "when it was exported)");
+    }
+    inputs.push_back(args[i].toTensor());
+  }
+  const auto results = ftc::run_compiled(compiled, inputs);
+  return c10::ivalue::Tuple::create(std::vector<c10::IValue>(results.begin(), results.end()));
+}
+
 // forward(args...) of model m (graph recorded when requires_grad).
 c10::IValue call_forward(ftc_model m, std::vector<c10::IValue> args, int requires_grad) {
-  auto &module = ftc::model_of(m);
+  auto &model = ftc::any_model_of(m);
+  if (model.compiled) return call_compiled(*model.compiled, args, requires_grad);
+  auto &module = model.module;
   torch::AutoGradMode grad_mode(requires_grad != 0);
   torch::jit::GraphOptimizerEnabledGuard optimize(ftc::jit_optimize());
   try {
@@ -57,7 +80,7 @@ std::vector<c10::IValue> result_items(const c10::IValue &result) {
 void run_forward(ftc_model m, std::vector<c10::IValue> args, const ftc_tensor *outputs, int n_outputs,
                  int requires_grad) {
   ftc::tensors_of(outputs, n_outputs, "output tensor");
-  ftc::model_of(m);
+  ftc::any_model_of(m);
   if (n_outputs < 1) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, "need at least one output tensor (got " + std::to_string(n_outputs) + ")");
   }
@@ -121,6 +144,16 @@ int ftc_model_load(ftc_model *out, const char *filename, int device_type, int de
     if (!std::ifstream(file).good()) {
       ftc::fail(FTC_ERR_IO, "cannot open model file '" + file + "' (missing or unreadable)");
     }
+    if (ftc::is_pt2_archive(file)) {
+      if (requires_grad != 0 || is_training > 0) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "'" + file + "' is a compiled AOTInductor package (.pt2), which runs "
+                  "forward only: it cannot be loaded for training or with parameters requiring grad");
+      }
+      auto model = std::make_shared<ftc::Model>();
+      model->compiled = ftc::load_compiled(file, dev);
+      ftc::replace_handle<ftc::ModelTable>(out, std::move(model));
+      return;
+    }
     torch::AutoGradMode grad_mode(requires_grad != 0);
     torch::jit::Module module;
     try {
@@ -133,7 +166,9 @@ int ftc_model_load(ftc_model *out, const char *filename, int device_type, int de
     } else if (is_training == 0) {
       module.eval();
     }  // < 0: the mode the model was saved in
-    ftc::replace_handle<ftc::ModelTable>(out, std::make_shared<torch::jit::Module>(std::move(module)));
+    auto model = std::make_shared<ftc::Model>();
+    model->module = std::move(module);
+    ftc::replace_handle<ftc::ModelTable>(out, std::move(model));
   });
 }
 
@@ -187,7 +222,10 @@ int ftc_model_save(ftc_model m, const char *filename) {
 }
 
 int ftc_model_is_training(ftc_model m, int *is_training) {
-  return ftc::guard([&] { ftc::out_arg(is_training, "is_training") = ftc::model_of(m).is_training() ? 1 : 0; });
+  return ftc::guard([&] {
+    const auto &model = ftc::any_model_of(m);
+    ftc::out_arg(is_training, "is_training") = !model.compiled && model.module.is_training() ? 1 : 0;
+  });
 }
 
 int ftc_model_print_parameters(ftc_model m) {

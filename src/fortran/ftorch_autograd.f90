@@ -1,4 +1,4 @@
-!> Autograd: backward, gradients, requires_grad, and grad-mode scopes.
+!> Autograd (backward, gradients, requires_grad) and grad-mode scopes.
 !>
 !> Grad-mode scopes are LibTorch's thread-local modes: a scope begun on one thread (or OpenMP
 !> thread) affects only that thread and must be ended on it, innermost first.
@@ -25,9 +25,13 @@ module ftorch_autograd
     !> and device) to replace it. Set `stat` /= 0 (and `errmsg`) to fail the backward.
     subroutine torch_grad_hook(grad, new_grad, stat, errmsg)
       import :: torch_tensor
+      !> The gradient computed for the tensor (owned by backward: do not delete it).
       type(torch_tensor), intent(in) :: grad
+      !> Unconstructed on entry; construct it to replace `grad`.
       type(torch_tensor), intent(inout) :: new_grad
+      !> 0 on entry; set it nonzero to fail the backward.
       integer, intent(inout) :: stat
+      !> Blank on entry; the reason of the failure when setting `stat`.
       character(len=*), intent(inout) :: errmsg
     end subroutine torch_grad_hook
   end interface
@@ -115,19 +119,26 @@ module ftorch_autograd
 contains
 
   subroutine backward_with_gradient(tensor, external_gradient, retain_graph, stat, errmsg)
+    !> The tensor to backpropagate from (the result of recorded operations).
     type(torch_tensor), intent(in) :: tensor
     type(torch_tensor), intent(in) :: external_gradient  !< d(objective)/d(tensor), same shape
     logical, intent(in), optional :: retain_graph       !< keep the graph for another backward
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_tensor_backward(tensor%p, external_gradient%p, c_flag(retain_graph)), &
                       "torch_tensor_backward", stat, errmsg)
   end subroutine backward_with_gradient
 
   subroutine backward_implicit(tensor, retain_graph, stat, errmsg)
+    !> A one-element tensor (a loss) to backpropagate from, with gradient 1.
     type(torch_tensor), intent(in) :: tensor
+    !> Keep the graph for another backward (default .false.: the graph is freed).
     logical, intent(in), optional :: retain_graph
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_tensor_backward(tensor%p, c_null_ptr, c_flag(retain_graph)), "torch_tensor_backward", &
                       stat, errmsg)
@@ -136,9 +147,14 @@ contains
   !> The gradient accumulated in `tensor` by backward, copied into `gradient` (its storage, so an
   !> aliased Fortran array receives it; constructed with the gradient's value if it is not yet).
   subroutine torch_tensor_get_gradient(gradient, tensor, stat, errmsg)
+    !> Receives the gradient: a tensor of the same shape (e.g. over a Fortran array), or an
+    !> unconstructed one, which is constructed.
     type(torch_tensor), intent(inout) :: gradient
+    !> A tensor that requires grad, after a backward through it.
     type(torch_tensor), intent(in) :: tensor
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_tensor_get_gradient(tensor%p, gradient%p), "torch_tensor_get_gradient", stat, errmsg)
   end subroutine torch_tensor_get_gradient
@@ -146,18 +162,26 @@ contains
   !> Set the gradient of `tensor` to a copy of `gradient` (same shape), e.g. from a Fortran array
   !> after modifying it; the next optimizer step uses it.
   subroutine torch_tensor_set_gradient(tensor, gradient, stat, errmsg)
+    !> The tensor (typically a parameter) whose gradient is set.
     type(torch_tensor), intent(inout) :: tensor
+    !> The new gradient, same shape as `tensor`; copied.
     type(torch_tensor), intent(in) :: gradient
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_tensor_set_gradient(tensor%p, gradient%p), "torch_tensor_set_gradient", stat, errmsg)
   end subroutine torch_tensor_set_gradient
 
   !> Switch recording of operations on `tensor` on or off (e.g. to freeze a parameter).
   subroutine torch_tensor_set_requires_grad(tensor, requires_grad, stat, errmsg)
+    !> A leaf tensor (made by the user, not by an operation).
     type(torch_tensor), intent(inout) :: tensor
+    !> .true. to record operations on it (and accumulate its gradient), .false. to stop.
     logical, intent(in) :: requires_grad
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_tensor_set_requires_grad(tensor%p, c_flag(requires_grad)), &
                       "torch_tensor_set_requires_grad", stat, errmsg)
@@ -165,8 +189,11 @@ contains
 
   !> Whether `tensor` is a leaf of the graph (made by the user rather than by an operation).
   function torch_tensor_is_leaf(tensor, stat, errmsg) result(is_leaf)
+    !> The tensor asked about.
     type(torch_tensor), intent(in) :: tensor
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     logical :: is_leaf
     integer(c_int) :: value
@@ -177,27 +204,36 @@ contains
 
   !> Begin a scope in which no operation is recorded for autograd (this thread only).
   subroutine torch_no_grad_begin(stat, errmsg)
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_grad_scope_push(SCOPE_NO_GRAD), "torch_no_grad_begin", stat, errmsg)
   end subroutine torch_no_grad_begin
 
   !> End the innermost scope, which must be a no-grad scope.
   subroutine torch_no_grad_end(stat, errmsg)
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_grad_scope_pop(SCOPE_NO_GRAD), "torch_no_grad_end", stat, errmsg)
   end subroutine torch_no_grad_end
 
   !> Begin a scope that records operations again inside a no-grad scope (this thread only).
   subroutine torch_enable_grad_begin(stat, errmsg)
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_grad_scope_push(SCOPE_ENABLE_GRAD), "torch_enable_grad_begin", stat, errmsg)
   end subroutine torch_enable_grad_begin
 
+  !> End the innermost scope, which must be an enable-grad scope.
   subroutine torch_enable_grad_end(stat, errmsg)
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_grad_scope_pop(SCOPE_ENABLE_GRAD), "torch_enable_grad_end", stat, errmsg)
   end subroutine torch_enable_grad_end
@@ -205,13 +241,18 @@ contains
   !> Begin an inference-mode scope (this thread only): no autograd bookkeeping at all; tensors
   !> created inside cannot be used in autograd afterwards.
   subroutine torch_inference_mode_begin(stat, errmsg)
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_grad_scope_push(SCOPE_INFERENCE), "torch_inference_mode_begin", stat, errmsg)
   end subroutine torch_inference_mode_begin
 
+  !> End the innermost scope, which must be an inference-mode scope.
   subroutine torch_inference_mode_end(stat, errmsg)
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_grad_scope_pop(SCOPE_INFERENCE), "torch_inference_mode_end", stat, errmsg)
   end subroutine torch_inference_mode_end
@@ -232,10 +273,15 @@ contains
   !> and may replace the gradient (per-tensor clipping, eligibility traces). The hook stays on the
   !> tensor until removed with `hook_id`.
   subroutine torch_tensor_register_hook(tensor, hook, hook_id, stat, errmsg)
+    !> A tensor that requires grad.
     type(torch_tensor), intent(in) :: tensor
+    !> The hook, a module procedure with the interface `torch_grad_hook`.
     procedure(torch_grad_hook) :: hook
+    !> Identifier of the registration, for `torch_tensor_remove_hook`.
     integer(int64), intent(out), optional :: hook_id
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     integer(c_int64_t) :: id
     id = -1
@@ -246,9 +292,13 @@ contains
 
   !> Remove a hook registered on `tensor` (removing it twice is a no-op).
   subroutine torch_tensor_remove_hook(tensor, hook_id, stat, errmsg)
+    !> The tensor the hook was registered on.
     type(torch_tensor), intent(in) :: tensor
+    !> The identifier `torch_tensor_register_hook` returned.
     integer(int64), intent(in) :: hook_id
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_tensor_remove_hook(tensor%p, hook_id), "torch_tensor_remove_hook", stat, errmsg)
   end subroutine torch_tensor_remove_hook
@@ -277,9 +327,13 @@ contains
   !> for torch_sqrt, a custom function by its name) -- and LibTorch prints the native stack of
   !> the forward call that created the node. Slows backward down: for debugging.
   subroutine torch_autograd_set_detect_anomaly(enabled, check_nan, stat, errmsg)
+    !> .true. to switch anomaly detection on, .false. to switch it off.
     logical, intent(in) :: enabled
+    !> Whether to check the nodes' results for NaN while enabled (default .true.).
     logical, intent(in), optional :: check_nan
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     integer(c_int) :: nan
     nan = 1

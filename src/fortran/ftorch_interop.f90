@@ -9,6 +9,7 @@ contains
 
   !> 1 for a present .true., 0 otherwise.
   integer(c_int) function c_flag(value)
+    !> An optional flag; absent counts as .false.
     logical, intent(in), optional :: value
     c_flag = 0
     if (present(value)) then
@@ -18,6 +19,7 @@ contains
 
   !> The device index, or -1 (the device type's default) when absent.
   integer(c_int) function c_device_index(device_index)
+    !> Index of the device (0-based, as in PyTorch), optional.
     integer, intent(in), optional :: device_index
     c_device_index = -1
     if (present(device_index)) c_device_index = int(device_index, c_int)
@@ -27,6 +29,7 @@ contains
   !> a specification expression, not deferred: gfortran 12 keeps the length of a deferred-length
   !> result in a static variable, which threads calling at the same time would overwrite.
   function c_string(text) result(s)
+    !> The Fortran string to pass to C.
     character(len=*), intent(in) :: text
     character(kind=c_char, len=len_trim(adjustl(text)) + 1) :: s
     s = trim(adjustl(text)) // c_null_char
@@ -34,6 +37,7 @@ contains
 
   !> A Fortran copy of the NUL-terminated string at `p` ("" for a null pointer).
   function f_string(p) result(s)
+    !> C pointer to a NUL-terminated string owned by the C side (not freed here), or null.
     type(c_ptr), intent(in) :: p
     character(len=:), allocatable :: s
     character(kind=c_char), pointer :: chars(:)

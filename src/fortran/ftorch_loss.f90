@@ -8,6 +8,8 @@ module ftorch_loss
   use ftorch_types, only: torch_kNone, torch_kMean, torch_kSum
   use ftorch_tensor_type, only: torch_tensor
   implicit none
+  ! Kind of the real literals below (double precision whatever -fdefault-real-8 or -fdefault-double-8 say).
+  integer, parameter :: dp = c_double
   private
 
   public :: torch_loss_mse, torch_loss_cross_entropy, torch_loss_l1, torch_loss_huber, torch_loss_smooth_l1, &
@@ -16,6 +18,8 @@ module ftorch_loss
 
   !> Loss kinds, for torch_train_step.
   enum, bind(c)
+    !> The loss computed by torch_loss_mse, torch_loss_l1, torch_loss_huber, torch_loss_smooth_l1,
+    !> torch_loss_cross_entropy, torch_loss_nll and torch_loss_bce_with_logits respectively.
     enumerator :: torch_kMSELoss = 0, torch_kL1Loss = 1, torch_kHuberLoss = 2, torch_kSmoothL1Loss = 3, &
                   torch_kCrossEntropyLoss = 4, torch_kNLLLoss = 5, torch_kBCEWithLogitsLoss = 6
   end enum
@@ -69,36 +73,51 @@ contains
 
   !> Mean squared error (F.mse_loss); input and target of the same shape.
   subroutine torch_loss_mse(loss_tensor, input_tensor, target_tensor, reduction_type, stat, errmsg)
+    !> Receives the loss, as `=` does (see the module's description).
     type(torch_tensor), intent(inout) :: loss_tensor
+    !> The prediction and the target.
     type(torch_tensor), intent(in) :: input_tensor, target_tensor
     integer, intent(in), optional :: reduction_type   !< torch_kNone, torch_kMean (default), torch_kSum
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
-    call compute(torch_kMSELoss, loss_tensor, input_tensor, target_tensor, reduction_type, param=0.0d0, &
+    call compute(torch_kMSELoss, loss_tensor, input_tensor, target_tensor, reduction_type, param=0.0_dp, &
                  procedure="torch_loss_mse", stat=stat, errmsg=errmsg)
   end subroutine torch_loss_mse
 
   !> Mean absolute error (F.l1_loss).
   subroutine torch_loss_l1(loss_tensor, input_tensor, target_tensor, reduction_type, stat, errmsg)
+    !> Receives the loss, as `=` does (see the module's description).
     type(torch_tensor), intent(inout) :: loss_tensor
+    !> The prediction and the target, of the same shape.
     type(torch_tensor), intent(in) :: input_tensor, target_tensor
+    !> torch_kNone, torch_kMean (default) or torch_kSum.
     integer, intent(in), optional :: reduction_type
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
-    call compute(torch_kL1Loss, loss_tensor, input_tensor, target_tensor, reduction_type, param=0.0d0, &
+    call compute(torch_kL1Loss, loss_tensor, input_tensor, target_tensor, reduction_type, param=0.0_dp, &
                  procedure="torch_loss_l1", stat=stat, errmsg=errmsg)
   end subroutine torch_loss_l1
 
   !> Huber loss (F.huber_loss), quadratic below delta (default 1), linear above.
   subroutine torch_loss_huber(loss_tensor, input_tensor, target_tensor, reduction_type, delta, stat, errmsg)
+    !> Receives the loss, as `=` does (see the module's description).
     type(torch_tensor), intent(inout) :: loss_tensor
+    !> The prediction and the target, of the same shape.
     type(torch_tensor), intent(in) :: input_tensor, target_tensor
+    !> torch_kNone, torch_kMean (default) or torch_kSum.
     integer, intent(in), optional :: reduction_type
+    !> Where the loss turns from quadratic to linear (> 0, default 1).
     real(real64), intent(in), optional :: delta
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     real(real64) :: d
-    d = 1.0d0
+    d = 1.0_dp
     if (present(delta)) d = delta
     call compute(torch_kHuberLoss, loss_tensor, input_tensor, target_tensor, reduction_type, param=d, &
                  procedure="torch_loss_huber", stat=stat, errmsg=errmsg)
@@ -106,14 +125,20 @@ contains
 
   !> Smooth L1 loss (F.smooth_l1_loss) with threshold beta (default 1).
   subroutine torch_loss_smooth_l1(loss_tensor, input_tensor, target_tensor, reduction_type, beta, stat, errmsg)
+    !> Receives the loss, as `=` does (see the module's description).
     type(torch_tensor), intent(inout) :: loss_tensor
+    !> The prediction and the target, of the same shape.
     type(torch_tensor), intent(in) :: input_tensor, target_tensor
+    !> torch_kNone, torch_kMean (default) or torch_kSum.
     integer, intent(in), optional :: reduction_type
+    !> Where the loss turns from quadratic to linear (>= 0, default 1).
     real(real64), intent(in), optional :: beta
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     real(real64) :: b
-    b = 1.0d0
+    b = 1.0_dp
     if (present(beta)) b = beta
     call compute(torch_kSmoothL1Loss, loss_tensor, input_tensor, target_tensor, reduction_type, param=b, &
                  procedure="torch_loss_smooth_l1", stat=stat, errmsg=errmsg)
@@ -123,43 +148,62 @@ contains
   !> class probabilities (same shape as the input).
   subroutine torch_loss_cross_entropy(loss_tensor, input_tensor, target_tensor, reduction_type, weight, &
                                       ignore_index, label_smoothing, stat, errmsg)
+    !> Receives the loss, as `=` does (see the module's description).
     type(torch_tensor), intent(inout) :: loss_tensor
+    !> The logits and the target (class indices or probabilities).
     type(torch_tensor), intent(in) :: input_tensor, target_tensor
+    !> torch_kNone, torch_kMean (default) or torch_kSum.
     integer, intent(in), optional :: reduction_type
     type(torch_tensor), intent(in), optional :: weight        !< class weights [C]
     integer, intent(in), optional :: ignore_index             !< a class index whose targets are ignored
     real(real64), intent(in), optional :: label_smoothing     !< in [0, 1]
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call compute(torch_kCrossEntropyLoss, loss_tensor, input_tensor, target_tensor, reduction_type, weight, &
-                 ignore_index=ignore_index, param=0.0d0, label_smoothing=label_smoothing, &
+                 ignore_index=ignore_index, param=0.0_dp, label_smoothing=label_smoothing, &
                  procedure="torch_loss_cross_entropy", stat=stat, errmsg=errmsg)
   end subroutine torch_loss_cross_entropy
 
   !> Negative log-likelihood (F.nll_loss) of log-probabilities [N, C] against class indices.
   subroutine torch_loss_nll(loss_tensor, input_tensor, target_tensor, reduction_type, weight, ignore_index, &
                             stat, errmsg)
+    !> Receives the loss, as `=` does (see the module's description).
     type(torch_tensor), intent(inout) :: loss_tensor
+    !> The log-probabilities and the target class indices (int64).
     type(torch_tensor), intent(in) :: input_tensor, target_tensor
+    !> torch_kNone, torch_kMean (default) or torch_kSum.
     integer, intent(in), optional :: reduction_type
+    !> Class weights [C] (default: all 1).
     type(torch_tensor), intent(in), optional :: weight
+    !> A class index whose targets are ignored (default -100).
     integer, intent(in), optional :: ignore_index
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call compute(torch_kNLLLoss, loss_tensor, input_tensor, target_tensor, reduction_type, weight, &
-                 ignore_index=ignore_index, param=0.0d0, procedure="torch_loss_nll", stat=stat, errmsg=errmsg)
+                 ignore_index=ignore_index, param=0.0_dp, procedure="torch_loss_nll", stat=stat, errmsg=errmsg)
   end subroutine torch_loss_nll
 
   !> Binary cross entropy on logits (F.binary_cross_entropy_with_logits).
   subroutine torch_loss_bce_with_logits(loss_tensor, input_tensor, target_tensor, reduction_type, weight, &
                                         pos_weight, stat, errmsg)
+    !> Receives the loss, as `=` does (see the module's description).
     type(torch_tensor), intent(inout) :: loss_tensor
+    !> The logits and the targets (probabilities in [0, 1], same shape).
     type(torch_tensor), intent(in) :: input_tensor, target_tensor
+    !> torch_kNone, torch_kMean (default) or torch_kSum.
     integer, intent(in), optional :: reduction_type
+    !> Rescaling weights of each element's loss, and weights of the positive examples per class,
+    !> broadcast against the input (defaults: none).
     type(torch_tensor), intent(in), optional :: weight, pos_weight
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call compute(torch_kBCEWithLogitsLoss, loss_tensor, input_tensor, target_tensor, reduction_type, weight, &
-                 pos_weight, param=0.0d0, procedure="torch_loss_bce_with_logits", stat=stat, errmsg=errmsg)
+                 pos_weight, param=0.0_dp, procedure="torch_loss_bce_with_logits", stat=stat, errmsg=errmsg)
   end subroutine torch_loss_bce_with_logits
 end module ftorch_loss

@@ -15,15 +15,19 @@ module ftorch_model
             torch_model_parameter_name, torch_model_num_parameters, torch_model_freeze, torch_model_unfreeze, &
             torch_jit_set_optimize
 
-  !> A TorchScript model handle; `p` is null until loaded. `m2 = m1` (also as components of user
+  !> A model handle (TorchScript or a compiled `.pt2` package); `p` is null until loaded. `m2 = m1` (also as components of user
   !> types and in arrays) makes a second handle to the same model: both run and train the same
   !> module, and either may be deleted first.
   type :: torch_model
+    !> Opaque handle of the loaded model (null until loaded); not to be set directly.
     type(c_ptr) :: p = c_null_ptr
   contains
     procedure, private :: torch_model_share
+    !> `m2 = m1`: a second handle to the same model (see the type's description).
     generic :: assignment(=) => torch_model_share
+    !> `call model%print_parameters()`: `torch_model_print_parameters`.
     procedure :: print_parameters => torch_model_print_parameters
+    !> `model%is_training()`: `torch_model_is_training`.
     procedure :: is_training => torch_model_is_training
     final :: finalize_model
   end type torch_model
@@ -158,16 +162,23 @@ module ftorch_model
 
 contains
 
-  !> Load a TorchScript model from `filename` onto a device (leading/trailing blanks ignored).
+  !> Load a model from `filename` onto a device (leading/trailing blanks ignored): a TorchScript
+  !> file, or an AOTInductor package (`.pt2`, from torch.export + AOTInductor), recognised by its
+  !> content whatever the file's name. A compiled package runs forward only (on the device it was
+  !> compiled for, with the shapes it was exported with, or any size along dynamic dimensions);
+  !> training, gradients, parameters and save are errors for it.
   subroutine torch_model_load(model, filename, device_type, device_index, requires_grad, is_training, &
                               stat, errmsg)
     type(torch_model), intent(inout) :: model  !< replaced (a loaded model is freed first)
+    !> Path of the model file.
     character(len=*), intent(in) :: filename
     integer(c_int), intent(in) :: device_type            !< torch_kCPU, torch_kCUDA, ...
     integer(c_int), intent(in), optional :: device_index  !< default: -1 on the CPU, 0 otherwise
     logical, intent(in), optional :: requires_grad        !< autograd mode while loading (default .false.)
     logical, intent(in), optional :: is_training          !< train() if .true., eval() otherwise (default)
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     integer(c_int) :: idx
     idx = -1
@@ -180,11 +191,18 @@ contains
   !> `=` does (aliased Fortran arrays receive them); with requires_grad the outputs also carry the
   !> graph, so that gradients flow back to inputs and parameters.
   subroutine forward_tensors(model, input_tensors, output_tensors, requires_grad, stat, errmsg)
+    !> A loaded model.
     type(torch_model), intent(in) :: model
+    !> The arguments of forward, in order.
     type(torch_tensor), intent(in) :: input_tensors(:)
+    !> Constructed tensors receiving the results, one per tensor forward returns (a tuple's items
+    !> in order), each of the result's shape.
     type(torch_tensor), intent(in) :: output_tensors(:)
+    !> Record the graph of the forward pass for backward (default .false.).
     logical, intent(in), optional :: requires_grad
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     type(c_ptr) :: inputs(size(input_tensors)), outputs(size(output_tensors))
     integer :: i
@@ -202,11 +220,18 @@ contains
   !> forward(args...) with the items of an argument list: tensors, and integers, reals,
   !> logicals and strings for a forward declared with int, float, bool or str arguments.
   subroutine forward_args(model, args, output_tensors, requires_grad, stat, errmsg)
+    !> A loaded model.
     type(torch_model), intent(in) :: model
+    !> The arguments of forward, in order.
     type(torch_arglist), intent(in) :: args
+    !> Constructed tensors receiving the results, one per tensor forward returns (a tuple's items
+    !> in order), each of the result's shape.
     type(torch_tensor), intent(in) :: output_tensors(:)
+    !> Record the graph of the forward pass for backward (default .false.).
     logical, intent(in), optional :: requires_grad
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     type(c_ptr) :: outputs(size(output_tensors))
     integer :: i
@@ -220,11 +245,18 @@ contains
   !> forward(args...) with the returned tensors (one, or each of a tuple) as the items of
   !> `results`: new tensors over the model's result memory (no copy), any shape.
   subroutine forward_list(model, args, results, requires_grad, stat, errmsg)
+    !> A loaded model.
     type(torch_model), intent(in) :: model
+    !> The arguments of forward, in order.
     type(torch_arglist), intent(in) :: args
+    !> Receives the returned tensors as its items, replacing any previous ones (constructed if it
+    !> is not yet).
     type(torch_arglist), intent(inout) :: results
+    !> Record the graph of the forward pass for backward (default .false.).
     logical, intent(in), optional :: requires_grad
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_model_forward_list(model%p, args%p, results%p, c_flag(requires_grad)), &
                       "torch_model_forward", stat, errmsg)
@@ -232,17 +264,24 @@ contains
 
   !> Save the model as TorchScript (loadable by torch.jit.load).
   subroutine torch_model_save(model, filename, stat, errmsg)
+    !> A loaded TorchScript model.
     type(torch_model), intent(in) :: model
+    !> Path of the file to write (replaced if it exists).
     character(len=*), intent(in) :: filename
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_model_save(model%p, c_string(filename)), "torch_model_save", stat, errmsg)
   end subroutine torch_model_save
 
   !> Whether the model is in training mode.
   function torch_model_is_training(self, stat, errmsg) result(is_training)
+    !> A loaded model.
     class(torch_model), intent(in) :: self
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     logical :: is_training
     integer(c_int) :: value
@@ -253,8 +292,11 @@ contains
 
   !> Print every named parameter and its values.
   subroutine torch_model_print_parameters(self, stat, errmsg)
+    !> A loaded model.
     class(torch_model), intent(in) :: self
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     flush(output_unit)
     call ftorch_check(ftc_model_print_parameters(self%p), "torch_model_print_parameters", stat, errmsg)
@@ -262,8 +304,11 @@ contains
 
   !> Number of parameter tensors of the model.
   function torch_model_parameter_count(model, stat, errmsg) result(count)
+    !> A loaded TorchScript model.
     type(torch_model), intent(in) :: model
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     integer :: count
     integer(c_int64_t) :: n
@@ -275,9 +320,14 @@ contains
   !> Tensors sharing storage with the model's parameters, in parameters() order. The array size
   !> must equal the parameter count and its elements must not be constructed.
   subroutine torch_model_parameters(model, output_tensors, stat, errmsg)
+    !> A loaded TorchScript model.
     type(torch_model), intent(in) :: model
+    !> Unconstructed tensors, as many as the model has parameters; each becomes a tensor sharing
+    !> the storage of one parameter.
     type(torch_tensor), intent(inout) :: output_tensors(:)
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     type(c_ptr) :: handles(size(output_tensors))
     integer :: i, status
@@ -294,20 +344,27 @@ contains
   end subroutine torch_model_parameters
 
   subroutine parameter_by_name(model, name, tensor, stat, errmsg)
+    !> A loaded TorchScript model.
     type(torch_model), intent(in) :: model
     character(len=*), intent(in) :: name          !< as in named_parameters(), e.g. "fc1.weight"
     type(torch_tensor), intent(inout) :: tensor   !< replaced (a live tensor is freed first)
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_model_parameter(model%p, c_string(name), -1_c_int64_t, tensor%p), &
                       "torch_model_parameter", stat, errmsg)
   end subroutine parameter_by_name
 
   subroutine parameter_by_index(model, index, tensor, stat, errmsg)
+    !> A loaded TorchScript model.
     type(torch_model), intent(in) :: model
     integer, intent(in) :: index                  !< 1-based, in parameters() order
+    !> Replaced by a tensor sharing the parameter's storage (a live tensor is freed first).
     type(torch_tensor), intent(inout) :: tensor
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_model_parameter(model%p, c_string(""), int(index - 1, c_int64_t), tensor%p), &
                       "torch_model_parameter", stat, errmsg)
@@ -315,9 +372,13 @@ contains
 
   !> Name of parameter `index` (1-based), e.g. "fc1.weight".
   function torch_model_parameter_name(model, index, stat, errmsg) result(name)
+    !> A loaded TorchScript model.
     type(torch_model), intent(in) :: model
+    !> Index of the parameter: 1-based, in parameters() order.
     integer, intent(in) :: index
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     character(len=:), allocatable :: name
     character(kind=c_char) :: buf(1024)
@@ -335,9 +396,13 @@ contains
 
   !> Total number of parameter elements (only trainable ones if trainable_only).
   function torch_model_num_parameters(model, trainable_only, stat, errmsg) result(count)
+    !> A loaded TorchScript model.
     type(torch_model), intent(in) :: model
+    !> Count only the parameters that require grad (default .false.: all of them).
     logical, intent(in), optional :: trainable_only
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     integer(c_int64_t) :: count
     count = 0
@@ -348,9 +413,13 @@ contains
   !> Stop training the parameters named `name` or under it ("fc1" freezes fc1.weight and
   !> fc1.bias; "" freezes all): requires_grad off.
   subroutine torch_model_freeze(model, name, stat, errmsg)
+    !> A loaded TorchScript model.
     type(torch_model), intent(in) :: model
+    !> A parameter's name ("fc1.weight"), a submodule's ("fc1"), or "" for the whole model.
     character(len=*), intent(in) :: name
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     integer(c_int64_t) :: matched
     call ftorch_check(ftc_model_set_requires_grad(model%p, c_string(name), 0_c_int, matched), "torch_model_freeze", &
@@ -359,9 +428,13 @@ contains
 
   !> Train the parameters named `name` or under it again: requires_grad on.
   subroutine torch_model_unfreeze(model, name, stat, errmsg)
+    !> A loaded TorchScript model.
     type(torch_model), intent(in) :: model
+    !> A parameter's name ("fc1.weight"), a submodule's ("fc1"), or "" for the whole model.
     character(len=*), intent(in) :: name
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     integer(c_int64_t) :: matched
     call ftorch_check(ftc_model_set_requires_grad(model%p, c_string(name), 1_c_int, matched), &
@@ -372,6 +445,7 @@ contains
   !> (default off: every call runs the same operators, so results never depend on how many calls
   !> came before, and a resumed run reproduces an uninterrupted one bit for bit).
   subroutine torch_jit_set_optimize(enabled)
+    !> .true. to switch optimization on, .false. to switch it off.
     logical, intent(in) :: enabled
     call ftc_set_jit_optimize(c_flag(enabled))
   end subroutine torch_jit_set_optimize
@@ -391,6 +465,7 @@ contains
 
   !> Free the model (a no-op if not loaded, or for a copy of a deleted handle).
   impure elemental subroutine torch_model_delete(model)
+    !> The model (or, elementally, an array of models); its handle is null on return.
     type(torch_model), intent(inout) :: model
     integer(c_int) :: status
     status = ftc_model_delete(model%p)

@@ -58,14 +58,18 @@ contains
 
   !> Check that the loaded LibTorch is the one FTorch was built against.
   subroutine ftorch_check_runtime(stat, errmsg)
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_check_runtime(), "ftorch_check_runtime", stat, errmsg)
   end subroutine ftorch_check_runtime
 
   !> Whether a device of this type (torch_kCPU, torch_kCUDA, ...) and index can be used.
   logical function torch_device_available(device_type, device_index)
+    !> Device type: `torch_kCPU`, `torch_kCUDA`, `torch_kHIP`, `torch_kXPU` or `torch_kMPS`.
     integer(c_int), intent(in) :: device_type
+    !> Index of the device (0-based); absent asks for the device type's default device.
     integer, intent(in), optional :: device_index
     integer(c_int) :: idx
     idx = -1

@@ -13,6 +13,8 @@ module ftorch_train
   use ftorch_loss, only: torch_kMSELoss
   use ftorch_distributed, only: torch_comm
   implicit none
+  ! Kind of the real literals below (double precision whatever -fdefault-real-8 or -fdefault-double-8 say).
+  integer, parameter :: dp = c_double
   private
   public :: torch_train_step, torch_checkpoint_save, torch_checkpoint_load
 
@@ -114,7 +116,7 @@ contains
       unit = output_unit
       if (present(log_unit)) unit = log_unit
       write(unit, '(a,i0,a,es14.7,a,es11.4,a,f0.4,a)') "step ", steps, "  loss ", value, "  lr ", &
-        torch_optim_get_learning_rate(optim), "  ", 1.0d3 * seconds_since_log / steps_since_log, " ms/step"
+        torch_optim_get_learning_rate(optim), "  ", 1.0e3_dp * seconds_since_log / steps_since_log, " ms/step"
       flush(unit)
     end associate
     seconds_since_log = 0

@@ -1,0 +1,156 @@
+// compiled.cpp - AOTInductor packages (.pt2): the models torch.export + AOTInductor compile ahead
+// of time. They run forward only; model.cpp routes a model handle here when it holds one.
+#include "compiled.hpp"
+
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+namespace ftc {
+
+class CompiledModel {
+ public:
+  CompiledModel(const std::string &file, const std::string &name, const c10::Device &device)
+      : loader(file, name, /*run_single_threaded=*/false, /*num_runners=*/1,
+               device.is_cuda() ? device.index() : c10::DeviceIndex{-1}),
+        device(device) {}
+  torch::inductor::AOTIModelPackageLoader loader;
+  c10::Device device;
+};
+
+namespace {
+
+constexpr const char *kModelPrefix = "data/aotinductor/";
+
+// The message of a LibTorch or AOTInductor exception, without a C++ backtrace or trailing blanks.
+std::string message_of(const std::exception &e) {
+  const auto *c10_error = dynamic_cast<const c10::Error *>(&e);
+  std::string msg = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  const auto raised = msg.find("\nException raised from");
+  if (raised != std::string::npos) msg.erase(raised);
+  while (!msg.empty() && std::isspace(static_cast<unsigned char>(msg.back()))) msg.pop_back();
+  return msg;
+}
+
+// The records of a zip archive written by PyTorch (the top directory dropped), or nothing when
+// the file is not one.
+std::vector<std::string> archive_records(const std::string &file, std::string *archive_format) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(file);
+    if (archive_format != nullptr && reader.hasRecord("archive_format")) {
+      auto [data, size] = reader.getRecord("archive_format");
+      *archive_format = std::string(static_cast<const char *>(data.get()), size);
+    }
+    return reader.getAllRecords();
+  } catch (const std::exception &) {
+    return {};
+  }
+}
+
+// The model of the package to run: "model" (what aoti_compile_and_package writes), else the only one.
+std::string model_name(const std::string &file, const std::vector<std::string> &records) {
+  std::set<std::string> names;
+  const std::string prefix = kModelPrefix;
+  for (const auto &r : records) {
+    if (r.rfind(prefix, 0) != 0) continue;
+    const auto end = r.find('/', prefix.size());
+    if (end != std::string::npos) names.insert(r.substr(prefix.size(), end - prefix.size()));
+  }
+  if (names.empty()) {
+    fail(FTC_ERR_IO, "'" + file + "' is a .pt2 archive without AOTInductor-compiled code (a torch.export.save'd "
+                     "program?): compile it with torch._inductor.aoti_compile_and_package, or export the model "
+                     "with `python -m ftorch export --pt2`");
+  }
+  if (names.count("model") != 0 || names.size() == 1) return names.count("model") != 0 ? "model" : *names.begin();
+  std::string list;
+  for (const auto &n : names) list += (list.empty() ? "" : ", ") + n;
+  fail(FTC_ERR_IO, "'" + file + "' holds several compiled models (" + list + ") and none is named 'model'");
+}
+
+// The instruction sets the package's code was compiled for that this CPU lacks (running it would
+// crash with an illegal instruction). Names we do not know are not checked.
+std::string missing_cpu_features(const std::string &isa) {
+  std::istringstream words(isa);
+  std::string word, missing;
+  while (words >> word) {
+    bool present = true;
+    if (word == "AVX2") present = __builtin_cpu_supports("avx2");
+    else if (word == "AVX512") present = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    else if (word == "AVX512_VNNI") present = __builtin_cpu_supports("avx512vnni");
+    else if (word == "AVX512_BF16") present = __builtin_cpu_supports("avx512bf16");
+    if (!present) missing += (missing.empty() ? "" : " ") + word;
+  }
+  return missing;
+}
+
+// The compiled code checks the sizes, strides, dtypes and devices of its inputs only when
+// AOTI_RUNTIME_CHECK_INPUTS is set (read once per package); without the check an input of another
+// batch size than a static one exported is read out of bounds. Turned on unless the user set it.
+void enable_input_checks() {
+  static std::once_flag once;
+  std::call_once(once, [] { setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", /*overwrite=*/0); });
+}
+
+}  // namespace
+
+bool is_pt2_archive(const std::string &file) {
+  std::string format;
+  archive_records(file, &format);
+  return format.rfind("pt2", 0) == 0;
+}
+
+std::shared_ptr<CompiledModel> load_compiled(const std::string &file, const c10::Device &device) {
+  const std::string name = model_name(file, archive_records(file, nullptr));
+  std::unordered_map<std::string, std::string> metadata;
+  try {
+    metadata = torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(file, name);
+  } catch (const std::exception &e) {
+    fail(FTC_ERR_IO, "cannot read the metadata of the AOTInductor package '" + file + "': " + message_of(e));
+  }
+  const std::string key = metadata.count("AOTI_DEVICE_KEY") != 0 ? metadata["AOTI_DEVICE_KEY"] : "cpu";
+  if (c10::Device(key).type() != device.type()) {
+    fail(FTC_ERR_INVALID_ARGUMENT, "'" + file + "' was compiled for " + key + " but the model is loaded on " +
+                                       c10::DeviceTypeName(device.type(), true) +
+                                       ": export it again for that device (a package runs on the device it was "
+                                       "compiled for)");
+  }
+  if (device.is_cpu() && metadata.count("AOTI_CPU_ISA") != 0) {
+    const std::string missing = missing_cpu_features(metadata["AOTI_CPU_ISA"]);
+    if (!missing.empty()) {
+      fail(FTC_ERR_INVALID_ARGUMENT, "'" + file + "' was compiled for a CPU with " + metadata["AOTI_CPU_ISA"] +
+                                         " but this CPU lacks " + missing +
+                                         ": compile the package on (or for) this machine");
+    }
+  }
+  enable_input_checks();
+  try {
+    return std::make_shared<CompiledModel>(file, name, device);
+  } catch (const std::exception &e) {
+    fail(FTC_ERR_IO, "cannot load the AOTInductor package '" + file + "': " + message_of(e));
+  }
+}
+
+std::vector<at::Tensor> run_compiled(CompiledModel &model, const std::vector<at::Tensor> &inputs) {
+  std::vector<at::Tensor> prepared;
+  prepared.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].device() != model.device) {
+      fail(FTC_ERR_INVALID_ARGUMENT, "input " + std::to_string(i + 1) + " is on " + inputs[i].device().str() +
+                                         " but the compiled model runs on " + model.device.str());
+    }
+    prepared.push_back(inputs[i].contiguous());
+  }
+  torch::NoGradGuard no_grad;
+  try {
+    return model.loader.run(prepared);
+  } catch (const std::exception &e) {
+    fail(FTC_ERR_TORCH, std::string("the compiled model failed: ") + message_of(e));
+  }
+}
+
+}  // namespace ftc

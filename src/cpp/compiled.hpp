@@ -1,0 +1,22 @@
+// compiled.hpp - AOTInductor packages (.pt2): recognised by content, loaded, run.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ftc {
+
+class CompiledModel;
+
+// Whether `file` is a .pt2 archive (a zip whose archive_format record says "pt2"), whatever its name.
+bool is_pt2_archive(const std::string &file);
+
+// The AOTInductor model of a .pt2 package, for `device` (which must be the device it was compiled for).
+std::shared_ptr<CompiledModel> load_compiled(const std::string &file, const c10::Device &device);
+
+// Run it on tensors (made contiguous first: the compiled code expects the exported layout). The
+// results are new tensors; no graph is recorded.
+std::vector<at::Tensor> run_compiled(CompiledModel &model, const std::vector<at::Tensor> &inputs);
+
+}  // namespace ftc

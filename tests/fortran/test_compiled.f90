@@ -1,0 +1,223 @@
+!> Compiled models: AOTInductor packages (.pt2, written by tests/models.py build_compiled) through
+!> the same torch_model_load / torch_model_forward as TorchScript, against PyTorch's eager outputs.
+program test_compiled
+  use, intrinsic :: iso_fortran_env, only: int64, real32, real64
+  use ftorch
+  use testing, only: check, check_close, summary, read_values, data_path
+  implicit none
+
+  call several_inputs_and_outputs()
+  call dynamic_batch_with_fortran_strides()
+  call chosen_by_content()
+  call static_shapes_and_bad_inputs()
+  call what_a_compiled_model_cannot_do()
+  call load_errors()
+  call handles_stay_flat()
+  call summary()
+
+contains
+
+  ! Two inputs, two outputs (a tuple), float64, written into the aliased Fortran arrays.
+  subroutine several_inputs_and_outputs()
+    real(real64), allocatable :: a_ref(:), b_ref(:), y1_ref(:), y2_ref(:)
+    real(real64), target :: a(2,3), b(2,3), y1(2,3), y2(2,3)
+    type(torch_model) :: model
+    type(torch_tensor) :: inputs(2), outputs(2)
+    call read_values("multi_a.txt", a_ref)
+    call read_values("multi_b.txt", b_ref)
+    call read_values("multi_out1.txt", y1_ref)
+    call read_values("multi_out2.txt", y2_ref)
+    a = reshape(a_ref, [2, 3])
+    b = reshape(b_ref, [2, 3])
+    y1 = 0
+    y2 = 0
+    call torch_model_load(model, data_path("multi_io.pt2"), torch_kCPU)
+    call torch_tensor_from_array(inputs(1), a, torch_kCPU)
+    call torch_tensor_from_array(inputs(2), b, torch_kCPU)
+    call torch_tensor_from_array(outputs(1), y1, torch_kCPU)
+    call torch_tensor_from_array(outputs(2), y2, torch_kCPU)
+    call torch_model_forward(model, inputs, outputs)
+    ! Elementwise float64 arithmetic: the compiled code computes exactly what eager PyTorch does.
+    call check_close(reshape(y1, [6]), y1_ref, 1.0d-12, "compiled model: output 1 of 2 equals PyTorch")
+    call check_close(reshape(y2, [6]), y2_ref, 1.0d-12, "compiled model: output 2 of 2 equals PyTorch")
+    a = 2 * a
+    call torch_model_forward(model, inputs, outputs)
+    call check(maxval(abs(reshape(y1, [6]) - y1_ref)) > 1.0d-3, "a second forward reads the updated input array")
+    call check(.not. torch_model_is_training(model), "a compiled model is in eval mode")
+    call torch_delete(inputs)
+    call torch_delete(outputs)
+    call torch_delete(model)
+  end subroutine several_inputs_and_outputs
+
+  ! x(batch, 5) Fortran arrays (column-major strides) through a package whose batch dimension was
+  ! exported as dynamic: two batch sizes, each equal to the eager model.
+  subroutine dynamic_batch_with_fortran_strides()
+    type(torch_model) :: model
+    call torch_model_load(model, data_path("mlp_dynamic.pt2"), torch_kCPU)
+    call run_mlp(model, 4, "batch 4")
+    call run_mlp(model, 7, "batch 7 (dynamic batch dimension)")
+    call torch_delete(model)
+  end subroutine dynamic_batch_with_fortran_strides
+
+  subroutine run_mlp(model, batch, what)
+    type(torch_model), intent(inout) :: model
+    integer, intent(in) :: batch
+    character(len=*), intent(in) :: what
+    real(real64), allocatable :: x_ref(:), y_ref(:)
+    real(real32), allocatable, target :: x(:,:), y(:,:)
+    type(torch_tensor) :: tx(1), ty(1)
+    character(len=8) :: tag
+    write (tag, '(i0)') batch
+    call read_values("mlp_x" // trim(tag) // ".txt", x_ref)
+    call read_values("mlp_y" // trim(tag) // ".txt", y_ref)
+    allocate (x(batch, 5), y(batch, 3))
+    x = reshape(real(x_ref, real32), [batch, 5])
+    y = 0
+    call torch_tensor_from_array(tx(1), x, torch_kCPU)
+    call torch_tensor_from_array(ty(1), y, torch_kCPU)
+    call torch_model_forward(model, tx, ty)
+    ! float32 matrix products and tanh: the compiled kernels (generated C++ and its vectorised
+    ! tanh, another blocking of the sums) may round differently from eager ATen in the last bits;
+    ! 2e-5 relative is ~100 float32 ulps, far below any error of layout or indexing.
+    call check_close(reshape(y, [batch * 3]), real(y_ref, real32), 2.0e-5, "compiled MLP, " // what)
+    call torch_delete(tx)
+    call torch_delete(ty)
+  end subroutine run_mlp
+
+  ! A package is recognised by its content; a TorchScript file named .pt2 stays TorchScript.
+  subroutine chosen_by_content()
+    type(torch_model) :: compiled, script
+    real(real32), target :: x(3, 5), y1(3, 3), y2(3, 3)
+    type(torch_tensor) :: tx(1), ty1(1), ty2(1)
+    integer :: i
+    x = reshape([(0.1 * i - 0.7, i = 1, 15)], [3, 5])
+    call torch_model_load(compiled, data_path("compiled_model.bin"), torch_kCPU)
+    call torch_model_load(script, data_path("script_named.pt2"), torch_kCPU, is_training=.false.)
+    call torch_tensor_from_array(tx(1), x, torch_kCPU)
+    call torch_tensor_from_array(ty1(1), y1, torch_kCPU)
+    call torch_tensor_from_array(ty2(1), y2, torch_kCPU)
+    call torch_model_forward(compiled, tx, ty1)
+    call torch_model_forward(script, tx, ty2)
+    ! Same justification as in run_mlp.
+    call check_close(reshape(y1, [9]), reshape(y2, [9]), 2.0e-5, &
+                     "a package named .bin and TorchScript named .pt2 load by content and agree")
+    call check(torch_model_parameter_count(script) == 4, "the TorchScript one keeps its parameters")
+    call torch_delete(tx)
+    call torch_delete(ty1)
+    call torch_delete(ty2)
+    call torch_delete(compiled)
+    call torch_delete(script)
+  end subroutine chosen_by_content
+
+  ! Static shapes: another shape, dtype, input count or output count is a clear error.
+  subroutine static_shapes_and_bad_inputs()
+    type(torch_model) :: model
+    real(real64), target :: a(3,3), b(3,3), y(3,3), a2(2,3), y2(2,3)
+    real(real32), target :: f(2,3)
+    type(torch_tensor) :: in2(2), out2(2), bad(2), one(1), out1(1)
+    integer :: stat
+    character(len=512) :: msg
+    a = 1
+    b = 1
+    a2 = 1
+    f = 1
+    call torch_model_load(model, data_path("multi_io.pt2"), torch_kCPU)
+    call torch_tensor_from_array(in2(1), a, torch_kCPU)
+    call torch_tensor_from_array(in2(2), b, torch_kCPU)
+    call torch_tensor_from_array(out2(1), y, torch_kCPU)
+    call torch_tensor_from_array(out2(2), y, torch_kCPU)
+    msg = ""
+    call torch_model_forward(model, in2, out2, stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "[torch_model_forward]") == 1 .and. index(msg, "dim") > 0 &
+               .and. index(msg, "expected: 2") > 0 .and. index(msg, "got: 3") > 0, &
+               "a shape other than the exported static one is a shape error: " // trim(msg))
+    call torch_tensor_from_array(bad(1), f, torch_kCPU)
+    call torch_tensor_from_array(bad(2), a2, torch_kCPU)
+    call torch_tensor_from_array(out1(1), y2, torch_kCPU)
+    msg = ""
+    call torch_model_forward(model, bad, [out1(1), out1(1)], stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "dtype") > 0, "a float32 input where float64 was exported: " // trim(msg))
+    call torch_tensor_from_array(one(1), a2, torch_kCPU)
+    msg = ""
+    call torch_model_forward(model, one, out1, stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "inputs") > 0, "one input for a two-input model: " // trim(msg))
+    msg = ""
+    call torch_model_forward(model, [one(1), one(1)], out1, stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "returned 2 tensors but 1 output") > 0, &
+               "one output tensor for two results: " // trim(msg))
+    call torch_delete(in2)
+    call torch_delete(out2)
+    call torch_delete(bad)
+    call torch_delete(one)
+    call torch_delete(out1)
+    call torch_delete(model)
+  end subroutine static_shapes_and_bad_inputs
+
+  ! Training, gradients, parameters and save: clear errors, and the model still runs after them.
+  subroutine what_a_compiled_model_cannot_do()
+    type(torch_model) :: model
+    type(torch_tensor) :: params(4)
+    type(torch_tensor) :: tx(1), ty(1)
+    real(real32), target :: x(2, 5), y(2, 3)
+    integer :: stat
+    character(len=512) :: msg
+    x = 0.5
+    call torch_model_load(model, data_path("mlp_dynamic.pt2"), torch_kCPU)
+    call torch_tensor_from_array(tx(1), x, torch_kCPU)
+    call torch_tensor_from_array(ty(1), y, torch_kCPU)
+    msg = ""
+    call torch_model_forward(model, tx, ty, requires_grad=.true., stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "cannot record a graph") > 0, "forward with requires_grad: " // trim(msg))
+    msg = ""
+    call torch_model_save(model, "never_written.pt", stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "[torch_model_save]") == 1 .and. index(msg, "forward") > 0, &
+               "save: " // trim(msg))
+    msg = ""
+    call torch_model_parameters(model, params, stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "AOTInductor") > 0, "parameters: " // trim(msg))
+    msg = ""
+    call torch_model_load(model, data_path("mlp_dynamic.pt2"), torch_kCPU, is_training=.true., stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "training") > 0, "loading a package for training: " // trim(msg))
+    y = -1
+    call torch_model_forward(model, tx, ty, stat=stat)
+    call check(stat == 0 .and. all(y /= -1), "the model still runs after these errors")
+    call torch_delete(tx)
+    call torch_delete(ty)
+    call torch_delete(model)
+  end subroutine what_a_compiled_model_cannot_do
+
+  subroutine load_errors()
+    type(torch_model) :: model
+    integer :: stat
+    character(len=512) :: msg
+    msg = ""
+    call torch_model_load(model, data_path("exported_only.pt2"), torch_kCPU, stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "without AOTInductor-compiled code") > 0, &
+               "a .pt2 with an exported program but no compiled code: " // trim(msg))
+    msg = ""
+    call torch_model_load(model, data_path("missing.pt2"), torch_kCPU, stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "cannot open") > 0, "a missing package: " // trim(msg))
+  end subroutine load_errors
+
+  ! Loads and forwards in a loop leave no handle behind.
+  subroutine handles_stay_flat()
+    type(torch_model) :: model
+    type(torch_tensor) :: tx(1), ty(1)
+    real(real32), target :: x(3, 5), y(3, 3)
+    integer(int64) :: before
+    integer :: i
+    x = 0.25
+    before = ftorch_live_handles()
+    do i = 1, 200
+      if (mod(i, 100) == 1) call torch_model_load(model, data_path("mlp_dynamic.pt2"), torch_kCPU)
+      call torch_tensor_from_array(tx(1), x, torch_kCPU)
+      call torch_tensor_from_array(ty(1), y, torch_kCPU)
+      call torch_model_forward(model, tx, ty)
+    end do
+    call torch_delete(tx)
+    call torch_delete(ty)
+    call torch_delete(model)
+    call check(ftorch_live_handles() == before, "200 forwards and reloads leave the live handle count flat")
+  end subroutine handles_stay_flat
+
+end program test_compiled
