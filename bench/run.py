@@ -36,18 +36,63 @@ def run(cmd, env=None, cwd=None):
     return proc.stdout
 
 
+def make_mlp(hidden: int):
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden),
+                               torch.nn.Tanh(), torch.nn.Linear(hidden, 16)).double()
+
+
 def write_models(directory: Path, sizes) -> dict:
     import torch
 
     paths = {}
     for batch, hidden in sizes:
-        torch.manual_seed(0)
-        mlp = torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden),
-                                  torch.nn.Tanh(), torch.nn.Linear(hidden, 16)).double()
         path = directory / f"mlp_{hidden}.pt"
-        torch.jit.script(mlp).save(str(path))
+        torch.jit.script(make_mlp(hidden)).save(str(path))
         paths[hidden] = path
     return paths
+
+
+def write_compiled(directory: Path, sizes) -> dict:
+    """The same MLPs exported (torch.export) and compiled by AOTInductor into .pt2 packages, one per
+    (batch, hidden), batch static as a deployment would fix it."""
+    import torch
+
+    paths = {}
+    for batch, hidden in sizes:
+        model = make_mlp(hidden).eval()
+        program = torch.export.export(model, (torch.rand(batch, 16, dtype=torch.float64),))
+        path = directory / f"mlp_{hidden}_b{batch}.pt2"
+        torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+        paths[(batch, hidden)] = path
+    return paths
+
+
+def compiled_ratios(results, sizes) -> dict:
+    """The .pt2 forward from Fortran against TorchScript from C++ (the issue's targets: <= 0.5 at
+    batch 1, <= 1.0 at the largest size) and against TorchScript from Fortran, per size."""
+    ratios = {}
+    for batch, hidden in sizes:
+        compiled = results["cases"].get(f"compiled .pt2 inference, batch {batch}, hidden {hidden}")
+        script = results["cases"].get(f"inference, batch {batch}, hidden {hidden}")
+        if compiled and script:
+            ratios[f"batch {batch}, hidden {hidden}"] = {
+                "pt2_fortran_over_torchscript_cpp": compiled["fortran"]["median"] / script["cpp"]["median"],
+                "pt2_fortran_over_torchscript_fortran": compiled["fortran"]["median"] / script["fortran"]["median"],
+                "pt2_fortran_over_pt2_cpp": compiled["fortran"]["median"] / compiled["cpp"]["median"],
+            }
+    return ratios
+
+
+def compiled_table(ratios) -> str:
+    rows = ["| forward of the MLP | .pt2 from Fortran / TorchScript from C++ | .pt2 / TorchScript, both from "
+            "Fortran | .pt2 from Fortran / .pt2 from C++ |", "|---|---|---|---|"]
+    for name, r in ratios.items():
+        rows.append(f"| {name} | {r['pt2_fortran_over_torchscript_cpp']:.2f} | "
+                    f"{r['pt2_fortran_over_torchscript_fortran']:.2f} | {r['pt2_fortran_over_pt2_cpp']:.2f} |")
+    return "\n".join(rows) + "\n"
 
 
 def build(build_dir: Path) -> dict:
@@ -186,6 +231,9 @@ def table(results) -> str:
         lines.append("|---|---|---|---|")
         for name, r in overhead.items():
             lines.append(f"| {name} | " + " | ".join(f"{r[p]:.2f}" for p in PROGRAMS) + " |")
+    if results.get("compiled"):
+        lines.append("")
+        lines.append(compiled_table(results["compiled"]).rstrip("\n"))
     if results.get("embedding"):
         lines.append("")
         lines.append(embedding_table(results["embedding"]).rstrip("\n"))
@@ -255,6 +303,14 @@ def main(argv=None) -> int:
         for mode in ("train", "infer"):
             name = f"{'training step' if mode == 'train' else 'inference'}, batch {batch}, hidden {hidden}"
             case(name, [mode, models[hidden], batch, 16, 16, n], n)
+    compiled_sizes = sizes if not quick else sizes[:1]
+    if not only or any(s in "compiled .pt2 inference" for s in only):
+        print("compiling .pt2 packages (AOTInductor) ...", flush=True)
+        packages = write_compiled(work, compiled_sizes)
+        for batch, hidden in compiled_sizes:
+            n = steps[hidden]
+            case(f"compiled .pt2 inference, batch {batch}, hidden {hidden}",
+                 ["compiled", packages[(batch, hidden)], batch, 16, 16, n], n)
     for elements in ((1, 1000) if not quick else (1, 10)):
         n = 20000 if not quick else 100
         case(f"c = a*b + a - b/2, {elements} element{'s' if elements > 1 else ''}", ["ops", elements, n], n)
@@ -293,6 +349,7 @@ def main(argv=None) -> int:
         }
 
     results["custom_function_overhead"] = custom_function_overhead(results)
+    results["compiled"] = compiled_ratios(results, compiled_sizes)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     m = results["machine"]

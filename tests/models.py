@@ -230,7 +230,7 @@ def build_compiled(directory: Path) -> Path:
     compile_pt2(mlp, (torch.randn(8, 5),), directory / "mlp_dynamic.pt2", dynamic_batch=True)
     torch.jit.script(mlp).save(str(directory / "mlp_script.pt"))
     with torch.no_grad():
-        for batch in (4, 7):
+        for batch in (1, 4, 7):
             x = torch.randn(batch, 5)
             write_values(directory / f"mlp_x{batch}.txt", x)
             write_values(directory / f"mlp_y{batch}.txt", mlp(x))

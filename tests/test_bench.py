@@ -19,6 +19,8 @@ def test_benchmark_smoke_run(installed, tmp_path):
     assert any(name.startswith("inference") for name in cases)
     assert any(name.startswith("c = a*b") for name in cases)
     assert any(name.startswith("from_array") for name in cases)
+    assert any(name.startswith("compiled .pt2 inference") for name in cases)
+    assert results["compiled"], ".pt2 against TorchScript ratios"
     assert any(name.startswith("custom function") for name in cases)
     assert results["custom_function_overhead"], 'custom function vs built-in ratios'
     for name, r in cases.items():

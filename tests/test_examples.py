@@ -20,6 +20,9 @@ def examples(installed, tmp_path_factory):
     run([sys.executable, REPO / "examples" / "06_online_training" / "write_model.py", work])
     run([sys.executable, REPO / "examples" / "09_hybrid_physics" / "write_model.py", work])
     run([sys.executable, REPO / "examples" / "12_pytorch_fortran" / "write_model.py", work])
+    # Example 13's model files come from the export helper, as its README section shows.
+    run([sys.executable, "-m", "ftorch", "export", REPO / "examples" / "13_export" / "model.py:MLP",
+         "--input", "8,5", "--dynamic-batch", "-o", work / "mlp.pt", "--pt2", work / "mlp.pt2"], env=tool_env())
 
     def build(compiler):
         fc = require_compiler(compiler)
@@ -37,14 +40,14 @@ def examples(installed, tmp_path_factory):
 @pytest.mark.parametrize("compiler", COMPILERS)
 @pytest.mark.parametrize("example", ["tensors", "inference", "errors", "autograd", "model_gradients",
                                      "online_training", "time_stepping", "custom_function", "hybrid_physics",
-                                     "python_training", "migration"])
+                                     "python_training", "migration", "compiled_inference"])
 def test_example_runs(examples, compiler, example):
     bdir, work = examples(compiler)
     args = ["400"] if example == "online_training" else []
     proc = run([bdir / example, work, *args])
     number = {"tensors": 1, "inference": 2, "errors": 3, "autograd": 4, "model_gradients": 5,
               "online_training": 6, "time_stepping": 7, "custom_function": 8, "hybrid_physics": 9,
-              "python_training": 11, "migration": 12}[example]
+              "python_training": 11, "migration": 12, "compiled_inference": 13}[example]
     assert f"example {number} finished" in proc.stdout
 
 

@@ -39,7 +39,7 @@ fi
 py="$venv/bin/python"
 echo "==> installing torch==2.13.0 and build tools into $venv"
 "$py" -m pip install -q "torch==2.13.0" "scikit-build-core==1.1.2" "cmake>=3.21" ninja "fpm==0.12.0" fypp \
-  pytest numpy matplotlib
+  pytest numpy matplotlib "ford~=7.0"  # ford: API reference, tools/build_docs.py (uses FORD 7's Python API)
 
 echo "==> building and installing FTorch"
 PATH="$venv/bin:$PATH" "$py" -m pip install -q --no-build-isolation "$repo"

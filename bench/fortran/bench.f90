@@ -45,7 +45,7 @@ program bench_fortran
 
   call get_command_argument(1, mode)
   select case (trim(mode))
-  case ("train", "infer", "rss")
+  case ("train", "infer", "rss", "compiled")
     call get_command_argument(2, path)
     batch = int_arg(3); n_in = int_arg(4); n_out = int_arg(5); iters = int_arg(6)
     call model_case(trim(mode), trim(path), batch, n_in, n_out, iters)
@@ -83,17 +83,19 @@ contains
     allocate(x(batch, n_in), y(batch, n_out), pred(batch, n_out))
     call random_number(x)
     call random_number(y)
-    call torch_model_load(model, path, torch_kCPU, is_training=(mode /= "infer"))
-    allocate(params(torch_model_parameter_count(model)))
-    call torch_model_parameters(model, params)
-    call torch_optim_Adam(optim, params, learning_rate=1.0d-4)
+    call torch_model_load(model, path, torch_kCPU, is_training=(mode /= "infer" .and. mode /= "compiled"))
+    if (mode /= "compiled") then  ! an AOTInductor package (.pt2) runs forward only
+      allocate(params(torch_model_parameter_count(model)))
+      call torch_model_parameters(model, params)
+      call torch_optim_Adam(optim, params, learning_rate=1.0d-4)
+    end if
     call torch_tensor_from_array(inputs(1), x, torch_kCPU)
     call torch_tensor_from_array(outputs(1), pred, torch_kCPU)
     call torch_tensor_from_array(target, y, torch_kCPU)
     warm = max(10, iters / 10)
     do i = 1, warm + iters
       if (i == warm + 1) t0 = ticks()
-      if (mode == "infer") then
+      if (mode == "infer" .or. mode == "compiled") then
         call torch_model_forward(model, inputs, outputs)
       else
         call torch_train_step(model, optim, inputs, target, loss)

@@ -46,6 +46,21 @@ def model_case(mode, path, batch, n_in, n_out, iters):
         print(f"rss_at_end {status_kib('VmRSS:')}")
 
 
+def compiled_case(path, batch, n_in, n_out, iters):
+    """An AOTInductor package run from Python (torch._inductor.aoti_load_package)."""
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(np.asfortranarray(rng.random((batch, n_in))))
+    pred = torch.from_numpy(np.asfortranarray(np.zeros((batch, n_out))))
+    runner = torch._inductor.aoti_load_package(path)
+    warm = max(10, iters // 10)
+    with torch.no_grad():
+        for i in range(1, warm + iters + 1):
+            if i == warm + 1:
+                t0 = time.perf_counter()
+            pred.copy_(runner(x.contiguous()))
+    print(f"seconds {time.perf_counter() - t0:.8e}")
+
+
 def pymodule_case(mode, path, batch, n_in, n_out, iters, script):
     """The same calls as bench_fortran's pymodule/pycall cases, made from Python."""
     import importlib.util
@@ -119,6 +134,8 @@ def main(argv):
     mode = argv[1]
     if mode in ("train", "infer", "rss"):
         model_case(mode, argv[2], *map(int, argv[3:7]))
+    elif mode == "compiled":
+        compiled_case(argv[2], *map(int, argv[3:7]))
     elif mode in ("pymodule", "pycall"):
         pymodule_case(mode, argv[2], *map(int, argv[3:7]), argv[7])
     elif mode == "ops":

@@ -1,6 +1,7 @@
 """FTorch helper: where an installed FTorch keeps its files and how to build against them.
 
-Importing this package does not import torch (it is fast); only ``doctor`` loads LibTorch.
+Importing this package does not import torch (it is fast); ``doctor``, ``export`` and
+``inspect_model`` load it when called.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ __all__ = [
     "fpm_dependency",
     "fpm_flags",
     "link_flags",
+    "export",
+    "inspect_model",
 ]
 
 __version__: str = _build_info.version
@@ -124,3 +127,35 @@ def get_fortran_mpi_source() -> Path:
 def fpm_flags() -> str:
     """Flags for fpm's FPM_LDFLAGS (or ``--link-flag``): fpm cannot set -L from a manifest."""
     return link_flags()
+
+
+def export(model_or_spec, inputs, torchscript=None, pt2=None, **options):
+    """Write a model for Fortran as TorchScript (``torchscript``) and/or an AOTInductor package
+    (``pt2``), then load each file back, run it on inputs laid out as Fortran passes them and compare
+    with the eager model. ``model_or_spec``: an ``nn.Module`` or ``"file.py:Name"``; ``inputs``: a
+    tensor, ``(shape, dtype)`` or ``"8,5:float32"`` per tensor argument of forward. Options:
+    trace, dynamic_batch, min_batch, max_batch, check, training, freeze, init_kwargs, weights,
+    device, rtol, atol, seed. Returns a report (``.ok``, ``.to_dict()``, ``str()``); raises
+    ``ftorch.ExportError`` on failure. Same as ``python -m ftorch export``."""
+    from ._export import export as _export
+
+    return _export(model_or_spec, inputs, torchscript, pt2, **options)
+
+
+def inspect_model(path, inputs=None, device="cpu"):
+    """Describe a TorchScript model or AOTInductor package (.pt2) as a dict: forward's inputs and
+    outputs (their shapes when ``inputs`` are given, or recorded in the package), parameters,
+    buffers, training mode and a Fortran snippet (key ``"fortran"``). Same as ``python -m ftorch
+    inspect``."""
+    from ._inspect import inspect_model as _inspect
+
+    return _inspect(path, inputs, device=device)
+
+
+def __getattr__(name: str):
+    # ftorch.ExportError without importing the export code (or torch) before it is needed.
+    if name == "ExportError":
+        from ._export import ExportError
+
+        return ExportError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,14 +1,176 @@
-"""Command line of the FTorch helper: ``python -m ftorch --cmake-prefix-path``, ``... doctor``."""
+"""Command line of the FTorch helper: ``python -m ftorch --cmake-prefix-path``, ``... doctor``,
+``... export``, ``... inspect``."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 import ftorch
 
 
+def _fail(prog: str, exc: BaseException) -> int:
+    """One line on stderr for an expected error; its exit code (2: usage, 1: failure)."""
+    print(f"{prog}: error: {exc}", file=sys.stderr)
+    return getattr(exc, "exit_code", 1)
+
+
+def _print(text) -> None:
+    """Print to stdout; a reader that stops early (| head) is not an error."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _unexpected(prog: str, exc: BaseException) -> int:
+    if os.environ.get("FTORCH_TRACEBACK") == "1":
+        raise exc
+    print(f"{prog}: error: {type(exc).__name__}: {exc} (FTORCH_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+    return 1
+
+
+def export_main(argv: list[str]) -> int:
+    prog = "python -m ftorch export"
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Write a PyTorch model as TorchScript (-o) and/or an AOTInductor package (--pt2) for "
+                    "Fortran, then load each file back, run it on inputs laid out as Fortran passes them "
+                    "(column-major) and compare with the eager model.",
+        epilog="Exit status: 0 written and checked, 1 export or check failed, 2 usage error. Example: "
+               f"{prog} model.py:MLP --input 8,5 -o mlp.pt --pt2 mlp.pt2 --dynamic-batch",
+    )
+    parser.add_argument("model", metavar="MODEL",
+                        help="path/to/file.py:Name or package.module:Name: an nn.Module class, or a function "
+                             "returning a module (file.py alone: its only nn.Module class)")
+    parser.add_argument("--input", action="append", default=[], metavar="SHAPE[:DTYPE]",
+                        help="one per tensor argument of forward, in order: the Fortran array's shape and dtype, "
+                             "e.g. 8,5 or 8,3:float64 (dtype default float32; also float16, bfloat16, int8..int64, "
+                             "uint8, bool)")
+    parser.add_argument("-o", "--output", metavar="FILE.pt", help="TorchScript file to write")
+    parser.add_argument("--pt2", metavar="FILE.pt2", help="AOTInductor package to write (torch.export + "
+                                                          "aoti_compile_and_package; needs a C++ compiler)")
+    parser.add_argument("--trace", action="store_true",
+                        help="TorchScript by torch.jit.trace on the example inputs instead of torch.jit.script")
+    parser.add_argument("--freeze", action="store_true",
+                        help="torch.jit.freeze the TorchScript (inference only: parameters become constants)")
+    parser.add_argument("--train", action="store_true",
+                        help="keep training mode in the TorchScript (default: eval mode; the .pt2 is always eval)")
+    parser.add_argument("--dynamic-batch", action="store_true",
+                        help="dim 0 of every input of the .pt2 may take any size in [--min-batch, --max-batch]; "
+                             "the check also runs other batch sizes")
+    parser.add_argument("--min-batch", type=int, default=1, metavar="N",
+                        help="smallest batch size with --dynamic-batch (default 1; use 2 if the check fails "
+                             "at batch 1)")
+    parser.add_argument("--max-batch", type=int, default=None, metavar="N",
+                        help="largest batch size with --dynamic-batch (default: unbounded)")
+    parser.add_argument("--init-kwargs", metavar="JSON", help='keyword arguments for the class, e.g. \'{"n": 5}\'')
+    parser.add_argument("--weights", metavar="FILE",
+                        help="state_dict (or checkpoint holding one) to load, written by torch.save")
+    parser.add_argument("--device", default="cpu", help="device of the model and inputs (default cpu)")
+    parser.add_argument("--no-check", action="store_true", help="write the files without checking them")
+    parser.add_argument("--rtol", type=float, help="relative tolerance of the check (default: per dtype)")
+    parser.add_argument("--atol", type=float, help="absolute tolerance of the check (default: per dtype)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs and weights (default 0)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+
+    from ._export import ExportError, UsageError, export
+
+    try:
+        init_kwargs = None
+        if args.init_kwargs is not None:
+            try:
+                init_kwargs = json.loads(args.init_kwargs)
+            except ValueError as exc:
+                raise UsageError(f"--init-kwargs is not JSON: {exc}") from None
+            if not isinstance(init_kwargs, dict):
+                raise UsageError('--init-kwargs must be a JSON object such as \'{"n": 5}\'')
+        report = export(args.model, args.input, torchscript=args.output, pt2=args.pt2, trace=args.trace,
+                        dynamic_batch=args.dynamic_batch, min_batch=args.min_batch, max_batch=args.max_batch,
+                        check=not args.no_check, training=args.train, freeze=args.freeze, init_kwargs=init_kwargs,
+                        weights=args.weights, device=args.device, rtol=args.rtol, atol=args.atol, seed=args.seed)
+    except ExportError as exc:
+        if exc.report is not None:
+            _print(json.dumps(exc.report.to_dict(), indent=2) if args.json else exc.report)
+        return _fail(prog, exc)
+    except Exception as exc:
+        return _unexpected(prog, exc)
+    _print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    return 0
+
+
+def inspect_main(argv: list[str]) -> int:
+    prog = "python -m ftorch inspect"
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Show what Fortran code needs to call a TorchScript model or an AOTInductor package "
+                    "(.pt2): forward's inputs and outputs, parameters and buffers, training mode, and a "
+                    "Fortran snippet.",
+    )
+    parser.add_argument("file", metavar="MODEL", help="TorchScript file (.pt) or AOTInductor package (.pt2)")
+    parser.add_argument("--input", action="append", default=[], metavar="SHAPE[:DTYPE]",
+                        help="shape and dtype of each tensor argument of forward: run the model once and report "
+                             "the outputs' shapes")
+    parser.add_argument("--device", default="cpu", help="device to load a TorchScript model on (default cpu)")
+    parser.add_argument("--json", action="store_true", help="print the description as JSON")
+    args = parser.parse_args(argv)
+
+    from ._export import ExportError
+    from ._inspect import format_inspection, inspect_model
+
+    try:
+        info = inspect_model(args.file, args.input or None, device=args.device)
+    except ExportError as exc:
+        return _fail(prog, exc)
+    except Exception as exc:
+        return _unexpected(prog, exc)
+    _print(json.dumps(info, indent=2) if args.json else format_inspection(info))
+    return 0
+
+
+def modules_main(command: str, argv: list[str]) -> int:
+    """check-modules: can a compiler use the prebuilt module files; build-modules: build them for
+    another compiler into a directory with its own ftorch.pc."""
+    from . import _modules
+
+    prog = f"python -m ftorch {command}"
+    parser = argparse.ArgumentParser(prog=prog, description=(_modules.check_compiler if command == "check-modules"
+                                                             else _modules.build_modules).__doc__)
+    parser.add_argument("--fc", required=True, help="Fortran compiler (a command such as gfortran, flang-new-19, ifx)")
+    if command == "check-modules":
+        parser.add_argument("--module-dir", help="directory of the .mod files (default: the prebuilt ones)")
+    else:
+        parser.add_argument("--prefix", required=True, help="directory to write include/fortran, lib/libftorch.a "
+                                                            "and lib/pkgconfig/ftorch.pc into")
+        parser.add_argument("--flags", default="-O2", help='compiler flags (default "-O2")')
+        parser.add_argument("-v", "--verbose", action="store_true", help="print each compile command")
+    args = parser.parse_args(argv)
+    if command == "check-modules":
+        check = _modules.check_compiler(args.fc, args.module_dir)
+        print(check.message, file=sys.stdout if check.ok else sys.stderr)
+        return 0 if check.ok else 1
+    try:
+        pc = _modules.build_modules(args.fc, args.prefix, args.flags.split(), verbose=args.verbose)
+    except RuntimeError as exc:
+        return _fail(prog, exc)
+    print(f"built FTorch's modules with {args.fc}; use them with:\n"
+          f"  export PKG_CONFIG_PATH={pc.parent}${{PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}}\n"
+          f"  {args.fc} app.f90 $(pkg-config --cflags --libs ftorch)\n{pc}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("check-modules", "build-modules"):
+        return modules_main(argv[0], argv[1:])
+    if argv and argv[0] == "export":
+        return export_main(argv[1:])
+    if argv and argv[0] == "inspect":
+        return inspect_main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m ftorch",
         description="Paths and flags for building Fortran programs against FTorch.",
@@ -29,13 +191,21 @@ def main(argv: list[str] | None = None) -> int:
                        help="source of module ftorch_mpi, to compile with your MPI after the other sources")
     paths.add_argument("--fpm-flags", action="store_true", help="value for FPM_LDFLAGS")
     paths.add_argument("--link-flags", action="store_true", help="linker flags for plain builds")
-    parser.add_argument("command", nargs="?", choices=["doctor", "plot-loss"],
+    parser.add_argument("command", nargs="?",
+                        choices=["doctor", "plot-loss", "export", "inspect", "check-modules", "build-modules"],
                         help="doctor: check this installation and the tools around it; "
-                             "plot-loss LOG [-o PNG]: loss curve of a training log")
+                             "check-modules --fc FC: can FC use the prebuilt Fortran modules; "
+                             "build-modules --fc FC --prefix DIR: build them for FC with their own ftorch.pc; "
+                             "plot-loss LOG [-o PNG]: loss curve of a training log; "
+                             "export MODEL --input SHAPE ... [-o FILE.pt] [--pt2 FILE.pt2]: write a model for "
+                             "Fortran and check it (export -h for more); "
+                             "inspect MODEL: inputs, outputs, parameters and a Fortran snippet (inspect -h)")
     parser.add_argument("log", nargs="?", help="training log for plot-loss")
     parser.add_argument("-o", "--output", help="PNG written by plot-loss (default: LOG with .png)")
     args = parser.parse_args(argv)
 
+    if args.command in ("export", "inspect"):
+        parser.error(f"{args.command} must come first: python -m ftorch {args.command} ...")
     if args.command == "doctor":
         from ._doctor import run
 

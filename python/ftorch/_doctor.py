@@ -102,8 +102,19 @@ def _check_embedded_python(r: Report, handle) -> None:
 def _check_tools(r: Report) -> None:
     compilers = [c for c in FORTRAN_COMPILERS if shutil.which(c)]
     if compilers:
+        from ._modules import check_compiler, prebuilt_compiler
+
         for c in compilers:
             r.ok(f"Fortran compiler {c}: {_tool_version(c)}")
+            if prebuilt_compiler():
+                check = check_compiler(c)
+                if check.ok:
+                    r.ok(f"{c} reads the prebuilt modules (pkg-config --cflags --libs ftorch works with it)")
+                else:
+                    r.warn(f"{c} cannot use the prebuilt modules (CMake and fpm builds are not affected): "
+                           f"{check.message.split(' Fix: ')[0]}",
+                           f"python -m ftorch build-modules --fc {c} --prefix DIR, then "
+                           f"PKG_CONFIG_PATH=DIR/lib/pkgconfig")
     else:
         r.fail("no Fortran compiler found (looked for " + ", ".join(FORTRAN_COMPILERS) + ")",
                "sudo apt-get install -y gfortran   (or flang-19 for LLVM flang)")

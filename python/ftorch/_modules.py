@@ -39,6 +39,7 @@ def module_format(mod_file: Path) -> str:
     data = Path(mod_file).read_bytes()
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
+    data = data.removeprefix(b"\xef\xbb\xbf")  # flang starts its text format with a UTF-8 byte order mark
     head = data[:200].split(b"\n", 1)[0].decode("latin-1")
     if head.startswith("GFORTRAN module version"):
         return head.split(" created", 1)[0]
@@ -77,7 +78,7 @@ def compiler_module_format(fc: str) -> str:
         src = Path(tmp) / "ftorch_probe.f90"
         src.write_text("module ftorch_probe\nend module ftorch_probe\n")
         proc = subprocess.run([fc, "-c", src.name, *_module_dir_flag(fc, Path(tmp))], cwd=tmp,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, errors="replace", timeout=300)
         mod = Path(tmp) / "ftorch_probe.mod"
         if proc.returncode != 0 or not mod.exists():
             raise RuntimeError(f"{fc} could not compile a one-line module: {proc.stderr.strip()[:500]}")
@@ -104,7 +105,7 @@ def check_compiler(fc: str, module_dir: Path | None = None) -> ModuleCheck:
         src = Path(tmp) / "uses_ftorch.f90"
         src.write_text("program uses_ftorch\n  use ftorch\n  implicit none\nend program uses_ftorch\n")
         proc = subprocess.run([fc, "-c", src.name, f"-I{module_dir}", "-o", "uses_ftorch.o"], cwd=tmp,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, errors="replace", timeout=300)
     if proc.returncode == 0:
         return ModuleCheck(True, f"{fc} reads the modules in {module_dir} ({ours})")
     try:
@@ -146,14 +147,14 @@ def build_modules(fc: str, prefix: Path, flags: list[str] | None = None, verbose
             cmd = [fc, *flags, *pic, "-c", str(src), "-o", str(obj), *_module_dir_flag(fc, moddir), f"-I{moddir}"]
             if verbose:
                 print(" ".join(cmd), flush=True)
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
             if proc.returncode != 0:
                 raise RuntimeError(f"{fc} failed on {src.name}:\n{proc.stderr.strip()[-3000:]}")
             objects.append(str(obj))
         archive = libdir / "libftorch.a"
         archive.unlink(missing_ok=True)
         ar = shutil.which("ar") or "ar"
-        proc = subprocess.run([ar, "rcs", str(archive), *objects], capture_output=True, text=True)
+        proc = subprocess.run([ar, "rcs", str(archive), *objects], capture_output=True, text=True, errors="replace")
         if proc.returncode != 0:
             raise RuntimeError(f"ar failed: {proc.stderr.strip()}")
     version = subprocess.run([fc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()

@@ -5,6 +5,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <mutex>
@@ -96,6 +97,22 @@ void enable_input_checks() {
   std::call_once(once, [] { setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", /*overwrite=*/0); });
 }
 
+// `t` in the row-major layout the compiled code was exported with (its input checks compare
+// every stride). A copy only when the layout differs: a Fortran array with one non-unit dimension
+// is already row-major in memory, and only its strides along size-1 dimensions are rewritten.
+at::Tensor exported_layout(const at::Tensor &t) {
+  at::Tensor c = t.contiguous();
+  const auto sizes = c.sizes();
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= std::max<int64_t>(sizes[i], 1);
+  }
+  if (c.strides() == c10::IntArrayRef(strides)) return c;
+  return c.as_strided(sizes, strides, c.storage_offset());
+}
+
 }  // namespace
 
 bool is_pt2_archive(const std::string &file) {
@@ -143,7 +160,7 @@ std::vector<at::Tensor> run_compiled(CompiledModel &model, const std::vector<at:
       fail(FTC_ERR_INVALID_ARGUMENT, "input " + std::to_string(i + 1) + " is on " + inputs[i].device().str() +
                                          " but the compiled model runs on " + model.device.str());
     }
-    prepared.push_back(inputs[i].contiguous());
+    prepared.push_back(exported_layout(inputs[i]));
   }
   torch::NoGradGuard no_grad;
   try {

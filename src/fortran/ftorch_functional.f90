@@ -29,9 +29,13 @@ module ftorch_functional
   !> its tolerance) and where it is (1-based; elements counted in row-major order, as PyTorch
   !> numbers them).
   type :: torch_gradcheck_result
+    !> Whether every entry was within tolerance.
     logical :: passed = .false.
     real(real64) :: max_error = 0    !< |analytic - numeric| at the worst entry
+    !> The worst entry as computed by backward and by finite differences.
     real(real64) :: analytic = 0, numeric = 0
+    !> Where the worst entry is: which input and which of its elements, which output and which
+    !> of its elements.
     integer :: input = 0, input_element = 0, output = 0, output_element = 0
   end type torch_gradcheck_result
 
@@ -86,12 +90,16 @@ contains
   recursive subroutine grad_many(grads, outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused, &
                                  stat, errmsg)
     type(torch_tensor), intent(inout) :: grads(:)          !< one per input
+    !> The outputs to differentiate (one-element tensors unless `grad_outputs` is given), and
+    !> the tensors (requiring grad) to differentiate them with respect to.
     type(torch_tensor), intent(in) :: outputs(:), inputs(:)
     type(torch_tensor), intent(in), optional, target :: grad_outputs(:)  !< one per output (vector-Jacobian product)
     logical, intent(in), optional :: retain_graph  !< keep the graph (default: as create_graph)
     logical, intent(in), optional :: create_graph  !< record the gradients' own graph (higher derivatives)
     logical, intent(in), optional :: allow_unused  !< an input the outputs do not depend on gets zeros
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     type(c_ptr), target :: out_h(size(outputs)), go_h(size(outputs))
     type(c_ptr) :: in_h(size(inputs)), grad_h(size(grads)), go_p
@@ -130,11 +138,19 @@ contains
   end subroutine grad_many
 
   recursive subroutine grad_one(grad, output, input, grad_output, retain_graph, create_graph, allow_unused, stat, errmsg)
+    !> Receives d output / d input (input's shape), as `=` does.
     type(torch_tensor), intent(inout) :: grad
+    !> The output to differentiate (one element unless `grad_output` is given), and the tensor
+    !> (requiring grad) to differentiate it with respect to.
     type(torch_tensor), intent(in) :: output, input
+    !> The vector of a vector-Jacobian product, of output's shape.
     type(torch_tensor), intent(in), optional :: grad_output
+    !> Keep the graph (`retain_graph`, default: as create_graph); record the gradient's own graph
+    !> (`create_graph`); give zeros for an input the output does not depend on (`allow_unused`).
     logical, intent(in), optional :: retain_graph, create_graph, allow_unused
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     type(c_ptr), target :: go_h(1)
     type(c_ptr) :: out_h(1), in_h(1), grad_h(1), go_p
@@ -157,10 +173,16 @@ contains
   !> torch.autograd.functional.jacobian layout), from output's recorded graph (kept), one
   !> backward per output element: for small problems.
   recursive subroutine torch_autograd_jacobian(jacobian, output, input, create_graph, stat, errmsg)
+    !> Receives the Jacobian, as `=` does.
     type(torch_tensor), intent(inout) :: jacobian
+    !> The output to differentiate, and the tensor (requiring grad) it is differentiated with
+    !> respect to.
     type(torch_tensor), intent(in) :: output, input
+    !> Record the Jacobian's own graph (default .false.).
     logical, intent(in), optional :: create_graph
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_autograd_jacobian(output%p, input%p, c_flag(create_graph), jacobian%p), &
                       "torch_autograd_jacobian", stat, errmsg)
@@ -170,10 +192,15 @@ contains
   !> output's), from output's recorded graph (kept), by differentiating a vector-Jacobian
   !> product: the graph must be twice differentiable.
   recursive subroutine torch_autograd_jvp(result, output, input, v, create_graph, stat, errmsg)
+    !> Receives the product (output's shape), as `=` does.
     type(torch_tensor), intent(inout) :: result
+    !> The output, the input (requiring grad) and the vector v (input's shape).
     type(torch_tensor), intent(in) :: output, input, v
+    !> Record the product's own graph (default .false.).
     logical, intent(in), optional :: create_graph
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_autograd_jvp(output%p, input%p, v%p, c_flag(create_graph), result%p), "torch_autograd_jvp", &
                       stat, errmsg)
@@ -182,10 +209,16 @@ contains
   !> Vector-Jacobian product v^T (d output / d input) (v has output's shape; the result has
   !> input's): torch_autograd_grad with v as grad_output, the graph kept unless told otherwise.
   recursive subroutine torch_autograd_vjp(result, output, input, v, retain_graph, create_graph, stat, errmsg)
+    !> Receives the product (input's shape), as `=` does.
     type(torch_tensor), intent(inout) :: result
+    !> The output, the input (requiring grad) and the vector v (output's shape).
     type(torch_tensor), intent(in) :: output, input, v
+    !> Keep the graph (`retain_graph`, default .true.); record the product's own graph
+    !> (`create_graph`, default .false.).
     logical, intent(in), optional :: retain_graph, create_graph
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     logical :: retain
     retain = .true.
@@ -198,14 +231,21 @@ contains
   !> every entry satisfies |analytic - numeric| <= atol + rtol |numeric|. Inputs are perturbed in
   !> place and restored. Returns whether it passed; `result` tells where the worst entry is.
   recursive function torch_gradcheck(fn, inputs, n_outputs, eps, atol, rtol, result, stat, errmsg) result(passed)
+    !> The function checked: computes its outputs from `inputs` (a module procedure).
     procedure(torch_tensor_function) :: fn
+    !> The point at which the Jacobians are checked: float64 tensors; those that require grad
+    !> are checked.
     type(torch_tensor), intent(in) :: inputs(:)
     integer, intent(in), optional :: n_outputs  !< number of outputs of fn (default 1)
     real(real64), intent(in), optional :: eps   !< finite-difference step (default 1e-6)
     real(real64), intent(in), optional :: atol  !< default 1e-5
     real(real64), intent(in), optional :: rtol  !< default 1e-3
+    !> Details of the worst entry.
     type(torch_gradcheck_result), intent(out), optional :: result
+    !> Status, 0 on success (whether or not the check passed), else an `FTORCH_ERR_*` code. When
+    !> absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     logical :: passed
     type(c_ptr) :: handles(size(inputs))

@@ -452,7 +452,9 @@ contains
 
   ! `dst = src`: a second handle to the model of src.
   impure elemental subroutine torch_model_share(dst, src)
+    !> Left-hand side: becomes a second handle to src's model (a handle it held is released).
     class(torch_model), intent(inout) :: dst
+    !> Right-hand side (unloaded: dst becomes unloaded too).
     type(torch_model), intent(in) :: src
     call ftorch_check(ftc_model_share(src%p, dst%p), "assignment(=)")
   end subroutine torch_model_share

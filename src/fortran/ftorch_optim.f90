@@ -479,7 +479,9 @@ contains
 
   ! `dst = src`: a second handle to the optimizer of src.
   impure elemental subroutine torch_optim_share(dst, src)
+    !> Left-hand side: becomes a second handle to src's optimizer (a handle it held is released).
     class(torch_optim), intent(inout) :: dst
+    !> Right-hand side (unconstructed: dst becomes unconstructed too).
     type(torch_optim), intent(in) :: src
     call ftorch_check(ftc_optim_share(src%p, dst%p), "assignment(=)")
   end subroutine torch_optim_share
@@ -692,7 +694,9 @@ contains
 
   ! `dst = src`: a second handle to the scheduler of src.
   impure elemental subroutine torch_scheduler_share(dst, src)
+    !> Left-hand side: becomes a second handle to src's scheduler (a handle it held is released).
     class(torch_scheduler), intent(inout) :: dst
+    !> Right-hand side (unconstructed: dst becomes unconstructed too).
     type(torch_scheduler), intent(in) :: src
     call ftorch_check(ftc_scheduler_share(src%p, dst%p), "assignment(=)")
   end subroutine torch_scheduler_share

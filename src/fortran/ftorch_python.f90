@@ -18,9 +18,11 @@ module ftorch_python
   !> A loaded Python module; `p` is null until loaded. `m2 = m1` makes a second handle to the same
   !> module (one Python state).
   type :: torch_pymodule
+    !> Opaque handle of the module (null until loaded); not to be set directly.
     type(c_ptr) :: p = c_null_ptr
   contains
     procedure, private :: torch_pymodule_share
+    !> `m2 = m1`: a second handle to the same module.
     generic :: assignment(=) => torch_pymodule_share
     final :: finalize_pymodule
   end type torch_pymodule
@@ -96,17 +98,22 @@ contains
   subroutine torch_pymodule_load(module, name, stat, errmsg)
     type(torch_pymodule), intent(inout) :: module  !< replaced (a loaded module is released first)
     character(len=*), intent(in) :: name            !< file path or dotted module name
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_pymodule_load(module%p, c_string(name)), "torch_pymodule_load", stat, errmsg)
   end subroutine torch_pymodule_load
 
   subroutine call_tensors(module, function, inputs, outputs, stat, errmsg)
+    !> A loaded module.
     type(torch_pymodule), intent(in) :: module
     character(len=*), intent(in) :: function       !< name of the Python function
     type(torch_tensor), intent(in) :: inputs(:)    !< positional arguments
     type(torch_tensor), intent(in) :: outputs(:)   !< receive the returned tensors, in order
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     type(torch_arglist) :: args
     type(c_ptr) :: handles(size(inputs))
@@ -124,12 +131,15 @@ contains
   end subroutine call_tensors
 
   subroutine call_args(module, function, args, results, outputs, stat, errmsg)
+    !> A loaded module.
     type(torch_pymodule), intent(in) :: module
     character(len=*), intent(in) :: function            !< name of the Python function
     type(torch_arglist), intent(in) :: args              !< positional arguments (unconstructed: none)
     type(torch_arglist), intent(inout), optional :: results  !< receives every returned value
     type(torch_tensor), intent(in), optional :: outputs(:)   !< receive the returned tensors
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     type(c_ptr), allocatable :: handles(:)
     integer :: i
@@ -159,13 +169,17 @@ contains
   !> Start the embedded interpreter now (as the first `torch_pymodule_load` would), e.g. to
   !> report a missing libpython or a torch mismatch at start-up.
   subroutine torch_python_initialize(stat, errmsg)
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     call ftorch_check(ftc_python_initialize(), "torch_python_initialize", stat, errmsg)
   end subroutine torch_python_initialize
 
   impure elemental subroutine torch_pymodule_share(dst, src)
+    !> Left-hand side: becomes a second handle to src's module (a handle it held is released).
     class(torch_pymodule), intent(inout) :: dst
+    !> Right-hand side (unloaded: dst becomes unloaded too).
     type(torch_pymodule), intent(in) :: src
     call ftorch_check(ftc_pymodule_share(src%p, dst%p), "assignment(=)")
   end subroutine torch_pymodule_share
@@ -178,6 +192,7 @@ contains
 
   !> Release the module (a no-op if not loaded, or for a copy of a deleted handle).
   impure elemental subroutine torch_pymodule_delete(module)
+    !> The module handle (or, elementally, an array of them); null on return.
     type(torch_pymodule), intent(inout) :: module
     integer(c_int) :: status
     status = ftc_pymodule_delete(module%p)

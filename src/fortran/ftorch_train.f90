@@ -75,17 +75,27 @@ contains
   !> "step <n>  loss <value>  lr <rate>  <ms> ms/step" to log_unit (default: standard output).
   subroutine torch_train_step(model, optim, input_tensors, target_tensor, loss, loss_type, reduction_type, &
                               scheduler, max_grad_norm, log_every, log_unit, stat, errmsg)
+    !> The model to train (a loaded TorchScript model).
     type(torch_model), intent(in) :: model
+    !> An optimizer over the model's parameters.
     type(torch_optim), intent(in) :: optim
+    !> The arguments of the model's forward, in order.
     type(torch_tensor), intent(in) :: input_tensors(:)
+    !> The target the model's output is compared with.
     type(torch_tensor), intent(in) :: target_tensor
     real(real64), intent(out), optional :: loss      !< the loss value of this step
     integer, intent(in), optional :: loss_type       !< torch_kMSELoss (default), torch_kL1Loss, ...
     integer, intent(in), optional :: reduction_type  !< torch_kMean (default) or torch_kSum
+    !> A scheduler of `optim`, stepped after the optimizer (default: none).
     type(torch_scheduler), intent(in), optional :: scheduler
+    !> Clip the gradients to this global (2-)norm before the step (default: no clipping).
     real(real64), intent(in), optional :: max_grad_norm
+    !> Write a progress line every `log_every` optimizer steps (default: never; <= 0 never
+    !> writes), to unit `log_unit` (default: standard output).
     integer, intent(in), optional :: log_every, log_unit
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     type(c_ptr) :: handles(size(input_tensors)), sched
     real(c_double) :: value, seconds, clip
@@ -128,13 +138,22 @@ contains
   !> With `comm` (a data-parallel run; collective): rank 0 writes, and every rank returns rank 0's
   !> status, so no rank goes on before the file is complete.
   subroutine torch_checkpoint_save(filename, model, optim, scheduler, step, stat, errmsg, comm)
+    !> Path of the checkpoint file (replaced if it exists).
     character(len=*), intent(in) :: filename
+    !> The model whose parameters and buffers are saved. Each object is optional, but one given
+    !> and not constructed is an error.
     type(torch_model), intent(in), optional :: model
+    !> The optimizer to save (its state, e.g. Adam's moments, and step count).
     type(torch_optim), intent(in), optional :: optim
+    !> The scheduler to save.
     type(torch_scheduler), intent(in), optional :: scheduler
+    !> A step counter of the caller's, returned by torch_checkpoint_load (default 0).
     integer, intent(in), optional :: step
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
+    !> The communicator of a data-parallel run: the call is then collective (see above).
     type(torch_comm), intent(in), optional :: comm
     type(c_ptr) :: m, o, s
     integer(c_int64_t) :: n
@@ -154,13 +173,21 @@ contains
   !> every rank reads the file, then the ranks check that all of them succeeded and hold the same
   !> parameters and step (FTORCH_ERR_DISTRIBUTED on every rank otherwise).
   subroutine torch_checkpoint_load(filename, model, optim, scheduler, step, stat, errmsg, comm)
+    !> Path of a file written by torch_checkpoint_save.
     character(len=*), intent(in) :: filename
+    !> The model whose parameters and buffers are restored (optional).
     type(torch_model), intent(in), optional :: model
+    !> The optimizer whose state is restored (optional).
     type(torch_optim), intent(in), optional :: optim
+    !> The scheduler whose state is restored (optional).
     type(torch_scheduler), intent(in), optional :: scheduler
+    !> The step counter saved with the checkpoint.
     integer, intent(out), optional :: step
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
+    !> The communicator of a data-parallel run: the call is then collective (see above).
     type(torch_comm), intent(in), optional :: comm
     type(c_ptr) :: m, o, s
     integer(c_int64_t) :: n

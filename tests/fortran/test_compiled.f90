@@ -54,6 +54,7 @@ contains
   subroutine dynamic_batch_with_fortran_strides()
     type(torch_model) :: model
     call torch_model_load(model, data_path("mlp_dynamic.pt2"), torch_kCPU)
+    call run_mlp(model, 1, "batch 1 (a single row: strides along size-1 dimensions differ)")
     call run_mlp(model, 4, "batch 4")
     call run_mlp(model, 7, "batch 7 (dynamic batch dimension)")
     call torch_delete(model)

@@ -9,7 +9,7 @@ program test_errors
   implicit none
 
   type(torch_model) :: model, tuple_model
-  type(torch_tensor) :: tin(1), tout(1), two(2), never
+  type(torch_tensor) :: tin(1), tout(1), two(2), never, gpu
   real(real64), target :: x(5), y(5), x4(4), y4(4), a(2,3)
   real(real64), allocatable :: y_ref(:), x_ref(:)
   integer, target :: ints(3)
@@ -53,28 +53,37 @@ program test_errors
   call torch_model_forward(tuple_model, tin, tout, stat=stat, errmsg=msg)
   call expect(FTORCH_ERR_INVALID_ARGUMENT, "torch_model_forward", "GenericDict", "unsupported output type")
 
-  ! --- devices
-  call torch_tensor_zeros(two(1), 1, [3_c_int64_t], torch_kFloat64, torch_kCUDA, stat=stat, errmsg=msg)
-  call expect(FTORCH_ERR_DEVICE, "torch_tensor_zeros", "no CUDA/HIP device is available", "CUDA tensor")
-  call check(two(1)%get_rank() == 1 .and. all(two(1)%get_shape() == [4]), &
-             "a tensor keeps its previous value when reconstruction fails")
-  call torch_tensor_from_array(two(1), x, torch_kCUDA, stat=stat, errmsg=msg)
-  call expect(FTORCH_ERR_DEVICE, "torch_tensor_from_array", "CUDA", "CUDA tensor from a Fortran array")
-  call torch_model_load(tuple_model, data_path("simplenet_f64.pt"), torch_kCUDA, stat=stat, errmsg=msg)
-  call expect(FTORCH_ERR_DEVICE, "torch_model_load", "no CUDA/HIP device is available", "CUDA model")
-  call torch_model_load(tuple_model, data_path("simplenet_f64.pt"), torch_kCUDA, device_index=3, &
-                        stat=stat, errmsg=msg)
-  call expect(FTORCH_ERR_DEVICE, "torch_model_load", "CUDA", "CUDA model with an index")
+  ! --- devices (CUDA requests fail only where no GPU is present; with one, they succeed)
+  if (.not. torch_device_available(torch_kCUDA)) then
+    call torch_tensor_zeros(two(1), 1, [3_c_int64_t], torch_kFloat64, torch_kCUDA, stat=stat, errmsg=msg)
+    call expect(FTORCH_ERR_DEVICE, "torch_tensor_zeros", "no CUDA/HIP device is available", "CUDA tensor")
+    call torch_tensor_from_array(two(1), x, torch_kCUDA, stat=stat, errmsg=msg)
+    call expect(FTORCH_ERR_DEVICE, "torch_tensor_from_array", "CUDA", "CUDA tensor from a Fortran array")
+    call torch_model_load(tuple_model, data_path("simplenet_f64.pt"), torch_kCUDA, stat=stat, errmsg=msg)
+    call expect(FTORCH_ERR_DEVICE, "torch_model_load", "no CUDA/HIP device is available", "CUDA model")
+  else
+    call torch_tensor_zeros(gpu, 1, [3_c_int64_t], torch_kFloat64, torch_kCUDA, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_OK .and. gpu%get_device_type() == torch_kCUDA, &
+               "torch_device_available(torch_kCUDA): a CUDA tensor can be made")
+    call torch_tensor_delete(gpu)
+  end if
+  if (.not. torch_device_available(torch_kCUDA, 3)) then
+    call torch_model_load(tuple_model, data_path("simplenet_f64.pt"), torch_kCUDA, device_index=3, &
+                          stat=stat, errmsg=msg)
+    call expect(FTORCH_ERR_DEVICE, "torch_model_load", "CUDA", "CUDA model with an index")
+  end if
   call torch_tensor_zeros(two(1), 1, [3_c_int64_t], torch_kFloat64, torch_kXPU, stat=stat, errmsg=msg)
   call expect(FTORCH_ERR_DEVICE, "torch_tensor_zeros", "XPU", "XPU tensor")
+  call check(two(1)%get_rank() == 1 .and. all(two(1)%get_shape() == [4]), &
+             "a tensor keeps its previous value when reconstruction fails")
   call torch_tensor_zeros(two(1), 1, [3_c_int64_t], torch_kFloat64, torch_kMPS, stat=stat, errmsg=msg)
   call expect(FTORCH_ERR_DEVICE, "torch_tensor_zeros", "MPS", "MPS tensor")
   call torch_tensor_zeros(two(1), 1, [3_c_int64_t], torch_kFloat64, 7, stat=stat, errmsg=msg)
   call expect(FTORCH_ERR_DEVICE, "torch_tensor_zeros", "unknown device type 7", "unknown device type")
   call torch_tensor_zeros(two(1), 1, [3_c_int64_t], torch_kFloat64, torch_kCPU, device_index=2, stat=stat, errmsg=msg)
   call expect(FTORCH_ERR_DEVICE, "torch_tensor_zeros", "CPU device index", "CPU with a device index")
-  call check(.not. torch_device_available(torch_kCUDA) .and. torch_device_available(torch_kCPU), &
-             "torch_device_available reports CPU only on this machine")
+  call check(torch_device_available(torch_kCPU) .and. .not. torch_device_available(torch_kCPU, 2), &
+             "torch_device_available reports the CPU, and no second CPU")
 
   ! --- dtypes and shapes
   call torch_tensor_empty(two(1), 1, [3_c_int64_t], torch_kFloat16, torch_kCPU, stat=stat, errmsg=msg)

@@ -811,7 +811,7 @@ contains
     dtype = good_dtypes(rnd(1, 6))
     if (chance(15)) dtype = bad_dtypes(rnd(1, 5))
     dev = torch_kCPU
-    if (chance(12)) dev = bad_devices(rnd(1, 6))
+    if (chance(12)) dev = unavailable(bad_devices(rnd(1, 6)))
     has_idx = chance(25)
     idx = indices(rnd(1, 6))
     has_rg = chance(40)
@@ -941,7 +941,7 @@ contains
     bad_perm = chance(40)
     call make_perm(r, bad_perm, perm)
     dev = torch_kCPU
-    if (chance(12)) dev = devices(rnd(1, 5))
+    if (chance(12)) dev = unavailable(devices(rnd(1, 5)))
     has_idx = chance(20)
     idx = indices(rnd(1, 5))
     has_rg = chance(40)
@@ -1064,7 +1064,7 @@ contains
     if (nl == 0) bad_lay = .false.
     dtype = dtypes(rnd(1, 8))
     dev = torch_kCPU
-    if (chance(10)) dev = torch_kCUDA
+    if (chance(10)) dev = unavailable(torch_kCUDA)
     null_data = chance(10)
     rg = chance(20)
     data = c_loc(blob)
@@ -2374,7 +2374,7 @@ contains
     file = rnd(1, 7)
     if (chance(50)) file = rnd(1, 4)
     dev = torch_kCPU
-    if (chance(15)) dev = devices(rnd(1, 4))
+    if (chance(15)) dev = unavailable(devices(rnd(1, 4)))
     has_idx = chance(15)
     idx = rnd(-1, 3)
     training = chance(30)
@@ -3022,6 +3022,17 @@ contains
       end if
     end select
   end subroutine act_catch
+
+  !> The device types drawn as wrong ones must fail: on a machine with a GPU, CUDA becomes type 77
+  !> (never available, also FTORCH_ERR_DEVICE). No random number is drawn, so a seed replays the
+  !> same calls with and without a GPU.
+  integer function unavailable(dev)
+    integer, intent(in) :: dev
+    unavailable = dev
+    if (dev == torch_kCUDA) then
+      if (torch_device_available(torch_kCUDA)) unavailable = 77
+    end if
+  end function unavailable
 
   subroutine act_runtime()
     character(len=:), allocatable :: v

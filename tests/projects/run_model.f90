@@ -20,7 +20,7 @@ program run_model
   call torch_tensor_from_array(inputs(1), x, torch_kCPU)
   call torch_tensor_from_array(outputs(1), y, torch_kCPU)
   call torch_model_forward(model, inputs, outputs)
-  ok = allclose(y, y_ref, "forward equals PyTorch", rtol=1.0d-12)
+  ok = allclose(y, y_ref, "forward equals PyTorch", rtol=1.0e-12_real64)
   call torch_delete(inputs)
   call torch_delete(outputs)
   call torch_delete(model)

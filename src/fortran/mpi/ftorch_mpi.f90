@@ -46,10 +46,15 @@ module ftorch_mpi
 contains
 
   subroutine init_f08(comm, communicator, device_aware, stat, errmsg)
+    !> Replaced by the new FTorch communicator (a handle it held is released first).
     type(torch_comm), intent(inout) :: comm
+    !> The ranks to communicate over: MPI_COMM_WORLD or any communicator of the program's.
     type(MPI_Comm), intent(in) :: communicator
+    !> .true. if the MPI library is CUDA-aware (default .false.: CUDA buffers go through the host).
     logical, intent(in), optional :: device_aware
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     character(len=MPI_MAX_ERROR_STRING) :: text
     type(MPI_Comm) :: dup
@@ -89,10 +94,15 @@ contains
   end subroutine init_f08
 
   subroutine init_integer(comm, communicator, device_aware, stat, errmsg)
+    !> Replaced by the new FTorch communicator (a handle it held is released first).
     type(torch_comm), intent(inout) :: comm
+    !> The ranks to communicate over, as an integer handle (`use mpi` or mpif.h).
     integer, intent(in) :: communicator
+    !> .true. if the MPI library is CUDA-aware (default .false.: CUDA buffers go through the host).
     logical, intent(in), optional :: device_aware
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     type(MPI_Comm) :: handle
     handle%MPI_VAL = communicator

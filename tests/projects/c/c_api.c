@@ -71,8 +71,11 @@ int main(void) {
   check(ftc_tensor_shape(t, &sizes, &ndims) == FTC_OK && ndims == 2 && sizes[0] == 2 && sizes[1] == 3, "shape");
   check(ftc_tensor_zero(t) == FTC_OK && data[5] == 0.0, "zeroing the tensor zeroes the C array");
   check(ftc_live_handles() == 1, "one live handle");
-  status = ftc_tensor_new(&u, FTC_FILL_ONES, 2, shape, FTC_FLOAT32, FTC_CUDA, -1, 0);
-  check(status == FTC_ERR_DEVICE && strstr(ftc_last_error(), "CUDA") != NULL, "CUDA request fails with a message");
+  /* Without a GPU every CUDA request fails; with one, a device index past the last GPU does. */
+  status = ftc_tensor_new(&u, FTC_FILL_ONES, 2, shape, FTC_FLOAT32, FTC_CUDA,
+                          ftc_device_available(FTC_CUDA, -1) ? 1000 : -1, 0);
+  check(status == FTC_ERR_DEVICE && strstr(ftc_last_error(), "CUDA") != NULL,
+        "an unavailable CUDA device fails with a message");
   check(u == NULL, "the output handle is untouched on failure");
   status = ftc_tensor_rank(NULL, &ndims);
   check(status == FTC_ERR_NULL_HANDLE, "a null handle is an error, not a crash");

@@ -1,0 +1,375 @@
+"""The export helper and inspect command: ``python -m ftorch export`` / ``ftorch.export`` write
+TorchScript and AOTInductor packages and check them on inputs laid out as Fortran passes them;
+``python -m ftorch inspect`` describes a model for the Fortran programmer.
+
+AOTInductor compiles take a while: the two .pt2 packages (one with a dynamic batch, one static)
+are written once, by a module fixture, and shared.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+torch = pytest.importorskip("torch")
+
+MODEL_FILE = REPO / "examples" / "13_export" / "model.py"
+SPEC = f"{MODEL_FILE}:MLP"
+
+BAD_MODELS = '''
+import torch
+
+
+class Unscriptable(torch.nn.Module):
+    def forward(self, x):
+        try:
+            return x * 2
+        except Exception:
+            return x
+
+
+class DataDependent(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+
+class Threshold(torch.nn.Module):
+    def forward(self, x):
+        if bool((x > 5).all()):
+            return x * 2
+        return -x
+
+
+class Noisy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(5, 5)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.lin(x))
+
+
+class ReturnsDict(torch.nn.Module):
+    def forward(self, x):
+        return {"y": x}
+
+
+class Flatten(torch.nn.Module):
+    def forward(self, x):
+        return x.view(-1) * 2
+
+
+class TwoInOut(torch.nn.Module):
+    def __init__(self, n: int):
+        super().__init__()
+        self.lin = torch.nn.Linear(n, 2)
+
+    def forward(self, x, y):
+        return self.lin(x), y.sum(dim=1)
+'''
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _installed(wheel):
+    """These tests run the installed package (built by the session fixture, or as installed with
+    FTORCH_TEST_USE_INSTALLED=1)."""
+
+
+def cli(*args, cwd=None, timeout=900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ftorch", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def mlp_class():
+    spec = importlib.util.spec_from_file_location("example13_model", MODEL_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.MLP
+
+
+def fortran_tensor(*shape, dtype=torch.float32):
+    """A tensor as torch_tensor_from_array wraps a Fortran array of this shape (column-major)."""
+    dims = list(reversed(range(len(shape))))
+    t = torch.randn(*reversed(shape), dtype=dtype).permute(dims)
+    assert t.stride()[0] == 1 or len(shape) < 2
+    return t
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """An MLP with known weights, saved as a state_dict, and its eager version."""
+    d = tmp_path_factory.mktemp("weights")
+    torch.manual_seed(123)
+    model = mlp_class()().eval()
+    torch.save(model.state_dict(), d / "mlp_weights.pt")
+    return model, d / "mlp_weights.pt"
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory, trained):
+    """Two AOTInductor compiles shared by the tests: a TorchScript file plus a dynamic-batch .pt2,
+    and a static .pt2."""
+    _, weights = trained
+    d = tmp_path_factory.mktemp("pt2")
+    dyn = cli("export", SPEC, "--input", "8,5", "--weights", weights, "-o", d / "mlp.pt",
+              "--pt2", d / "mlp_dynamic.pt2", "--dynamic-batch")
+    static = cli("export", SPEC, "--input", "8,5", "--weights", weights, "--pt2", d / "mlp_static.pt2")
+    return {"dir": d, "dynamic": dyn, "static": static}
+
+
+@pytest.fixture(scope="module")
+def bad_models(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("bad") / "bad_models.py"
+    path.write_text(BAD_MODELS)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# TorchScript
+
+
+def test_script_writes_a_model_that_matches_on_fortran_layout(tmp_path, trained):
+    model, weights = trained
+    proc = cli("export", SPEC, "--input", "8,5", "--weights", weights, "-o", tmp_path / "mlp.pt")
+    assert proc.returncode == 0, proc.stderr
+    assert "torch.jit.script" in proc.stdout and "check passed" in proc.stdout
+    assert "example inputs" in proc.stdout and "second draw" in proc.stdout
+    loaded = torch.jit.load(str(tmp_path / "mlp.pt"))
+    assert not loaded.training
+    x = fortran_tensor(8, 5)
+    torch.testing.assert_close(loaded(x), model(x.contiguous()))
+
+
+def test_trace_with_init_kwargs(tmp_path):
+    proc = cli("export", f"{MODEL_FILE}:MLP", "--init-kwargs", '{"n_in": 4, "n_hidden": 7, "n_out": 2}',
+               "--input", "6,4", "--trace", "-o", tmp_path / "sub" / "traced.pt", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["torchscript_method"] == "trace"
+    assert report["outputs"] == [{"shape": [6, 2], "dtype": "float32"}]
+    loaded = torch.jit.load(str(tmp_path / "sub" / "traced.pt"))
+    assert loaded(fortran_tensor(6, 4)).shape == (6, 2)
+    assert dict(loaded.named_parameters())["net.0.weight"].shape == (7, 4)
+
+
+def test_python_api_with_a_module_and_several_inputs(tmp_path, bad_models):
+    import ftorch
+
+    report = ftorch.export(f"{bad_models}:TwoInOut", [((3, 4), torch.float32), "3,2:float64"],
+                           torchscript=tmp_path / "two.pt", init_kwargs={"n": 4})
+    assert report.ok
+    assert [i.name for i in report.inputs] == ["x", "y"]
+    assert report.outputs == [{"shape": [3, 2], "dtype": "float32"}, {"shape": [3], "dtype": "float64"}]
+    d = report.to_dict()
+    assert d["ok"] and d["checks"][0]["runs"][0]["outputs"][1]["dtype"] == "float64"
+    # An nn.Module instance and tensors as inputs; the model's own mode is left as it was.
+    model = mlp_class()(n_in=3)
+    model.train()
+    report = ftorch.export(model, [torch.randn(2, 3)], tmp_path / "inst.pt", trace=True)
+    assert report.ok and model.training
+    assert "check passed" in str(report)
+
+
+def test_weights_from_a_checkpoint_dict(tmp_path, trained):
+    """A training checkpoint holding a DDP model's state_dict ('module.' prefixes) loads too."""
+    import ftorch
+
+    model, _ = trained
+    state = {"module." + k: v for k, v in model.state_dict().items()}
+    torch.save({"epoch": 3, "model_state_dict": state}, tmp_path / "ckpt.pt")
+    ftorch.export(SPEC, ["5,5"], tmp_path / "m.pt", weights=tmp_path / "ckpt.pt")
+    x = fortran_tensor(5, 5)
+    torch.testing.assert_close(torch.jit.load(str(tmp_path / "m.pt"))(x), model(x))
+
+
+def test_training_mode_is_kept_with_train(tmp_path):
+    proc = cli("export", SPEC, "--input", "4,5", "--train", "-o", tmp_path / "train.pt")
+    assert proc.returncode == 0, proc.stderr
+    assert torch.jit.load(str(tmp_path / "train.pt")).training
+
+
+# ---------------------------------------------------------------------------------------------
+# AOTInductor packages
+
+
+def test_dynamic_batch_package_runs_other_batch_sizes(packages, trained):
+    proc = packages["dynamic"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "dynamic batch 1..any" in proc.stdout and "check passed" in proc.stdout
+    assert "batch 1 " in proc.stdout and "batch 17 " in proc.stdout
+    model, _ = trained
+    package = torch._inductor.aoti_load_package(str(packages["dir"] / "mlp_dynamic.pt2"))
+    for batch in (3, 8, 40):
+        x = fortran_tensor(batch, 5)
+        # As the C++ layer does, inputs are made contiguous before running the package.
+        torch.testing.assert_close(package(x.contiguous()), model(x.contiguous()))
+
+
+def test_static_package_rejects_another_batch_size(packages, trained, monkeypatch):
+    proc = packages["static"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "dynamic batch" not in proc.stdout and "check passed" in proc.stdout
+    # AOTInductor packages check their inputs' sizes only with this variable (read at first run).
+    monkeypatch.setenv("AOTI_RUNTIME_CHECK_INPUTS", "1")
+    package = torch._inductor.aoti_load_package(str(packages["dir"] / "mlp_static.pt2"))
+    model, _ = trained
+    x = fortran_tensor(8, 5).contiguous()
+    torch.testing.assert_close(package(x), model(x))
+    with pytest.raises(RuntimeError, match="expected: 8, but got: 4"):
+        package(torch.randn(4, 5))
+
+
+def test_inspect_shows_the_package_shapes(packages):
+    path = packages["dir"] / "mlp_dynamic.pt2"
+    proc = cli("inspect", path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "AOTInductor package, class MLP" in out
+    assert "x: Tensor [batch, 5] float32" in out and "1: [batch, 3] float32" in out
+    assert "net.0.weight" in out and "[16, 5]" in out and "419 values" in out
+    assert "real(real32), target :: x(nbatch, 5)" in out
+    assert 'call torch_model_load(model, "mlp_dynamic.pt2", torch_kCPU)' in out
+    info = json.loads(cli("inspect", packages["dir"] / "mlp_static.pt2", "--input", "8,5", "--json").stdout)
+    assert info["format"] == "pt2" and info["dynamic_batch"] is None
+    assert info["outputs"] == [{"shape": [8, 3], "dtype": "float32"}] and info["outputs_from_run"]
+
+
+def test_data_dependent_control_flow_cannot_be_exported(tmp_path, bad_models):
+    proc = cli("export", f"{bad_models}:DataDependent", "--input", "4,5", "--pt2", tmp_path / "dd.pt2")
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "depends on tensor values" in proc.stderr and "torch.cond" in proc.stderr
+    assert "bad_models.py:15: `if x.sum() > 0:`" in proc.stderr
+    assert not (tmp_path / "dd.pt2").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+def test_unscriptable_model_names_the_construct_and_suggests_trace(tmp_path, bad_models):
+    proc = cli("export", f"{bad_models}:Unscriptable", "--input", "4,5", "-o", tmp_path / "u.pt")
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "try blocks aren't supported" in proc.stderr and "bad_models.py:7" in proc.stderr
+    assert "--trace" in proc.stderr
+    # ... and tracing it works.
+    proc = cli("export", f"{bad_models}:Unscriptable", "--input", "4,5", "-o", tmp_path / "u.pt", "--trace")
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["nothere.py:MLP", "--input", "8,5", "-o", "m.pt"], "no such file: nothere.py"),
+        ([f"{MODEL_FILE}:Nope", "--input", "8,5", "-o", "m.pt"], "has no 'Nope'; it defines: MLP"),
+        (["no_such_pkg.sub:MLP", "--input", "8,5", "-o", "m.pt"], "no module named 'no_such_pkg.sub'"),
+        ([SPEC, "--input", "8;5", "-o", "m.pt"], "bad --input '8;5'"),
+        ([SPEC, "--input", "8,0", "-o", "m.pt"], "extents must be at least 1"),
+        ([SPEC, "--input", "8,5:complex64", "-o", "m.pt"], "unknown dtype 'complex64'"),
+        ([SPEC, "--input", "8,5", "--input", "8,5", "-o", "m.pt"], "takes 1 tensor(s), but 2 input(s)"),
+        ([SPEC, "--input", "8,5"], "nothing to write"),
+        ([SPEC, "--input", "8,5", "--pt2", "m.zip"], "must end with .pt2"),
+        ([SPEC, "--init-kwargs", "{n: 5}", "--input", "8,5", "-o", "m.pt"], "--init-kwargs is not JSON"),
+        ([SPEC, "--init-kwargs", '{"n": 5}', "--input", "8,5", "-o", "m.pt"], "unexpected keyword argument 'n'"),
+        ([SPEC, "--weights", "nothere.pt", "--input", "8,5", "-o", "m.pt"], "no such weights file"),
+        ([SPEC, "--freeze", "--train", "--input", "8,5", "-o", "m.pt"], "--freeze is for inference"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(tmp_path, args, message):
+    proc = cli("export", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_model_errors_exit_1(tmp_path, bad_models):
+    proc = cli("export", f"{bad_models}:ReturnsDict", "--input", "3,5", "-o", tmp_path / "d.pt")
+    assert proc.returncode == 1 and "returns a dict (keys 'y')" in proc.stderr
+    assert "tuple of tensors" in proc.stderr
+    proc = cli("export", SPEC, "--input", "8,4", "-o", tmp_path / "m.pt")
+    assert proc.returncode == 1 and "forward fails on the example inputs" in proc.stderr
+    assert "model.py:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_check_fails_for_a_random_model(tmp_path, bad_models):
+    """Dropout in training mode: the eager model does not even agree with itself."""
+    proc = cli("export", f"{bad_models}:Noisy", "--input", "3,5", "--train", "-o", tmp_path / "n.pt")
+    assert proc.returncode == 1
+    assert "check FAILED" in proc.stdout
+    assert "different results on each run" in proc.stderr and "Traceback" not in proc.stderr
+    # In eval mode dropout is off and the check passes.
+    assert cli("export", f"{bad_models}:Noisy", "--input", "3,5", "-o", tmp_path / "n.pt").returncode == 0
+
+
+def test_check_catches_a_trace_that_fixed_a_branch(tmp_path, bad_models):
+    """Traced on inputs that all exceed 5, the trace keeps that branch; the check's second draw of
+    inputs takes the other one in the eager model."""
+    import ftorch
+
+    with pytest.raises(ftorch.ExportError) as info:
+        ftorch.export(f"{bad_models}:Threshold", [torch.full((4, 5), 10.0)], tmp_path / "t.pt", trace=True)
+    report = info.value.report
+    assert info.value.exit_code == 1 and not report.ok
+    runs = report.checks[0].runs
+    assert runs[0].ok and not runs[1].ok and runs[1].outputs[0].max_abs > 1
+    assert any("trace warning at" in n and "bad_models.py:22" in n for n in report.notes)
+    assert "script the model instead" in report.checks[0].note
+
+
+def test_check_reports_a_model_that_fails_on_column_major_inputs(tmp_path, bad_models):
+    proc = cli("export", f"{bad_models}:Flatten", "--input", "3,5", "-o", tmp_path / "f.pt")
+    assert proc.returncode == 1
+    assert "view size is not compatible" in proc.stdout
+    assert "use reshape instead of view" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# inspect
+
+
+def test_inspect_torchscript(tmp_path, bad_models):
+    assert cli("export", SPEC, "--input", "8,5", "--train", "-o", tmp_path / "mlp.pt").returncode == 0
+    proc = cli("inspect", tmp_path / "mlp.pt")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "TorchScript, class MLP" in out and "saved in training mode" in out
+    assert "forward(x: Tensor) -> Tensor" in out
+    assert "net.0.weight                 [16, 5]      float32  requires_grad" in out
+    assert "net.4.bias" in out and "6 tensors, 419 values" in out
+    assert "is_training=.true." in out
+    proc = cli("inspect", tmp_path / "mlp.pt", "--input", "8,5", "--json")
+    info = json.loads(proc.stdout)
+    assert info["training"] is True and info["parameter_count"] == 419
+    assert info["outputs"] == [{"shape": [8, 3], "dtype": "float32"}]
+    assert {"name": "net.2.weight", "shape": [16, 16], "dtype": "float32", "requires_grad": True} in info["parameters"]
+    assert "real(real32), target :: out(8, 3)" in info["fortran"]
+    assert "call torch_model_forward(model, inputs, outputs)" in info["fortran"]
+
+
+def test_inspect_rejects_what_is_not_a_model(tmp_path):
+    (tmp_path / "text.pt").write_text("not a model\n")
+    torch.save({"w": torch.ones(2)}, tmp_path / "state.pt")
+    for name, message in [("missing.pt", "no such file"), ("text.pt", "not a zip archive"),
+                          ("state.pt", "torch.save file (a state_dict")]:
+        proc = cli("inspect", tmp_path / name)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_import_stays_light():
+    code = "import sys, ftorch; ftorch.export; ftorch.inspect_model; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False"]
+    assert {"export", "inspect_model"} <= set(__import__("ftorch").__all__)
