@@ -22,7 +22,7 @@ def examples(installed, tmp_path_factory):
     run([sys.executable, REPO / "examples" / "12_pytorch_fortran" / "write_model.py", work])
     # Example 13's model files come from the export helper, as its README section shows.
     run([sys.executable, "-m", "ftorch", "export", REPO / "examples" / "13_export" / "model.py:MLP",
-         "--input", "8,5", "--dynamic-batch", "-o", work / "mlp.pt", "--pt2", work / "mlp.pt2"], env=tool_env())
+         "--input", "8,5", "--dynamic-batch", "-o", work / "exported_mlp.pt", "--pt2", work / "exported_mlp.pt2"], env=tool_env())
 
     def build(compiler):
         fc = require_compiler(compiler)

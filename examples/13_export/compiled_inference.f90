@@ -4,7 +4,7 @@
 !> torch_model_load recognises the package by its content and torch_model_forward runs it like
 !> TorchScript: the inputs and outputs wrap Fortran arrays, here x(ncol, 5) -> y(ncol, 3) for two
 !> numbers of columns. The TorchScript export of the same model runs alongside for comparison.
-!> Usage: compiled_inference <directory holding mlp.pt2 and mlp.pt>
+!> Usage: compiled_inference <directory holding exported_mlp.pt2 and exported_mlp.pt>
 program compiled_inference
   use, intrinsic :: iso_fortran_env, only: real32
   use ftorch
@@ -15,8 +15,8 @@ program compiled_inference
   integer :: ncol
 
   call get_command_argument(1, dir)
-  call torch_model_load(compiled, trim(dir) // "/mlp.pt2", torch_kCPU)
-  call torch_model_load(scripted, trim(dir) // "/mlp.pt", torch_kCPU)
+  call torch_model_load(compiled, trim(dir) // "/exported_mlp.pt2", torch_kCPU)
+  call torch_model_load(scripted, trim(dir) // "/exported_mlp.pt", torch_kCPU)
   do ncol = 16, 40, 24   ! any batch size: the batch dimension was exported as dynamic
     call run_both(ncol)
   end do
