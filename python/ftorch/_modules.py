@@ -9,7 +9,6 @@ compiler of its build (``fortran_compiler`` in ftorch.pc); other compilers read 
 from __future__ import annotations
 
 import gzip
-import os
 import shutil
 import subprocess
 import tempfile
@@ -19,13 +18,11 @@ from pathlib import Path
 from . import _build_info
 
 
-def _root() -> Path:
-    return Path(_build_info.__file__).resolve().parent
-
-
 def prebuilt_module_dir() -> Path:
     """Directory of the prebuilt .mod files (include/fortran)."""
-    return _root() / "include" / "fortran"
+    from . import get_include
+
+    return get_include() / "fortran"
 
 
 def prebuilt_compiler() -> str:

@@ -164,7 +164,7 @@ std::vector<at::Tensor> run_compiled(CompiledModel &model, const std::vector<at:
   }
   torch::NoGradGuard no_grad;
   try {
-    return model.loader.run(prepared);
+    return model.loader.boxed_run(std::move(prepared));  // hands the prepared inputs over, no copy
   } catch (const std::exception &e) {
     fail(FTC_ERR_TORCH, std::string("the compiled model failed: ") + message_of(e));
   }
