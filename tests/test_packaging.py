@@ -160,25 +160,29 @@ def test_build_modules_for_flang_then_pkg_config(installed, data_dir, tmp_path):
 
 
 STRICT_FLAGS = {
-    # -std=f2018: the callbacks (hooks, custom functions) hand user procedures to C through
-    # c_funloc, which Fortran 2018 allows for any procedure (F2008 only for interoperable ones).
-    "gfortran": "-std=f2018 -Wall -Wextra -Werror -fdefault-real-8 -fimplicit-none",
-    # flang warns (portability) that torch_tensor has no finalizer for arrays -- on purpose: see
-    # the README's "lifetime" row -- so flang gets no -Werror.
-    "flang-new-19": "-std=f2018 -fimplicit-none",
+    # User procedures reach the C layer boxed (ftorch_callbacks), not through c_funloc, which
+    # Fortran 2008 allows only for interoperable procedures: so -std=f2008 as well as f2018.
+    "gfortran-f2008": ("gfortran", "-std=f2008 -Wall -Wextra -Werror -fdefault-real-8 -fimplicit-none"),
+    "gfortran-f2018": ("gfortran", "-std=f2018 -Wall -Wextra -Werror -fdefault-real-8 -fimplicit-none"),
+    # flang accepts only -std=f2018, and warns (portability) that torch_tensor has no finalizer
+    # for arrays -- on purpose: see the README's "lifetime" row -- so flang gets no -Werror.
+    "flang-new-19": ("flang-new-19", "-std=f2018 -fimplicit-none"),
 }
 
 
-@pytest.mark.parametrize("compiler", sorted(STRICT_FLAGS))
-def test_consumer_with_strict_flags(installed, data_dir, tmp_path, compiler):
+@pytest.mark.parametrize("case", sorted(STRICT_FLAGS))
+def test_consumer_with_strict_flags(installed, data_dir, tmp_path, case):
     """The consumer's CMAKE_Fortran_FLAGS apply to FTorch's sources in its build: strict standard
-    conformance, every warning an error, default real of 8 bytes, implicit none."""
+    conformance, every warning an error, default real of 8 bytes, implicit none. The consumer runs
+    a model and hands FTorch its own procedures as callbacks."""
+    compiler, flags = STRICT_FLAGS[case]
     fc = require_compiler(compiler)
     bdir = tmp_path / "build"
     run(["cmake", "-S", TESTS / "projects" / "strict", "-B", bdir, "-G", "Ninja", f"-DCMAKE_Fortran_COMPILER={fc}",
-         f"-DCMAKE_Fortran_FLAGS={STRICT_FLAGS[compiler]}", f"-DCMAKE_PREFIX_PATH={installed['prefix']}"],
+         f"-DCMAKE_Fortran_FLAGS={flags}", f"-DCMAKE_PREFIX_PATH={installed['prefix']}"],
         env=tool_env())
     proc = run(["cmake", "--build", bdir, "--verbose"], env=tool_env(), check=False)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert STRICT_FLAGS[compiler].split()[-1] in proc.stdout  # the flags did reach the compiler
+    assert flags.split()[0] in proc.stdout  # the flags did reach the compiler
     assert_all_passed(run([bdir / "run_model", data_dir], check=False))
+    assert assert_all_passed(run([bdir / "callbacks"], check=False)) == 5

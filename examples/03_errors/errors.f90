@@ -11,7 +11,7 @@ program errors
   real(real64), target :: state(16, 8), tendency(16, 8), wrong(16, 5)
   character(len=4096) :: dir
   character(len=512) :: msg
-  integer :: stat
+  integer :: stat, device
   logical :: use_ml
 
   call get_command_argument(1, dir)
@@ -25,24 +25,23 @@ program errors
   call torch_model_load(model, trim(dir) // "/parameterisation.pt", torch_kCUDA, stat=stat, errmsg=msg)
   if (stat == FTORCH_ERR_DEVICE) print '(a)', "no GPU: " // trim(msg)
 
-  ! Choose the device at run time.
-  if (torch_device_available(torch_kCUDA)) then
-    call torch_model_load(model, trim(dir) // "/parameterisation.pt", torch_kCUDA, stat=stat, errmsg=msg)
-  else
-    call torch_model_load(model, trim(dir) // "/parameterisation.pt", torch_kCPU, stat=stat, errmsg=msg)
-  end if
+  ! Choose the device at run time: the model and its inputs on the GPU when there is one. The
+  ! outputs stay on the CPU, over the Fortran array that receives the results.
+  device = torch_kCPU
+  if (torch_device_available(torch_kCUDA)) device = torch_kCUDA
+  call torch_model_load(model, trim(dir) // "/parameterisation.pt", device, stat=stat, errmsg=msg)
   use_ml = stat == FTORCH_OK
 
   ! A wrong input shape: LibTorch's reason comes back in errmsg; the model stays usable.
-  call torch_tensor_from_array(inputs(1), wrong, torch_kCPU)
+  call torch_tensor_from_array(inputs(1), wrong, device)
   call torch_tensor_from_array(outputs(1), tendency, torch_kCPU)
   call torch_model_forward(model, inputs, outputs, stat=stat, errmsg=msg)
   print '(a,i0,a,a)', "forward with 5 levels: stat = ", stat, ", ", msg(1:index(msg, ":") - 1)
 
-  call torch_tensor_from_array(inputs(1), state, torch_kCPU)
+  call torch_tensor_from_array(inputs(1), state, device)
   call torch_model_forward(model, inputs, outputs, stat=stat, errmsg=msg)
   print '(a,i0)', "forward with 8 levels: stat = ", stat
-  if (.not. use_ml .or. stat /= FTORCH_OK) error stop "example 3: the model should work on the CPU"
+  if (.not. use_ml .or. stat /= FTORCH_OK) error stop "example 3: the model should work on the chosen device"
 
   ! Without stat=, the same failure would stop the program with
   ! "ERROR STOP [torch_model_forward] forward failed: ...".

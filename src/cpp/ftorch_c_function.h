@@ -36,7 +36,8 @@ enum ftc_function_flags {
   FTC_FUNCTION_DOUBLE_BACKWARD = 1 /* backward is made of differentiable tensor operations */
 };
 
-/* Define a custom function (definitions live as long as the process). */
+/* Define a custom function (definitions live as long as the process; defining the same name,
+ * backward, data and flags again returns the same id). */
 FTC_API int ftc_function_define(const char *name, int64_t name_len, ftc_backward_fn backward, void *data, int flags,
                                 int64_t *id);
 FTC_API int ftc_function_begin(int64_t id, const ftc_tensor *inputs, int n_inputs, ftc_function_ctx *ctx,

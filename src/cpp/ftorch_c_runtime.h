@@ -54,6 +54,11 @@ FTC_API int ftc_catch_end(int *status);
 /* Number of live handles (tensors, models, optimizers, schedulers) over all threads. */
 FTC_API int64_t ftc_live_handles(void);
 
+/* A process-wide lock around the Fortran modules' registry of user procedures (callbacks);
+ * not for other uses. */
+FTC_API void ftc_callback_registry_lock(void);
+FTC_API void ftc_callback_registry_unlock(void);
+
 #ifdef __cplusplus
 }
 #endif

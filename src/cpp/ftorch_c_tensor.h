@@ -22,10 +22,20 @@ FTC_API int ftc_tensor_new(ftc_tensor *out, int fill, int ndims, const int64_t *
 /* Tensor over caller-owned memory, never copied on the CPU (the memory must outlive it).
  * layout (1-based, may be NULL = 1..ndims) lists dimensions from fastest to slowest varying.
  * permute (1-based, may be NULL) then reorders the dimensions as torch.permute does.
- * On a device other than the CPU the data are copied there. */
+ * On a device other than the CPU the data are copied there (memory already on the device:
+ * ftc_tensor_from_device_blob). */
 FTC_API int ftc_tensor_from_blob(ftc_tensor *out, void *data, int ndims, const int64_t *shape,
                          const int32_t *layout, const int32_t *permute, int dtype,
                          int device_type, int device_index, int requires_grad);
+
+/* Tensor over memory already on the device (a CUDA pointer from cudaMalloc, OpenACC host_data
+ * use_device or ftc_tensor_device_view), wrapped without a copy; the memory must outlive the
+ * tensor. The address must be memory of that device (checked: host memory or another GPU's is
+ * FTC_ERR_DEVICE); device_index < 0 takes the device the memory is on. On the CPU it is
+ * ftc_tensor_from_blob. Arguments as for ftc_tensor_from_blob. */
+FTC_API int ftc_tensor_from_device_blob(ftc_tensor *out, void *data, int ndims, const int64_t *shape,
+                                        const int32_t *layout, const int32_t *permute, int dtype,
+                                        int device_type, int device_index, int requires_grad);
 
 /* Free *t and set it to NULL. A null handle, or a stale one (a copy of a handle deleted before),
  * is left alone: deleting twice is harmless. */
@@ -52,6 +62,9 @@ FTC_API int ftc_tensor_copy_into(ftc_tensor src, ftc_tensor dst, int non_blockin
 /* Address and shape (out) of the data of a CPU tensor of this dtype and rank laid out column-major
  * (Fortran order), for a no-copy view; an error otherwise. */
 FTC_API int ftc_tensor_data_view(ftc_tensor t, int dtype, int ndims, int64_t *shape, void **data);
+/* The same for a tensor on any device: for a GPU tensor the address is device memory (for CUDA
+ * kernels, OpenACC deviceptr, ftc_tensor_from_device_blob). */
+FTC_API int ftc_tensor_device_view(ftc_tensor t, int dtype, int ndims, int64_t *shape, void **data);
 
 /* Copy the tensor (any layout, device or dtype) into column-major memory of this dtype/shape. */
 FTC_API int ftc_tensor_copy_to_blob(ftc_tensor t, void *data, int dtype, int ndims, const int64_t *shape);

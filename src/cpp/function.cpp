@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <deque>
@@ -478,9 +479,14 @@ int ftc_function_define(const char *name, int64_t name_len, ftc_backward_fn back
     if ((flags & ~FTC_FUNCTION_DOUBLE_BACKWARD) != 0) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown custom function flags " + std::to_string(flags));
     }
+    Definition def{std::string(name, static_cast<size_t>(name_len)), backward, data, flags};
     std::lock_guard<std::mutex> lock(definitions_mutex);
-    definitions.push_back(Definition{std::string(name, static_cast<size_t>(name_len)), backward, data, flags});
-    *id = static_cast<int64_t>(definitions.size());
+    // Defining the same function again (a define inside the time loop) reuses its definition.
+    auto same = std::find_if(definitions.begin(), definitions.end(), [&](const Definition &d) {
+      return d.name == def.name && d.backward == def.backward && d.data == def.data && d.flags == def.flags;
+    });
+    if (same == definitions.end()) same = definitions.insert(definitions.end(), std::move(def));
+    *id = static_cast<int64_t>(same - definitions.begin()) + 1;
   });
 }
 

@@ -227,4 +227,9 @@ int ftc_device_available(int device_type, int device_index) {
   }
 }
 
+// The Fortran modules' callback registry (ftorch_callbacks) is changed under this lock.
+static std::mutex callback_registry_mutex;
+void ftc_callback_registry_lock(void) { callback_registry_mutex.lock(); }
+void ftc_callback_registry_unlock(void) { callback_registry_mutex.unlock(); }
+
 }  // extern "C"

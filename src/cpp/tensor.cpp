@@ -86,6 +86,58 @@ const at::Tensor &lasting_tensor(ftc_tensor h, const char *purpose) {
   return slot.value;
 }
 
+// The address and shape of a tensor's memory for a no-copy view: this dtype and rank, laid out
+// column-major (Fortran order); on the CPU only unless any_device.
+void view_address(ftc_tensor t, int dtype, int ndims, int64_t *shape, void **data, bool any_device) {
+  const auto &x = lasting_tensor(t, "data");
+  if (!any_device && !x.device().is_cpu()) {
+    ftc::fail(FTC_ERR_DEVICE, "a no-copy view needs a CPU tensor (the tensor is on " + x.device().str() +
+                                "); copy it to a Fortran array instead");
+  }
+  if (x.scalar_type() != ftc::scalar_type(dtype)) {
+    ftc::fail(FTC_ERR_DTYPE, std::string("tensor dtype ") + c10::toString(x.scalar_type()) +
+                                 " does not match the pointer's kind (" + c10::toString(ftc::scalar_type(dtype)) + ")");
+  }
+  if (x.dim() != ndims) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "tensor has rank " + std::to_string(x.dim()) + ", pointer has rank " +
+                                            std::to_string(ndims));
+  }
+  if (!is_column_major(x)) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "tensor with shape " + ftc::shape_string(x.sizes()) + " and strides " +
+                                            ftc::shape_string(x.strides()) +
+                                            " is not laid out in Fortran (column-major) order; copy it with "
+                                            "torch_tensor_to_array instead");
+  }
+  if (ndims > 0 && shape == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output argument 'shape' is a null pointer");
+  ftc::out_arg(data, "data");
+  for (int i = 0; i < ndims; ++i) shape[i] = x.size(i);
+  // A tensor without elements may have no memory at all: a valid address of nothing, so that
+  // the Fortran pointer is associated (with zero extents) as for any other tensor.
+  alignas(64) static char nothing[64];
+  *data = x.numel() == 0 ? static_cast<void *>(nothing) : x.data_ptr();
+}
+
+// A tensor over caller-owned memory on `dev` (a Fortran array, a C buffer, device memory), never
+// copied: no deleter, LibTorch never frees it. layout: dimensions from fastest to slowest varying
+// (NULL: column-major); permute: then reorders the dimensions. The permutation is applied to the
+// sizes and strides directly (not as a view of another tensor), so that the tensor is the only
+// owner of its storage.
+at::Tensor wrap_memory(void *data, int ndims, const int64_t *shape, const int32_t *layout, const int32_t *permute,
+                       int dtype, const c10::Device &dev) {
+  const auto sizes = checked_shape(ndims, shape);
+  const auto strides = layout_strides(sizes, layout);
+  const auto options = at::TensorOptions().dtype(ftc::scalar_type(dtype)).device(dev);
+  if (data == nullptr && c10::multiply_integers(sizes) > 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "data pointer is null");
+  if (permute == nullptr) return torch::from_blob(data, sizes, strides, options);
+  const auto order = checked_permutation(permute, ndims, "permute_dims");
+  Dims psizes(sizes.size()), pstrides(sizes.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    psizes[i] = sizes[static_cast<size_t>(order[i])];
+    pstrides[i] = strides[static_cast<size_t>(order[i])];
+  }
+  return torch::from_blob(data, psizes, pstrides, options);
+}
+
 }  // namespace
 
 extern "C" {
@@ -113,29 +165,36 @@ int ftc_tensor_from_blob(ftc_tensor *out, void *data, int ndims, const int64_t *
                          const int32_t *permute, int dtype, int device_type, int device_index,
                          int requires_grad) {
   return ftc::guard([&] {
-    const auto sizes = checked_shape(ndims, shape);
-    const auto strides = layout_strides(sizes, layout);
-    const auto type = ftc::scalar_type(dtype);
     const auto dev = ftc::device(device_type, device_index);
-    if (data == nullptr && c10::multiply_integers(sizes) > 0) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "data pointer is null");
-    }
-    // No deleter: the memory belongs to the caller (a Fortran array), LibTorch never frees it.
-    // A permutation is applied to the sizes and strides directly (not as a view of another
-    // tensor), so that the tensor is the only owner of its storage.
-    at::Tensor t;
-    if (permute != nullptr) {
-      const auto order = checked_permutation(permute, ndims, "permute_dims");
-      Dims psizes(sizes.size()), pstrides(sizes.size());
-      for (size_t i = 0; i < order.size(); ++i) {
-        psizes[i] = sizes[static_cast<size_t>(order[i])];
-        pstrides[i] = strides[static_cast<size_t>(order[i])];
-      }
-      t = torch::from_blob(data, psizes, pstrides, at::TensorOptions().dtype(type));
-    } else {
-      t = torch::from_blob(data, sizes, strides, at::TensorOptions().dtype(type));
-    }
+    auto t = wrap_memory(data, ndims, shape, layout, permute, dtype, c10::Device(c10::kCPU));
     if (dev.type() != c10::DeviceType::CPU) t = t.to(dev);
+    if (requires_grad != 0) t.requires_grad_(true);
+    ftc::install(out, std::move(t));
+  });
+}
+
+int ftc_tensor_from_device_blob(ftc_tensor *out, void *data, int ndims, const int64_t *shape, const int32_t *layout,
+                                const int32_t *permute, int dtype, int device_type, int device_index,
+                                int requires_grad) {
+  return ftc::guard([&] {
+    auto dev = ftc::device(device_type, device_index);
+    if (dev.type() != c10::DeviceType::CPU && data != nullptr) {
+      // The address must be memory of that device: host memory or another GPU's would be read
+      // by kernels of the wrong device.
+      c10::Device owner(c10::kCPU);
+      try {
+        owner = at::globalContext().getDeviceFromPtr(data, dev.type());
+      } catch (const c10::Error &e) {
+        ftc::fail(FTC_ERR_DEVICE, "data is not memory of a " + c10::DeviceTypeName(dev.type()) +
+                                      " device: " + e.what_without_backtrace());
+      }
+      if (device_index < 0) {
+        dev = owner;
+      } else if (owner != dev) {
+        ftc::fail(FTC_ERR_DEVICE, "data is memory of " + owner.str() + ", not of " + dev.str());
+      }
+    }
+    auto t = wrap_memory(data, ndims, shape, layout, permute, dtype, dev);
     if (requires_grad != 0) t.requires_grad_(true);
     ftc::install(out, std::move(t));
   });
@@ -203,33 +262,11 @@ int ftc_tensor_copy_into(ftc_tensor src, ftc_tensor dst, int non_blocking) {
 }
 
 int ftc_tensor_data_view(ftc_tensor t, int dtype, int ndims, int64_t *shape, void **data) {
-  return ftc::guard([&] {
-    const auto &x = lasting_tensor(t, "data");
-    if (!x.device().is_cpu()) {
-      ftc::fail(FTC_ERR_DEVICE, "a no-copy view needs a CPU tensor; copy it to a Fortran array instead");
-    }
-    if (x.scalar_type() != ftc::scalar_type(dtype)) {
-      ftc::fail(FTC_ERR_DTYPE, std::string("tensor dtype ") + c10::toString(x.scalar_type()) +
-                                   " does not match the pointer's kind (" + c10::toString(ftc::scalar_type(dtype)) + ")");
-    }
-    if (x.dim() != ndims) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "tensor has rank " + std::to_string(x.dim()) + ", pointer has rank " +
-                                              std::to_string(ndims));
-    }
-    if (!is_column_major(x)) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "tensor with shape " + ftc::shape_string(x.sizes()) + " and strides " +
-                                              ftc::shape_string(x.strides()) +
-                                              " is not laid out in Fortran (column-major) order; copy it with "
-                                              "torch_tensor_to_array instead");
-    }
-    if (ndims > 0 && shape == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output argument 'shape' is a null pointer");
-    ftc::out_arg(data, "data");
-    for (int i = 0; i < ndims; ++i) shape[i] = x.size(i);
-    // A tensor without elements may have no memory at all: a valid address of nothing, so that
-    // the Fortran pointer is associated (with zero extents) as for any other tensor.
-    alignas(64) static char nothing[64];
-    *data = x.numel() == 0 ? static_cast<void *>(nothing) : x.data_ptr();
-  });
+  return ftc::guard([&] { view_address(t, dtype, ndims, shape, data, false); });
+}
+
+int ftc_tensor_device_view(ftc_tensor t, int dtype, int ndims, int64_t *shape, void **data) {
+  return ftc::guard([&] { view_address(t, dtype, ndims, shape, data, true); });
 }
 
 int ftc_tensor_copy_to_blob(ftc_tensor t, void *data, int dtype, int ndims, const int64_t *shape) {

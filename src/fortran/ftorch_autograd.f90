@@ -3,8 +3,9 @@
 !> Grad-mode scopes are LibTorch's thread-local modes: a scope begun on one thread (or OpenMP
 !> thread) affects only that thread and must be ended on it, innermost first.
 module ftorch_autograd
-  use, intrinsic :: iso_c_binding, only: c_f_procpointer, c_funloc, c_funptr, c_int, c_int64_t, c_null_ptr, c_ptr
+  use, intrinsic :: iso_c_binding, only: c_funloc, c_funptr, c_int, c_int64_t, c_null_ptr, c_ptr
   use, intrinsic :: iso_fortran_env, only: int64
+  use ftorch_callbacks, only: callback_box, callback_data, callback_box_at
   use ftorch_errors, only: ftorch_check, ftorch_callback_begin, ftorch_callback_end
   use ftorch_interop, only: c_flag
   use ftorch_tensor_type, only: torch_tensor, torch_tensor_zero_grad
@@ -43,6 +44,13 @@ module ftorch_autograd
   end interface torch_tensor_backward
 
   integer(c_int), parameter :: SCOPE_NO_GRAD = 0, SCOPE_ENABLE_GRAD = 1, SCOPE_INFERENCE = 2
+
+  ! A gradient hook on its way to the C layer (see ftorch_callbacks).
+  type, extends(callback_box) :: hook_box
+    procedure(torch_grad_hook), pointer, nopass :: fn => null()
+  contains
+    procedure :: same => hook_same
+  end type hook_box
 
   interface
     function ftc_tensor_backward(t, gradient, retain_graph) result(status) bind(c, name="ftc_tensor_backward")
@@ -95,7 +103,8 @@ module ftorch_autograd
     function ftc_tensor_register_hook(t, hook, data, id) result(status) bind(c, name="ftc_tensor_register_hook")
       import :: c_ptr, c_funptr, c_int, c_int64_t
       type(c_ptr), value :: t
-      type(c_funptr), value :: hook, data
+      type(c_funptr), value :: hook
+      type(c_ptr), value :: data
       integer(c_int64_t), intent(out) :: id
       integer(c_int) :: status
     end function ftc_tensor_register_hook
@@ -284,8 +293,10 @@ contains
     !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     integer(c_int64_t) :: id
+    type(hook_box) :: box
+    box%fn => hook
     id = -1
-    call ftorch_check(ftc_tensor_register_hook(tensor%p, c_funloc(hook_trampoline), c_funloc(hook), id), &
+    call ftorch_check(ftc_tensor_register_hook(tensor%p, c_funloc(hook_trampoline), callback_data(box), id), &
                       "torch_tensor_register_hook", stat, errmsg)
     if (present(hook_id)) hook_id = id
   end subroutine torch_tensor_register_hook
@@ -305,21 +316,34 @@ contains
 
   ! Called by the C layer during backward: runs a gradient hook.
   recursive function hook_trampoline(data, grad, new_grad) result(status) bind(c)
-    type(c_funptr), value :: data
+    type(c_ptr), value :: data
     type(c_ptr), value :: grad
     type(c_ptr), intent(inout) :: new_grad
     integer(c_int) :: status
-    procedure(torch_grad_hook), pointer :: hook
+    class(callback_box), pointer :: box
     type(torch_tensor) :: g(1), replacement(1)
     integer :: user_stat
     character(len=1024) :: user_msg
-    call c_f_procpointer(data, hook)
+    box => callback_box_at(data)
     g(1)%p = grad  ! owned by the C layer
     call ftorch_callback_begin(user_stat, user_msg)
-    call hook(g(1), replacement(1), user_stat, user_msg)
+    select type (box)
+    type is (hook_box)
+      call box%fn(g(1), replacement(1), user_stat, user_msg)
+    end select
     status = ftorch_callback_end(user_stat, user_msg)
     new_grad = replacement(1)%p  ! taken over by the C layer
   end function hook_trampoline
+
+  logical function hook_same(box, other)
+    class(hook_box), intent(in) :: box
+    class(callback_box), intent(in) :: other
+    hook_same = .false.
+    select type (other)
+    type is (hook_box)
+      hook_same = associated(box%fn, other%fn)
+    end select
+  end function hook_same
 
   !> Anomaly detection (process-wide, as torch.autograd.set_detect_anomaly): while enabled,
   !> backward checks the results of every node for NaN (`check_nan`, default .true.) and fails

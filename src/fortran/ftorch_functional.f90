@@ -11,7 +11,7 @@ module ftorch_functional
   use ftorch_errors, only: ftorch_check, ftorch_fail, FTORCH_ERR_INVALID_ARGUMENT
   use ftorch_interop, only: c_flag
   use ftorch_tensor_type, only: torch_tensor
-  use ftorch_function, only: torch_tensor_function, tensor_function_trampoline
+  use ftorch_function, only: torch_tensor_function, tensor_function_trampoline, tensor_function_data
   implicit none
   private
 
@@ -67,7 +67,8 @@ module ftorch_functional
     function ftc_gradcheck(fn, data, inputs, n_inputs, n_outputs, eps, atol, rtol, passed, worst_error, analytic, &
                            numeric, where) result(status) bind(c, name="ftc_gradcheck")
       import :: c_funptr, c_ptr, c_int, c_double, c_int64_t
-      type(c_funptr), value :: fn, data
+      type(c_funptr), value :: fn
+      type(c_ptr), value :: data
       type(c_ptr), intent(in) :: inputs(*)
       integer(c_int), value :: n_inputs, n_outputs
       real(c_double), value :: eps, atol, rtol
@@ -269,7 +270,7 @@ contains
     ana = 0
     num = 0
     where = -1
-    call ftorch_check(ftc_gradcheck(c_funloc(tensor_function_trampoline), c_funloc(fn), handles, &
+    call ftorch_check(ftc_gradcheck(c_funloc(tensor_function_trampoline), tensor_function_data(fn), handles, &
                                     size(inputs, kind=c_int), nout, h, a, r, ok, worst, ana, num, where), &
                       "torch_gradcheck", stat, errmsg)
     passed = ok /= 0

@@ -4,7 +4,7 @@
 !> between calls. The interpreter (that of the environment FTorch is installed in) starts on
 !> first use; programs that never call these procedures do not load Python at all.
 module ftorch_python
-  use, intrinsic :: iso_c_binding, only: c_char, c_int, c_int64_t, c_null_ptr, c_ptr
+  use, intrinsic :: iso_c_binding, only: c_char, c_int, c_int64_t, c_loc, c_null_ptr, c_ptr
   use ftorch_arglist, only: torch_arglist, torch_arglist_delete
   use ftorch_errors, only: ftorch_check
   use ftorch_interop, only: c_string
@@ -68,7 +68,7 @@ module ftorch_python
       type(c_ptr), value :: m
       character(kind=c_char), intent(in) :: name(*)
       type(c_ptr), value :: args
-      type(c_ptr), intent(inout), optional :: results  ! absent: NULL (results not wanted)
+      type(c_ptr), value :: results  ! address of the results' handle; NULL: results not wanted
       type(c_ptr), intent(in) :: outputs(*)
       integer(c_int), value :: n_outputs
       integer(c_int) :: status
@@ -142,6 +142,7 @@ contains
     !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
     type(c_ptr), allocatable :: handles(:)
+    type(c_ptr), target :: results_handle
     integer :: i
     if (present(outputs)) then
       allocate(handles(size(outputs)))
@@ -152,12 +153,13 @@ contains
       allocate(handles(0))
     end if
     if (present(results)) then
-      call ftorch_check(ftc_pymodule_call(module%p, c_string(function), args%p, results=results%p, &
-                                          outputs=handles, n_outputs=size(handles, kind=c_int)), &
-                        "torch_pymodule_call", stat, errmsg)
+      results_handle = results%p
+      call ftorch_check(ftc_pymodule_call(module%p, c_string(function), args%p, c_loc(results_handle), &
+                                          handles, size(handles, kind=c_int)), "torch_pymodule_call", stat, errmsg)
+      results%p = results_handle
     else
-      call ftorch_check(ftc_pymodule_call(module%p, c_string(function), args%p, outputs=handles, &
-                                          n_outputs=size(handles, kind=c_int)), "torch_pymodule_call", stat, errmsg)
+      call ftorch_check(ftc_pymodule_call(module%p, c_string(function), args%p, c_null_ptr, handles, &
+                                          size(handles, kind=c_int)), "torch_pymodule_call", stat, errmsg)
     end if
   end subroutine call_args
 

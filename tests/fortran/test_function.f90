@@ -389,6 +389,7 @@ program test_function
   call checkpointing()
   call anomaly_mode()
   call memory_flat()
+  call callbacks_registered_once()
   close(out)
   call summary()
 
@@ -884,4 +885,40 @@ contains
     if (rss_before >= 0) call check(rss_after - rss_before < 4096, "memory: RSS flat over 10^4 applications")
     call torch_tensor_delete(outs(1))
   end subroutine memory_flat
+
+  ! User procedures reach the C layer boxed in a registry (ftorch_callbacks) that keeps one entry
+  ! per distinct procedure: registering the same ones again and again does not grow it.
+  subroutine callbacks_registered_once()
+    real(real64), target :: x(4), y(4)
+    type(torch_tensor) :: tx, ty, outs(2)
+    type(torch_function) :: cube
+    type(torch_gradcheck_result) :: result
+    integer :: i, n_first
+    integer(int64) :: id, first_id
+    x = [0.5_real64, -1.0_real64, 2.0_real64, 0.25_real64]
+    y = [1.5_real64, 0.5_real64, -0.75_real64, 2.0_real64]
+    call torch_tensor_from_array(tx, x, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_from_array(ty, y, torch_kCPU, requires_grad=.true.)
+    n_first = 0
+    first_id = 0
+    do i = 1, 1000
+      call torch_function_define(cube, "cube", cube_forward, cube_backward)
+      call torch_tensor_register_hook(tx, scale_hook, id)
+      call torch_tensor_remove_hook(tx, id)
+      call torch_saved_tensors_hooks_begin(count_pack, count_unpack)
+      call torch_saved_tensors_hooks_end()
+      call torch_checkpoint_segment(expression, [tx, ty], outs)
+      if (i == 1) then
+        call check(torch_gradcheck(expression, [tx, ty], n_outputs=2, result=result), &
+                   "registry: gradcheck through a boxed procedure")
+        n_first = ftorch_callbacks_registered()
+        first_id = cube%id
+      end if
+    end do
+    call check(n_first >= 5, "registry: the procedures registered (hook, backward, pack, unpack, segment)")
+    call check(ftorch_callbacks_registered() == n_first, "registry: flat over 10^3 registrations of the same procedures")
+    call check(cube%id == first_id, "registry: defining the same function again reuses its definition")
+    call torch_tensor_delete(outs(1))
+    call torch_tensor_delete(outs(2))
+  end subroutine callbacks_registered_once
 end program test_function

@@ -159,6 +159,8 @@ contains
     real(real64) :: out(2,3)
     real(real32) :: out32(2,3)
     type(torch_tensor) :: t
+    integer :: stat
+    character(len=256) :: msg
     b = 1.5d0
     call torch_tensor_from_blob(t, c_loc(b), 2, [2_c_int64_t, 3_c_int64_t], [1, 2], torch_kFloat64, torch_kCPU)
     call check(all(t%get_shape() == [2, 3]) .and. all(t%get_stride() == [1, 2]), "from_blob with layout [1,2]")
@@ -166,6 +168,18 @@ contains
     call check(all(b == 0.0d0), "from_blob aliases the memory")
     call torch_tensor_from_blob(t, c_loc(b), 2, [2_c_int64_t, 3_c_int64_t], [2, 1], torch_kFloat64, torch_kCPU)
     call check(all(t%get_stride() == [3, 1]), "from_blob with layout [2,1] is row-major")
+    ! device_memory: the address is memory of the tensor's device, wrapped as it is (on the CPU,
+    ! host memory); host memory claimed to be CUDA memory is refused, with or without a GPU.
+    b = 2.5d0
+    call torch_tensor_from_blob(t, c_loc(b), 2, [2_c_int64_t, 3_c_int64_t], [1, 2], torch_kFloat64, torch_kCPU, &
+                                device_memory=.true.)
+    call t%zero()
+    call check(all(b == 0.0d0) .and. all(t%get_stride() == [1, 2]), "from_blob of device memory (CPU) aliases it")
+    msg = ""
+    call torch_tensor_from_blob(t, c_loc(b), 2, [2_c_int64_t, 3_c_int64_t], [1, 2], torch_kFloat64, torch_kCUDA, &
+                                device_memory=.true., stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_DEVICE .and. index(msg, "[torch_tensor_from_blob]") == 1 .and. &
+               index(msg, "CUDA") > 0, "from_blob: host memory given as CUDA memory is a device error")
 
     call torch_tensor_ones(t, 2, [2_c_int64_t, 3_c_int64_t], torch_kFloat64, torch_kCPU)
     call check(all(t%get_stride() == [3, 1]), "ones() allocates row-major storage")

@@ -77,6 +77,14 @@ int main(void) {
   check(status == FTC_ERR_DEVICE && strstr(ftc_last_error(), "CUDA") != NULL,
         "an unavailable CUDA device fails with a message");
   check(u == NULL, "the output handle is untouched on failure");
+  /* Host memory given as CUDA device memory: without a GPU the device is unavailable, with one
+   * the address is not memory of it; either way a device error and no tensor. */
+  status = ftc_tensor_from_device_blob(&u, data, 2, shape, NULL, NULL, FTC_FLOAT64, FTC_CUDA, -1, 0);
+  check(status == FTC_ERR_DEVICE && u == NULL && strstr(ftc_last_error(), "CUDA") != NULL,
+        "host memory given as CUDA memory to from_device_blob is a device error");
+  status = ftc_tensor_from_device_blob(&u, NULL, 2, shape, NULL, NULL, FTC_FLOAT64, FTC_CPU, -1, 0);
+  check(status == FTC_ERR_INVALID_ARGUMENT && u == NULL && strstr(ftc_last_error(), "null") != NULL,
+        "from_device_blob of a null address with elements is an error");
   status = ftc_tensor_rank(NULL, &ndims);
   check(status == FTC_ERR_NULL_HANDLE, "a null handle is an error, not a crash");
   check(ftc_tensor_rank(t, &ndims) == FTC_OK && strcmp(ftc_last_error(), "") == 0,

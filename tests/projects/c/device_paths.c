@@ -164,61 +164,55 @@ int main(int argc, char **argv) {
   }
 
   /* ---------------------------------------------------------------- memory wrapped without a copy */
-  if (dev == FTC_CPU) {
-    ftc_tensor owner = NULL, alias = NULL, wrap = NULL;
-    /* data_view wants column-major memory and ftc_tensor_new makes row-major tensors: rank 1. */
+  {
+    ftc_tensor owner = NULL, alias = NULL, wrap = NULL, bad = NULL;
+    /* the views want column-major memory and ftc_tensor_new makes row-major tensors: rank 1. */
     int64_t shape[2] = {2, 3}, flat[1] = {6}, vshape[1] = {0};
     double got[6] = {0};
-    void *ptr = NULL, *ptr2 = NULL;
+    void *ptr = NULL, *ptr2 = NULL, *cpu_ptr = NULL;
     double *a = malloc(6 * sizeof(double));
     for (int i = 0; i < 6; ++i) a[i] = i + 1;
-    /* Memory of a tensor LibTorch allocated on the device: its address, wrapped by a second handle. */
+    /* Memory LibTorch allocated on the device (device memory for a GPU), wrapped by a second tensor. */
     check(ftc_tensor_new(&owner, FTC_FILL_ONES, 1, flat, FTC_FLOAT64, dev, -1, 0) == FTC_OK &&
-              ftc_tensor_data_view(owner, FTC_FLOAT64, 1, vshape, &ptr) == FTC_OK && ptr != NULL && vshape[0] == 6,
-          "ftc_tensor_data_view gives the address of a device tensor's memory");
-    check(ftc_tensor_from_blob(&alias, ptr, 1, flat, NULL, NULL, FTC_FLOAT64, dev, -1, 0) == FTC_OK &&
-              on_device(alias, dev) && ftc_tensor_data_view(alias, FTC_FLOAT64, 1, vshape, &ptr2) == FTC_OK &&
+              ftc_tensor_device_view(owner, FTC_FLOAT64, 1, vshape, &ptr) == FTC_OK && ptr != NULL && vshape[0] == 6,
+          "ftc_tensor_device_view gives the address of the device tensor's memory");
+    check(ftc_tensor_from_device_blob(&alias, ptr, 1, flat, NULL, NULL, FTC_FLOAT64, dev, -1, 0) == FTC_OK &&
+              on_device(alias, dev) && ftc_tensor_device_view(alias, FTC_FLOAT64, 1, vshape, &ptr2) == FTC_OK &&
               ptr2 == ptr,
-          "ftc_tensor_from_blob over that address: a second tensor on the same memory (same address)");
+          "ftc_tensor_from_device_blob over that address: a second tensor on the same memory (same address)");
     check(ftc_tensor_fill(alias, 0, 7.5, 0) == FTC_OK && to_host(owner, got) == FTC_OK && all_equal_to(got, 6, 7.5),
-          "a fill through the wrapper is seen through the owner");
+          "a fill through the wrapper is seen through the owner (no copy was made)");
     check(ftc_tensor_zero(owner) == FTC_OK && to_host(alias, got) == FTC_OK && all_equal_to(got, 6, 0.0),
           "zeroing the owner is seen through the wrapper");
-    /* Caller-owned (malloc) memory, written directly from C. */
-    check(ftc_tensor_from_blob(&wrap, a, 2, shape, NULL, NULL, FTC_FLOAT64, dev, -1, 0) == FTC_OK &&
-              on_device(wrap, dev),
-          "ftc_tensor_from_blob over a malloc'd C array");
-    a[4] = 42.0;
-    check(to_host(wrap, got) == FTC_OK && got[4] == 42.0 && got[0] == 1.0,
-          "a store into the C array is seen through the tensor (no copy was made)");
-    check(ftc_tensor_zero(wrap) == FTC_OK && all_equal_to(a, 6, 0.0),
-          "zeroing the tensor zeroes the C array");
+    if (dev == FTC_CPU) {
+      check(ftc_tensor_data_view(owner, FTC_FLOAT64, 1, vshape, &cpu_ptr) == FTC_OK && cpu_ptr == ptr,
+            "on the CPU, ftc_tensor_data_view gives the same address");
+      /* Caller-owned (malloc) memory, written directly from C. */
+      check(ftc_tensor_from_blob(&wrap, a, 2, shape, NULL, NULL, FTC_FLOAT64, dev, -1, 0) == FTC_OK &&
+                on_device(wrap, dev),
+            "ftc_tensor_from_blob over a malloc'd C array");
+      a[4] = 42.0;
+      check(to_host(wrap, got) == FTC_OK && got[4] == 42.0 && got[0] == 1.0,
+            "a store into the C array is seen through the tensor (no copy was made)");
+      check(ftc_tensor_zero(wrap) == FTC_OK && all_equal_to(a, 6, 0.0), "zeroing the tensor zeroes the C array");
+    } else {
+      check(ftc_tensor_data_view(owner, FTC_FLOAT64, 1, vshape, &cpu_ptr) == FTC_ERR_DEVICE && cpu_ptr == NULL,
+            "ftc_tensor_data_view (host views) refuses a device tensor with FTC_ERR_DEVICE");
+      check(ftc_tensor_from_device_blob(&bad, a, 2, shape, NULL, NULL, FTC_FLOAT64, dev, -1, 0) == FTC_ERR_DEVICE &&
+                bad == NULL,
+            "host memory given as device memory: FTC_ERR_DEVICE, no tensor");
+      /* ftc_tensor_from_blob reads host memory and copies it to the device. */
+      check(ftc_tensor_from_blob(&wrap, a, 2, shape, NULL, NULL, FTC_FLOAT64, dev, -1, 0) == FTC_OK &&
+                on_device(wrap, dev) && to_host(wrap, got) == FTC_OK && memcmp(got, a, 6 * sizeof(double)) == 0,
+            "ftc_tensor_from_blob of host memory for the device: a device tensor with those values");
+      a[2] = 99.0;
+      check(to_host(wrap, got) == FTC_OK && got[2] == 3.0 && ftc_tensor_zero(wrap) == FTC_OK && a[0] == 1.0,
+            "that device tensor is a copy: C stores and tensor writes do not cross");
+    }
     ftc_tensor_delete(&wrap);
     ftc_tensor_delete(&alias);
     ftc_tensor_delete(&owner);
     free(a);
-  } else {
-    /* The C API hands out no address of device memory (ftc_tensor_data_view is for CPU tensors),
-     * and ftc_tensor_from_blob reads `data` as host memory and copies it to a non-CPU device (as
-     * ftorch_c_tensor.h documents): no-copy aliasing of device memory cannot be exercised through
-     * this API. What it does instead is checked. */
-    ftc_tensor owner = NULL, wrap = NULL;
-    int64_t shape[2] = {2, 3}, vshape[2] = {0, 0};
-    double host[6] = {1, 2, 3, 4, 5, 6}, got[6] = {0};
-    void *ptr = NULL;
-    printf("note: the C API offers no device pointer and copies host memory given to from_blob for a GPU; "
-           "device aliasing is not testable here\n");
-    check(ftc_tensor_new(&owner, FTC_FILL_ONES, 2, shape, FTC_FLOAT64, dev, -1, 0) == FTC_OK &&
-              ftc_tensor_data_view(owner, FTC_FLOAT64, 2, vshape, &ptr) == FTC_ERR_DEVICE && ptr == NULL,
-          "ftc_tensor_data_view refuses a device tensor with FTC_ERR_DEVICE (no device pointer leaks out)");
-    check(ftc_tensor_from_blob(&wrap, host, 2, shape, NULL, NULL, FTC_FLOAT64, dev, -1, 0) == FTC_OK &&
-              on_device(wrap, dev) && to_host(wrap, got) == FTC_OK && memcmp(got, host, sizeof host) == 0,
-          "ftc_tensor_from_blob of host memory for the device: a device tensor with those values");
-    host[2] = 99.0;
-    check(to_host(wrap, got) == FTC_OK && got[2] == 3.0 && ftc_tensor_zero(wrap) == FTC_OK && host[0] == 1.0,
-          "that device tensor is a copy: C stores and tensor writes do not cross");
-    ftc_tensor_delete(&wrap);
-    ftc_tensor_delete(&owner);
   }
 
   /* ---------------------------------------------------------------- a model on the device */
