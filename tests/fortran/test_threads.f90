@@ -8,7 +8,8 @@
 !>     output tensors;
 !>  c. grad-mode scopes belong to the thread that opens them;
 !>  d. the last error, stat/errmsg and catch scopes belong to the calling thread;
-!>  e. a handle created on one thread and deleted on another: the live-handle count stays exact.
+!>  e. a handle created on one thread and deleted on another: the live-handle count stays exact;
+!>  f. threads registering gradient hooks (their own procedures, new to FTorch) at the same time.
 !> Not allowed: using one tensor, optimizer or model from several threads at once where one of
 !> them writes to it (training a shared model, backward through shared parameters, assigning to
 !> a shared tensor): LibTorch does not lock tensors.
@@ -40,6 +41,41 @@ contains
   end subroutine lbfgs_closure
 end module lbfgs_state
 
+! Gradient hooks registered by several threads at once (f. below).
+module thread_hooks
+  use ftorch
+  implicit none
+contains
+  subroutine scale_by_1(grad, new_grad, stat, errmsg)
+    type(torch_tensor), intent(in) :: grad
+    type(torch_tensor), intent(inout) :: new_grad
+    integer, intent(inout) :: stat
+    character(len=*), intent(inout) :: errmsg
+    new_grad = grad * 1.0d0
+  end subroutine scale_by_1
+  subroutine scale_by_2(grad, new_grad, stat, errmsg)
+    type(torch_tensor), intent(in) :: grad
+    type(torch_tensor), intent(inout) :: new_grad
+    integer, intent(inout) :: stat
+    character(len=*), intent(inout) :: errmsg
+    new_grad = grad * 2.0d0
+  end subroutine scale_by_2
+  subroutine scale_by_3(grad, new_grad, stat, errmsg)
+    type(torch_tensor), intent(in) :: grad
+    type(torch_tensor), intent(inout) :: new_grad
+    integer, intent(inout) :: stat
+    character(len=*), intent(inout) :: errmsg
+    new_grad = grad * 3.0d0
+  end subroutine scale_by_3
+  subroutine scale_by_4(grad, new_grad, stat, errmsg)
+    type(torch_tensor), intent(in) :: grad
+    type(torch_tensor), intent(inout) :: new_grad
+    integer, intent(inout) :: stat
+    character(len=*), intent(inout) :: errmsg
+    new_grad = grad * 4.0d0
+  end subroutine scale_by_4
+end module thread_hooks
+
 program test_threads
   use, intrinsic :: iso_fortran_env, only: real64
   use, intrinsic :: iso_c_binding, only: c_int64_t
@@ -48,6 +84,7 @@ program test_threads
   use ftorch_errors, only: ftorch_check
   use testing, only: check, summary, data_path
   use lbfgs_state, only: lmodel, lx, ly, lxv, lyv, lbfgs_closure
+  use thread_hooks, only: scale_by_1, scale_by_2, scale_by_3, scale_by_4
   implicit none
 
   integer, parameter :: NT = 4          ! threads of the concurrent sections
@@ -70,11 +107,63 @@ program test_threads
   call errmsg_path_under_contention()
   call handles_across_threads()
   call concurrent_checkpoints()
+  call concurrent_hook_registration()
   call check(ftorch_live_handles() == live_start, &
              "after every thread deleted its objects the live-handle count is back to its starting value")
   call summary()
 
 contains
+
+  ! f. NT threads register gradient hooks on their own tensors at the same time, each cycling
+  ! through four procedures that FTorch has not seen before: the registry of user procedures is
+  ! changed from several threads at once, and every backward must run the hook just registered.
+  subroutine concurrent_hook_registration()
+    logical :: ok(0:NT-1)
+    integer :: id, before
+    before = ftorch_callbacks_registered()
+    ok = .false.
+    !$omp parallel num_threads(NT) default(shared) private(id)
+    id = omp_get_thread_num()
+    call hook_worker(id, ok(id))
+    !$omp end parallel
+    call check(all(ok), "threads registering gradient hooks at the same time each get their own hook's gradient")
+    call check(ftorch_callbacks_registered() == before + 4, &
+               "the registry holds each of the four hook procedures once, whatever the interleaving")
+  end subroutine concurrent_hook_registration
+
+  subroutine hook_worker(id, ok)
+    integer, intent(in) :: id
+    logical, intent(out) :: ok
+    real(real64), target :: x(3)
+    real(real64) :: g(3)
+    type(torch_tensor) :: tx, tg
+    integer(c_int64_t) :: hook_id
+    integer :: i, k
+    x = [1.0_real64, 2.0_real64, 3.0_real64] * (id + 1)
+    call torch_tensor_from_array(tx, x, torch_kCPU, requires_grad=.true.)
+    ok = .true.
+    do i = 1, 100
+      k = mod(id + i, 4) + 1
+      select case (k)
+      case (1)
+        call torch_tensor_register_hook(tx, scale_by_1, hook_id)
+      case (2)
+        call torch_tensor_register_hook(tx, scale_by_2, hook_id)
+      case (3)
+        call torch_tensor_register_hook(tx, scale_by_3, hook_id)
+      case default
+        call torch_tensor_register_hook(tx, scale_by_4, hook_id)
+      end select
+      call torch_tensor_backward(torch_sum(tx * tx))
+      call torch_tensor_get_gradient(tg, tx)
+      call torch_tensor_to_array(tg, g)
+      ok = ok .and. all(g == 2.0_real64 * k * x)  ! exact: small integers times the values
+      call torch_delete(tg)
+      call tx%zero_grad()
+      call torch_tensor_remove_hook(tx, hook_id)
+    end do
+    call torch_delete(tx)
+  end subroutine hook_worker
 
   ! Deterministic training data of thread `id` (different for every id).
   subroutine thread_data(id, x, y)
