@@ -25,8 +25,8 @@ program errors
   call torch_model_load(model, trim(dir) // "/parameterisation.pt", torch_kCUDA, stat=stat, errmsg=msg)
   if (stat == FTORCH_ERR_DEVICE) print '(a)', "no GPU: " // trim(msg)
 
-  ! Choose the device at run time: the model and its inputs on the GPU when there is one. The
-  ! outputs stay on the CPU, over the Fortran array that receives the results.
+  ! Choose the device at run time: the model and its tensors on the GPU when there is one (there
+  ! a tensor made from an array is a copy on the device, so results are copied back below).
   device = torch_kCPU
   if (torch_device_available(torch_kCUDA)) device = torch_kCUDA
   call torch_model_load(model, trim(dir) // "/parameterisation.pt", device, stat=stat, errmsg=msg)
@@ -34,13 +34,14 @@ program errors
 
   ! A wrong input shape: LibTorch's reason comes back in errmsg; the model stays usable.
   call torch_tensor_from_array(inputs(1), wrong, device)
-  call torch_tensor_from_array(outputs(1), tendency, torch_kCPU)
+  call torch_tensor_from_array(outputs(1), tendency, device)
   call torch_model_forward(model, inputs, outputs, stat=stat, errmsg=msg)
   print '(a,i0,a,a)', "forward with 5 levels: stat = ", stat, ", ", msg(1:index(msg, ":") - 1)
 
   call torch_tensor_from_array(inputs(1), state, device)
   call torch_model_forward(model, inputs, outputs, stat=stat, errmsg=msg)
   print '(a,i0)', "forward with 8 levels: stat = ", stat
+  if (stat == FTORCH_OK .and. device /= torch_kCPU) call torch_tensor_to_array(outputs(1), tendency)
   if (.not. use_ml .or. stat /= FTORCH_OK) error stop "example 3: the model should work on the chosen device"
 
   ! Without stat=, the same failure would stop the program with

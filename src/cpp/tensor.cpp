@@ -117,25 +117,54 @@ void view_address(ftc_tensor t, int dtype, int ndims, int64_t *shape, void **dat
   *data = x.numel() == 0 ? static_cast<void *>(nothing) : x.data_ptr();
 }
 
-// A tensor over caller-owned memory on `dev` (a Fortran array, a C buffer, device memory), never
-// copied: no deleter, LibTorch never frees it. layout: dimensions from fastest to slowest varying
-// (NULL: column-major); permute: then reorders the dimensions. The permutation is applied to the
-// sizes and strides directly (not as a view of another tensor), so that the tensor is the only
-// owner of its storage.
+// The device of memory at `data` that the caller says is on `dev`: checked, since host memory
+// or another GPU's would be read by kernels of the wrong device; device_index < 0 takes the
+// device the memory is on.
+c10::Device memory_device(void *data, c10::Device dev, int device_index) {
+  c10::Device owner(c10::kCPU);
+  try {
+    owner = at::globalContext().getDeviceFromPtr(data, dev.type());
+  } catch (const c10::Error &e) {
+    ftc::fail(FTC_ERR_DEVICE, "data is not memory of a " + c10::DeviceTypeName(dev.type()) +
+                                  " device: " + e.what_without_backtrace());
+  }
+  if (device_index >= 0 && owner != dev) {
+    ftc::fail(FTC_ERR_DEVICE, "data is memory of " + owner.str() + ", not of " + dev.str());
+  }
+  return owner;
+}
+
+// A tensor over caller-owned memory (a Fortran array, a C buffer, device memory), never copied
+// there: no deleter, LibTorch never frees it. layout: dimensions from fastest to slowest varying
+// (NULL: column-major); permute: then reorders the dimensions, applied to the sizes and strides
+// directly (not as a view of another tensor), so that the tensor is the only owner of its
+// storage. Host memory (device_memory false) is copied to a device other than the CPU; device
+// memory is wrapped where it is. Arguments are checked in the order shape, layout, dtype,
+// device, data.
 at::Tensor wrap_memory(void *data, int ndims, const int64_t *shape, const int32_t *layout, const int32_t *permute,
-                       int dtype, const c10::Device &dev) {
+                       int dtype, int device_type, int device_index, bool device_memory) {
   const auto sizes = checked_shape(ndims, shape);
   const auto strides = layout_strides(sizes, layout);
-  const auto options = at::TensorOptions().dtype(ftc::scalar_type(dtype)).device(dev);
-  if (data == nullptr && c10::multiply_integers(sizes) > 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "data pointer is null");
-  if (permute == nullptr) return torch::from_blob(data, sizes, strides, options);
-  const auto order = checked_permutation(permute, ndims, "permute_dims");
-  Dims psizes(sizes.size()), pstrides(sizes.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    psizes[i] = sizes[static_cast<size_t>(order[i])];
-    pstrides[i] = strides[static_cast<size_t>(order[i])];
+  const auto type = ftc::scalar_type(dtype);
+  const auto dev = ftc::device(device_type, device_index);
+  const auto numel = c10::multiply_integers(sizes);
+  if (data == nullptr && numel > 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "data pointer is null");
+  Dims psizes = sizes, pstrides = strides;
+  if (permute != nullptr) {
+    const auto order = checked_permutation(permute, ndims, "permute_dims");
+    for (size_t i = 0; i < order.size(); ++i) {
+      psizes[i] = sizes[static_cast<size_t>(order[i])];
+      pstrides[i] = strides[static_cast<size_t>(order[i])];
+    }
   }
-  return torch::from_blob(data, psizes, pstrides, options);
+  const auto options = at::TensorOptions().dtype(type);
+  if (!device_memory || dev.is_cpu()) {
+    auto t = torch::from_blob(data, psizes, pstrides, options);
+    return dev.is_cpu() ? t : t.to(dev);
+  }
+  // Nothing to wrap without elements (the address may be any placeholder).
+  if (numel == 0) return at::empty_strided(psizes, pstrides, options.device(dev));
+  return torch::from_blob(data, psizes, pstrides, options.device(memory_device(data, dev, device_index)));
 }
 
 }  // namespace
@@ -165,9 +194,7 @@ int ftc_tensor_from_blob(ftc_tensor *out, void *data, int ndims, const int64_t *
                          const int32_t *permute, int dtype, int device_type, int device_index,
                          int requires_grad) {
   return ftc::guard([&] {
-    const auto dev = ftc::device(device_type, device_index);
-    auto t = wrap_memory(data, ndims, shape, layout, permute, dtype, c10::Device(c10::kCPU));
-    if (dev.type() != c10::DeviceType::CPU) t = t.to(dev);
+    auto t = wrap_memory(data, ndims, shape, layout, permute, dtype, device_type, device_index, false);
     if (requires_grad != 0) t.requires_grad_(true);
     ftc::install(out, std::move(t));
   });
@@ -177,24 +204,7 @@ int ftc_tensor_from_device_blob(ftc_tensor *out, void *data, int ndims, const in
                                 const int32_t *permute, int dtype, int device_type, int device_index,
                                 int requires_grad) {
   return ftc::guard([&] {
-    auto dev = ftc::device(device_type, device_index);
-    if (dev.type() != c10::DeviceType::CPU && data != nullptr) {
-      // The address must be memory of that device: host memory or another GPU's would be read
-      // by kernels of the wrong device.
-      c10::Device owner(c10::kCPU);
-      try {
-        owner = at::globalContext().getDeviceFromPtr(data, dev.type());
-      } catch (const c10::Error &e) {
-        ftc::fail(FTC_ERR_DEVICE, "data is not memory of a " + c10::DeviceTypeName(dev.type()) +
-                                      " device: " + e.what_without_backtrace());
-      }
-      if (device_index < 0) {
-        dev = owner;
-      } else if (owner != dev) {
-        ftc::fail(FTC_ERR_DEVICE, "data is memory of " + owner.str() + ", not of " + dev.str());
-      }
-    }
-    auto t = wrap_memory(data, ndims, shape, layout, permute, dtype, dev);
+    auto t = wrap_memory(data, ndims, shape, layout, permute, dtype, device_type, device_index, true);
     if (requires_grad != 0) t.requires_grad_(true);
     ftc::install(out, std::move(t));
   });
