@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh Debian/Ubuntu machine and run the demo:
-#   - a Fortran compiler (gfortran; flang-19 too when available) and pkg-config, via apt if missing
+#   - Fortran compilers (gfortran; gfortran-11 and flang-19 too when available) and pkg-config, via apt if missing
 #   - OpenMPI (mpif90, mpirun) for data-parallel training (FTORCH_WITH_MPI=0 to skip)
 #   - a virtual environment .venv with torch==2.13.0 and the build/test tools
 #   - FTorch itself, built against that torch
@@ -17,6 +17,9 @@ need=()
 command -v gfortran >/dev/null || need+=(gfortran)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v make >/dev/null || need+=(make)
+if [ "${FTORCH_WITH_GFORTRAN11:-1}" = 1 ] && ! command -v gfortran-11 >/dev/null; then
+  need+=(gfortran-11)  # tests/test_lifetime.py runs with gfortran 11, 12 and flang 19
+fi
 if [ "${FTORCH_WITH_FLANG:-1}" = 1 ] && ! command -v flang-new-19 >/dev/null; then
   need+=(flang-19)
 fi

@@ -34,11 +34,12 @@ const ArgItem &item_at(ftc_arglist h, int64_t index) {
 
 // A tensor item of one element, as a number (what Python's float()/int()/bool() accept).
 c10::Scalar single_value(int64_t index, const ArgItem &item, const char *wanted) {
-  if (item.tensor.numel() != 1) {
+  const at::Tensor &tensor = item_tensor(item);
+  if (tensor.numel() != 1) {
     fail(FTC_ERR_DTYPE, "item " + std::to_string(index + 1) + " is a tensor of shape " +
-                            shape_string(item.tensor.sizes()) + ", not " + wanted + " (only a tensor of one element converts)");
+                            shape_string(tensor.sizes()) + ", not " + wanted + " (only a tensor of one element converts)");
   }
-  return item.tensor.item();
+  return tensor.item();
 }
 
 template <class Body>
@@ -51,6 +52,28 @@ int append(ftc_arglist *h, Body &&fill) {
 }
 
 }  // namespace
+
+const at::Tensor &item_tensor(const ArgItem &item) {
+  if (item.handle == nullptr) return item.value;
+  auto *slot = TensorTable::instance().find(item.handle);
+  if (slot == nullptr) {
+    fail(FTC_ERR_NULL_HANDLE, "a tensor of the argument list was deleted after it was added (the list refers to "
+                              "the tensor itself, not to a copy)");
+  }
+  return slot->value;
+}
+
+ArgItem tensor_item(ftc_tensor t, const char *what) {
+  ArgItem item;
+  item.kind = FTC_ARG_TENSOR;
+  auto &slot = tensor_slot(t, what);
+  if ((slot.flags & (kTemporary | kFinalized | kResult)) != 0) {
+    item.value = slot.value;
+  } else {
+    item.handle = t;
+  }
+  return item;
+}
 
 const ArgList &arglist_of(ftc_arglist h, bool null_is_empty) {
   static const ArgList empty;
@@ -84,7 +107,7 @@ std::vector<c10::IValue> ivalues_of(const ArgList &list) {
   values.reserve(list.size());
   for (const auto &item : list) {
     switch (item.kind) {
-      case FTC_ARG_TENSOR: values.emplace_back(item.tensor); break;
+      case FTC_ARG_TENSOR: values.emplace_back(item_tensor(item)); break;
       case FTC_ARG_INT: values.emplace_back(item.integer); break;
       case FTC_ARG_REAL: values.emplace_back(item.real); break;
       case FTC_ARG_LOGICAL: values.emplace_back(item.integer != 0); break;
@@ -111,22 +134,16 @@ int ftc_arglist_share(ftc_arglist src, ftc_arglist *dst) {
 }
 
 int ftc_arglist_add_tensor(ftc_arglist *l, ftc_tensor t) {
-  return ftc::append(l, [&](ftc::ArgItem &item) {
-    item.kind = FTC_ARG_TENSOR;
-    item.tensor = ftc::tensor_of(t, "tensor to add");
-  });
+  return ftc::append(l, [&](ftc::ArgItem &item) { item = ftc::tensor_item(t, "tensor to add"); });
 }
 
 int ftc_arglist_add_tensors(ftc_arglist *l, const ftc_tensor *tensors, int64_t n) {
   return ftc::guard([&] {
-    const auto values = ftc::tensors_of(tensors, n, "tensor");
+    ftc::tensors_of(tensors, n, "tensor");  // every handle checked before the list changes
+    ftc::ArgList items;
+    for (int64_t i = 0; i < n; ++i) items.push_back(ftc::tensor_item(tensors[i], "tensor"));
     auto &list = ftc::arglist_for_append(l);
-    for (const auto &t : values) {
-      ftc::ArgItem item;
-      item.kind = FTC_ARG_TENSOR;
-      item.tensor = t;
-      list.push_back(std::move(item));
-    }
+    list.insert(list.end(), items.begin(), items.end());
   });
 }
 
@@ -191,7 +208,7 @@ int ftc_arglist_get_tensor(ftc_arglist l, int64_t index, ftc_tensor *out) {
     ftc::out_arg(out, "out");
     const auto &item = ftc::item_at(l, index);
     if (item.kind != FTC_ARG_TENSOR) ftc::wrong_kind(index, item, "a tensor");
-    ftc::install(out, item.tensor);
+    ftc::install(out, ftc::item_tensor(item));
   });
 }
 
@@ -201,7 +218,7 @@ int ftc_arglist_get_int(ftc_arglist l, int64_t index, int64_t *value) {
     const auto &item = ftc::item_at(l, index);
     if (item.kind == FTC_ARG_INT) {
       out = item.integer;
-    } else if (item.kind == FTC_ARG_TENSOR && !item.tensor.is_floating_point()) {
+    } else if (item.kind == FTC_ARG_TENSOR && !ftc::item_tensor(item).is_floating_point()) {
       out = ftc::single_value(index, item, "an integer").toLong();
     } else {
       ftc::wrong_kind(index, item, "an integer");

@@ -13,11 +13,20 @@ namespace ftc {
 
 struct ArgItem {
   int kind = FTC_ARG_INT;
-  at::Tensor tensor;
+  // A tensor item is either a named tensor of the caller, referred to by its handle (so that the
+  // list sees what `t = ...` or writes to the wrapped array do later, as the Fortran program
+  // does), or a value of its own (expressions, results of calls).
+  ftc_tensor handle = nullptr;
+  at::Tensor value;
   int64_t integer = 0;
   double real = 0;
   std::string text;  // strings; the logical value is `integer`
 };
+
+// The tensor of a tensor item, now (a deleted named tensor is a clear error).
+const at::Tensor &item_tensor(const ArgItem &item);
+// A tensor item for handle t: by reference for a named tensor, the value for an expression.
+ArgItem tensor_item(ftc_tensor t, const char *what);
 
 using ArgList = std::vector<ArgItem>;
 using ArgListTable = HandleTable<std::shared_ptr<ArgList>>;

@@ -38,6 +38,14 @@ enum ftc_reduce_op { FTC_SUM = 0, FTC_MEAN = 1 };
  * An unconstructed lhs takes a temporary rhs itself, a copy of a named one otherwise; an
  * unconstructed rhs makes lhs unconstructed. */
 FTC_API int ftc_tensor_assign(ftc_tensor *lhs, ftc_tensor rhs);
+/* lhs[i] = rhs[i] for i = 0..n-1 in order, as one Fortran array assignment: every rhs element is
+ * read as it was before the first element was assigned, also where rhs elements are lhs elements
+ * (overlapping sections, permutations). */
+FTC_API int ftc_tensor_assign_many(ftc_tensor *lhs, const ftc_tensor *rhs, int64_t n);
+/* *out = t marked as a user function's result (Fortran's torch_result): an unconstructed tensor
+ * that takes it over with `=` is released by the first call that reads it. `temporary` as for
+ * operators (FTC_TEMPORARY or FTC_TEMPORARY_FINALIZED). */
+FTC_API int ftc_tensor_mark_result(ftc_tensor t, int temporary, ftc_tensor *out);
 /* t = s (every element), with the memory rules of ftc_tensor_assign. */
 FTC_API int ftc_tensor_fill(ftc_tensor t, int64_t int_value, double real_value, int is_integer);
 

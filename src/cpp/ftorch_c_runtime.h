@@ -50,6 +50,12 @@ FTC_API int ftc_device_available(int device_type, int device_index);
 FTC_API void ftc_catch_begin(void);
 FTC_API int ftc_catch_record(int status, const char *msg, int64_t msglen);
 FTC_API int ftc_catch_end(int *status);
+/* Around a user procedure called back from the C layer: ftc_callback_scope_begin opens a catch
+ * scope that is also a barrier (ftc_catch_end inside the callback cannot close it);
+ * ftc_callback_scope_end closes it together with every scope the callback left open, giving the
+ * first failure recorded (FTC_ERR_INVALID_ARGUMENT for scopes left open, if nothing failed). */
+FTC_API void ftc_callback_scope_begin(void);
+FTC_API int ftc_callback_scope_end(int *status);
 
 /* Number of live handles (tensors, models, optimizers, schedulers) over all threads. */
 FTC_API int64_t ftc_live_handles(void);

@@ -11,6 +11,10 @@ extern "C" {
 
 typedef struct ftc_tensor_s *ftc_tensor;
 
+/* Report a failure found before any work (an argument the Fortran layer rejects): the
+ * temporaries among handles[0..n-1] are released, msg becomes the last error; returns status. */
+FTC_API int ftc_reject(int status, const char *msg, int64_t msglen, const ftc_tensor *handles, int64_t n);
+
 /* Fill of ftc_tensor_new. */
 enum ftc_fill { FTC_FILL_EMPTY = 0, FTC_FILL_ZEROS = 1, FTC_FILL_ONES = 2 };
 

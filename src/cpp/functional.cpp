@@ -37,6 +37,19 @@ at::Tensor element(const at::Tensor &t, int64_t flat) {
   return t.as_strided({}, {}, offset);
 }
 
+// Puts a perturbed input element back to its value when the scope ends, also by an exception.
+struct RestoreElement {
+  at::Tensor element;
+  double value;
+  ~RestoreElement() {
+    try {
+      at::NoGradGuard no_grad;
+      element.fill_(value);
+    } catch (...) {
+    }
+  }
+};
+
 }  // namespace
 
 extern "C" {
@@ -74,12 +87,8 @@ int ftc_autograd_grad(const ftc_tensor *outputs, int n_outputs, const ftc_tensor
     const variable_list result = torch::autograd::grad(outs, ins, gos, retain, create_graph != 0, allow_unused != 0);
     for (size_t i = 0; i < ins.size(); ++i) {
       const std::string what = "gradient " + std::to_string(i + 1);
-      if (result[i].defined()) {
-        ftc::store_result(&grads[i], result[i], what);
-      } else if (auto *slot = ftc::TensorTable::instance().find(grads[i])) {
-        at::NoGradGuard no_grad;
-        slot->value.zero_();  // unused input: zeros in a constructed gradient tensor
-      }
+      // An input the outputs do not use (allow_unused): zeros of its shape, where PyTorch gives None.
+      ftc::store_result(&grads[i], result[i].defined() ? result[i] : at::zeros_like(ins[i], at::MemoryFormat::Contiguous), what);
     }
   });
 }
@@ -181,11 +190,15 @@ int ftc_gradcheck(ftc_segment_fn fn, void *data, const ftc_tensor *inputs, int n
       for (int64_t e = 0; e < x.numel(); ++e) {
         at::Tensor xe = element(x, e);
         const double original = xe.item<double>();
-        xe.fill_(original + eps);
-        const variable_list plus = ftc::run_segment(fn, data, xs, n_outputs, "the function");
-        xe.fill_(original - eps);
-        const variable_list minus = ftc::run_segment(fn, data, xs, n_outputs, "the function");
-        xe.fill_(original);
+        variable_list plus, minus;
+        {
+          // The input element gets its value back however the function returns (or fails).
+          const RestoreElement restore{xe, original};
+          xe.fill_(original + eps);
+          plus = ftc::run_segment(fn, data, xs, n_outputs, "the function");
+          xe.fill_(original - eps);
+          minus = ftc::run_segment(fn, data, xs, n_outputs, "the function");
+        }
         for (size_t j = 0; j < ys.size(); ++j) {
           if (!at::isFloatingType(ys[j].scalar_type())) continue;
           const at::Tensor d = ((plus[j].to(at::kDouble) - minus[j].to(at::kDouble)) / (2 * eps)).contiguous().view(-1);

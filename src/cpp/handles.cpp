@@ -1,6 +1,9 @@
 // handles.cpp - handle tables, per-thread live counts and the release of temporaries
 // (see handles.hpp for the rules).
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -38,13 +41,41 @@ struct ThreadCount {
 };
 
 thread_local ThreadCount thread_count;
+
+// The run-time signal of a leak: when this thread's live handles pass a threshold, one warning on
+// standard error, and the threshold doubles (FTORCH_LIVE_HANDLES_WARN sets the first, 0 disables).
+int64_t first_warning_threshold() {
+  const char *env = std::getenv("FTORCH_LIVE_HANDLES_WARN");
+  if (env == nullptr || *env == '\0') return 100000;
+  const long long v = std::atoll(env);
+  return v <= 0 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v);
+}
+
+thread_local int64_t warn_at = -1;
+
+void warn_growth(int64_t live) noexcept {
+  if (warn_at < 0) {
+    warn_at = first_warning_threshold();
+    if (live <= warn_at) return;
+  }
+  std::fprintf(stderr,
+               "FTorch warning: %lld tensor/model handles created on this thread are alive and the number keeps "
+               "growing. If that is not intended, something is not freed: with gfortran <= 12, function results "
+               "are never finalized (end a function returning a tensor with `r = torch_result(expr)`), and arrays "
+               "of tensors need torch_delete. (FTORCH_LIVE_HANDLES_WARN=N sets this threshold, 0 silences it.)\n",
+               static_cast<long long>(live));
+  std::fflush(stderr);
+  warn_at = live > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max() : 2 * live;
+}
 thread_local std::vector<ftc_tensor> consumed_list;
 
 }  // namespace
 
 void count_handles(int64_t delta) noexcept {
   // Only this thread writes its counter: a relaxed load and store, no read-modify-write.
-  thread_count.n.store(thread_count.n.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
+  const int64_t live = thread_count.n.load(std::memory_order_relaxed) + delta;
+  thread_count.n.store(live, std::memory_order_relaxed);
+  if (live > warn_at) warn_growth(live);
 }
 
 int64_t live_handle_count() noexcept {
@@ -85,7 +116,7 @@ void bad_handle(const void *handle, const char *kind, const char *what) {
 TensorTable::Slot &tensor_slot(ftc_tensor h, const char *what) {
   auto *s = TensorTable::instance().find(h);
   if (s == nullptr) bad_handle(h, "tensor", what);
-  if ((s->flags & kTemporary) != 0) {
+  if ((s->flags & (kTemporary | kResult)) != 0) {
     auto &list = consumed_list;
     if (std::find(list.begin(), list.end(), h) == list.end()) list.push_back(h);
   }

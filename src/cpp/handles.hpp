@@ -34,6 +34,10 @@ enum HandleFlags : uint8_t {
   kShared = 2,     // bound to a model's or optimizer's parameter: `=` writes in place, always
   kFinalized = 4,  // result of an expression that the compiler finalizes at the end of the
                    // statement (which deletes it): readers leave it alone, `=` takes it over
+  kMarkResult = 8, // torch_result(expr): an unconstructed lhs that takes it over becomes kResult
+  kResult = 16,    // a user function's result (`r = torch_result(expr)`): released by the first
+                   // call that reads it, like kTemporary, on every compiler (gfortran <= 12
+                   // never finalizes function results)
 };
 
 template <class T>

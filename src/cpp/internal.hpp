@@ -177,6 +177,9 @@ T &out_arg(T *p, const char *what) {
 // saved it, a view), the old contents move to new memory first, so nothing saved changes;
 // tensors flagged kShared (model and optimizer parameters) are always written in place.
 void assign_into(TensorTable::Slot &slot, const at::Tensor &r);
+// `*lhs = rhs` with Fortran's value semantics (see ftc_tensor_assign); value_before, when given,
+// is the value rhs had before the statement began (overlapping array assignment).
+void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_before);
 
 // Result `index` (0-based) of a model or a Python function (`source` says which, for the shape
 // error) written into an output tensor as `=` does: into its memory (an aliased Fortran array

@@ -1,5 +1,6 @@
 // math.cpp - C API for tensor arithmetic: assignment, operators, elementwise functions,
 // reductions and views, with the release protocol for temporaries (see ftorch_c_math.h).
+#include <unordered_map>
 #include <vector>
 
 #include "internal.hpp"
@@ -73,7 +74,8 @@ namespace ftc {
 
 void assign_into(TensorTable::Slot &slot, const at::Tensor &r) {
   at::Tensor &l = slot.value;
-  require_same_device(l, r, "assignment");
+  // Across devices too: the lhs keeps its device and memory and receives a copy (FTorch's idiom:
+  // a model on the GPU writes into outputs that wrap CPU arrays).
   at::NoGradGuard no_grad;
   if ((slot.flags & kShared) == 0 && is_shared(l)) {
     const bool leaf_requires_grad = l.is_leaf() && l.requires_grad();
@@ -113,6 +115,33 @@ void store_result(ftc_tensor *out, const at::Tensor &value, const std::string &w
   assign_into(*slot, value);
 }
 
+void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_before) {
+  if (lhs == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "left-hand side handle pointer is null");
+  auto &table = TensorTable::instance();
+  if (rhs != nullptr && table.find(rhs) == nullptr) bad_handle(rhs, "tensor", "right-hand side tensor");
+  if (*lhs == rhs && value_before == nullptr) return;  // t = t
+  auto *left = table.find(*lhs);
+  if (rhs == nullptr) {
+    // A copy of an unconstructed tensor is unconstructed (tensor components of user types);
+    // assigning nothing to a live tensor is a mistake, not a way to delete it.
+    if (left != nullptr) fail(FTC_ERR_NULL_HANDLE, "right-hand side tensor is not constructed (null handle)");
+    *lhs = nullptr;
+    return;
+  }
+  auto &right = tensor_slot(rhs, "right-hand side tensor");
+  const at::Tensor &value = value_before != nullptr ? *value_before : right.value;
+  if (left == nullptr) {
+    // Unconstructed (or stale: a compiler finalized it just before assigning) lhs: it becomes
+    // the value; a temporary is taken over without copying. `r = torch_result(expr)` makes r a
+    // result, released by the first call that reads it.
+    const bool take = value_before != nullptr || (right.flags & (kTemporary | kFinalized | kResult)) != 0;
+    const uint8_t flags = (right.flags & kMarkResult) != 0 ? kResult : 0;
+    *lhs = new_tensor_handle(take ? value : value.clone(), flags);
+    return;
+  }
+  assign_into(*left, value);
+}
+
 }  // namespace ftc
 
 extern "C" {
@@ -120,28 +149,43 @@ extern "C" {
 int ftc_tensor_assign(ftc_tensor *lhs, ftc_tensor rhs) {
   return ftc::guard([&] {
     ftc::take_temporaries({rhs});
-    if (lhs == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "left-hand side handle pointer is null");
+    ftc::assign_handle(lhs, rhs, nullptr);
+  });
+}
+
+int ftc_tensor_assign_many(ftc_tensor *lhs, const ftc_tensor *rhs, int64_t n) {
+  return ftc::guard([&] {
+    ftc::take_temporaries(rhs, n);
+    if (n < 0 || (n > 0 && (lhs == nullptr || rhs == nullptr))) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "invalid array of handles for assignment");
+    }
+    // Fortran evaluates the right-hand side before assigning any element: a right-hand element
+    // that is also a left-hand element written earlier (ts(2:3) = ts(1:2)) is read as it was.
+    std::unordered_map<ftc_tensor, int64_t> written;  // lhs handle -> its position
+    for (int64_t i = 0; i < n; ++i) {
+      if (lhs[i] != nullptr) written.emplace(lhs[i], i);
+    }
+    std::vector<at::Tensor> before(static_cast<size_t>(n));
     auto &table = ftc::TensorTable::instance();
-    if (rhs != nullptr && table.find(rhs) == nullptr) ftc::bad_handle(rhs, "tensor", "right-hand side tensor");
-    if (*lhs == rhs) return;  // t = t
-    auto *left = table.find(*lhs);
-    if (rhs == nullptr) {
-      // A copy of an unconstructed tensor is unconstructed (tensor components of user types);
-      // assigning nothing to a live tensor is a mistake, not a way to delete it.
-      if (left != nullptr) ftc::fail(FTC_ERR_NULL_HANDLE, "right-hand side tensor is not constructed (null handle)");
-      *lhs = nullptr;
-      return;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto it = written.find(rhs[i]);
+      if (it != written.end() && it->second < i && table.find(rhs[i]) != nullptr) {
+        before[static_cast<size_t>(i)] = table.find(rhs[i])->value.clone();
+      }
     }
-    auto &right = ftc::tensor_slot(rhs, "right-hand side tensor");
-    if (left == nullptr) {
-      // Unconstructed (or stale: a compiler finalized it just before assigning) lhs: it becomes
-      // the value; a temporary is taken over without copying.
-      const bool take = (right.flags & (ftc::kTemporary | ftc::kFinalized)) != 0;
-      at::Tensor value = take ? right.value : right.value.clone();
-      *lhs = ftc::new_tensor_handle(std::move(value));
-      return;
+    for (int64_t i = 0; i < n; ++i) {
+      const at::Tensor &old = before[static_cast<size_t>(i)];
+      ftc::assign_handle(&lhs[i], rhs[i], old.defined() ? &old : nullptr);
     }
-    ftc::assign_into(*left, right.value);
+  });
+}
+
+int ftc_tensor_mark_result(ftc_tensor t, int temporary, ftc_tensor *out) {
+  return ftc::guard([&] {
+    auto &slot = ftc::tensor_slot(t, "result");
+    const bool expression = (slot.flags & (ftc::kTemporary | ftc::kFinalized | ftc::kResult)) != 0;
+    finish(expression ? slot.value : slot.value.clone(), temporary, out);
+    ftc::TensorTable::instance().find(*out)->flags |= ftc::kMarkResult;
   });
 }
 

@@ -202,7 +202,7 @@ int ftc_model_forward_list(ftc_model m, ftc_arglist args, ftc_arglist *results, 
       }
       ftc::ArgItem item;
       item.kind = FTC_ARG_TENSOR;
-      item.tensor = items[i].toTensor();
+      item.value = items[i].toTensor();
       list.push_back(std::move(item));
     }
     ftc::set_results(results, std::move(list));

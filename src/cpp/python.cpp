@@ -235,7 +235,7 @@ int collect(void *ctx, const ftc_bridge_value *v) {
       case FTC_ARG_TENSOR: {
         void *p = v->dlpack;
         try {
-          item.tensor = at::fromDLPack(static_cast<DLManagedTensor *>(p));
+          item.value = at::fromDLPack(static_cast<DLManagedTensor *>(p));
         } catch (...) {
           dlpack_delete(p);
           throw;
@@ -260,14 +260,17 @@ int collect(void *ctx, const ftc_bridge_value *v) {
 class Arguments {
  public:
   explicit Arguments(const ArgList &list) {
+    for (const auto &item : list) {
+      if (item.kind == FTC_ARG_TENSOR) item_tensor(item);  // a deleted tensor fails before any conversion
+    }
     values_.reserve(list.size());
     for (const auto &item : list) {
       ftc_bridge_value v{};
       v.kind = item.kind;
       switch (item.kind) {
         case FTC_ARG_TENSOR:
-          v.dlpack = at::toDLPack(item.tensor);
-          v.requires_grad = item.tensor.requires_grad() ? 1 : 0;
+          v.dlpack = at::toDLPack(item_tensor(item));
+          v.requires_grad = item_tensor(item).requires_grad() ? 1 : 0;
           break;
         case FTC_ARG_REAL: v.real = item.real; break;
         case FTC_ARG_STRING:
@@ -345,7 +348,7 @@ int ftc_pymodule_call(ftc_pymodule m, const char *name, ftc_arglist args, ftc_ar
     if (n_outputs > 0) {
       std::vector<const at::Tensor *> tensors;
       for (const auto &item : r.items) {
-        if (item.kind == FTC_ARG_TENSOR) tensors.push_back(&item.tensor);
+        if (item.kind == FTC_ARG_TENSOR) tensors.push_back(&item.value);
       }
       if (static_cast<int>(tensors.size()) != n_outputs) {
         ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string(name) + "() returned " + std::to_string(tensors.size()) +

@@ -18,8 +18,14 @@ namespace {
 thread_local std::string last_error;
 
 // Open catch scopes of this thread (ftorch_errors' torch_catch_begin/end), innermost last, each
-// with the first failure recorded in it.
-thread_local std::vector<std::pair<int, std::string>> catch_scopes;
+// with the first failure recorded in it; a callback's scope is a barrier that only the callback's
+// end closes (with whatever the callback left open above it).
+struct CatchScope {
+  int status = FTC_OK;
+  std::string message;
+  bool barrier = false;
+};
+thread_local std::vector<CatchScope> catch_scopes;
 
 std::string public_version(const std::string &v) { return v.substr(0, v.find('+')); }
 
@@ -189,7 +195,7 @@ int ftc_check_runtime(void) {
 
 void ftc_catch_begin(void) {
   try {
-    ftc::catch_scopes.emplace_back(FTC_OK, std::string());
+    ftc::catch_scopes.emplace_back();
   } catch (...) {
   }
 }
@@ -198,10 +204,10 @@ int ftc_catch_record(int status, const char *msg, int64_t msglen) {
   auto &scopes = ftc::catch_scopes;
   if (scopes.empty()) return 0;
   auto &first = scopes.back();
-  if (first.first == FTC_OK && status != FTC_OK) {
-    first.first = status;
+  if (first.status == FTC_OK && status != FTC_OK) {
+    first.status = status;
     try {
-      if (msg != nullptr && msglen > 0) first.second.assign(msg, static_cast<size_t>(msglen));
+      if (msg != nullptr && msglen > 0) first.message.assign(msg, static_cast<size_t>(msglen));
     } catch (...) {
     }
   }
@@ -210,12 +216,55 @@ int ftc_catch_record(int status, const char *msg, int64_t msglen) {
 
 int ftc_catch_end(int *status) {
   auto &scopes = ftc::catch_scopes;
-  if (scopes.empty()) return 0;
-  auto scope = std::move(scopes.back());
+  if (scopes.empty() || scopes.back().barrier) return 0;
+  ftc::CatchScope scope = std::move(scopes.back());
   scopes.pop_back();
-  if (status != nullptr) *status = scope.first;
-  if (scope.first != FTC_OK) ftc::set_last_error(std::move(scope.second));
+  if (status != nullptr) *status = scope.status;
+  if (scope.status != FTC_OK) ftc::set_last_error(std::move(scope.message));
   return 1;
+}
+
+void ftc_callback_scope_begin(void) {
+  try {
+    ftc::catch_scopes.emplace_back();
+    ftc::catch_scopes.back().barrier = true;
+  } catch (...) {
+  }
+}
+
+int ftc_callback_scope_end(int *status) {
+  auto &scopes = ftc::catch_scopes;
+  int first = FTC_OK;
+  std::string message;
+  int left_open = 0;
+  // Unwind to the callback's own scope; the failure recorded first (outermost) wins.
+  while (!scopes.empty()) {
+    ftc::CatchScope scope = std::move(scopes.back());
+    scopes.pop_back();
+    if (scope.status != FTC_OK) {
+      first = scope.status;
+      message = std::move(scope.message);
+    }
+    if (scope.barrier) break;
+    ++left_open;
+  }
+  if (first == FTC_OK && left_open > 0) {
+    first = FTC_ERR_INVALID_ARGUMENT;
+    message = "[torch_catch_begin] " + std::to_string(left_open) + " catch scope" + (left_open == 1 ? " was" : "s were") +
+              " begun in the callback and not ended (torch_catch_end)";
+  }
+  if (status != nullptr) *status = first;
+  if (first != FTC_OK) ftc::set_last_error(std::move(message));
+  return 1;
+}
+
+int ftc_reject(int status, const char *msg, int64_t msglen, const ftc_tensor *handles, int64_t n) {
+  const int code = status == FTC_OK ? FTC_ERR_INTERNAL : status;
+  const int returned = ftc::guard([&] {
+    ftc::take_temporaries(handles, n);
+    ftc::fail(code, msg != nullptr && msglen > 0 ? std::string(msg, static_cast<size_t>(msglen)) : std::string());
+  });
+  return returned;
 }
 
 int ftc_device_available(int device_type, int device_index) {

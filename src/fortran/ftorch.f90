@@ -20,7 +20,8 @@ module ftorch
   use ftorch_math, only: assignment(=), operator(+), operator(-), operator(*), operator(/), operator(**), &
                          torch_tensor_sum, torch_tensor_mean, torch_sum, torch_mean, torch_matmul, torch_reshape, &
                          torch_permute, torch_transpose, torch_exp, torch_log, torch_sqrt, torch_abs, torch_sin, &
-                         torch_cos, torch_tanh, torch_sigmoid, torch_relu, torch_clone, torch_detach
+                         torch_cos, torch_tanh, torch_sigmoid, torch_relu, torch_clone, torch_detach, torch_result, &
+                         torch_assign
   use ftorch_autograd, only: torch_tensor_backward, torch_tensor_get_gradient, torch_tensor_set_requires_grad, &
                              torch_tensor_is_leaf, torch_no_grad_begin, torch_no_grad_end, torch_enable_grad_begin, &
                              torch_enable_grad_end, torch_inference_mode_begin, torch_inference_mode_end, &
@@ -82,7 +83,7 @@ module ftorch
   public :: assignment(=), operator(+), operator(-), operator(*), operator(/), operator(**), &
             torch_tensor_sum, torch_tensor_mean, torch_sum, torch_mean, torch_matmul, torch_reshape, torch_permute, &
             torch_transpose, torch_exp, torch_log, torch_sqrt, torch_abs, torch_sin, torch_cos, torch_tanh, &
-            torch_sigmoid, torch_relu, torch_clone, torch_detach
+            torch_sigmoid, torch_relu, torch_clone, torch_detach, torch_result, torch_assign
   public :: torch_tensor_backward, torch_tensor_get_gradient, torch_tensor_set_requires_grad, torch_tensor_is_leaf, &
             torch_no_grad_begin, torch_no_grad_end, torch_enable_grad_begin, torch_enable_grad_end, &
             torch_inference_mode_begin, torch_inference_mode_end, torch_grad_enabled, torch_inference_mode_enabled, &

@@ -8,7 +8,7 @@
 module ftorch_functional
   use, intrinsic :: iso_c_binding, only: c_double, c_funloc, c_funptr, c_int, c_int64_t, c_loc, c_null_ptr, c_ptr
   use, intrinsic :: iso_fortran_env, only: int64, real64
-  use ftorch_errors, only: ftorch_check, ftorch_fail, FTORCH_ERR_INVALID_ARGUMENT
+  use ftorch_errors, only: ftorch_check, ftorch_reject, FTORCH_ERR_INVALID_ARGUMENT
   use ftorch_interop, only: c_flag
   use ftorch_tensor_type, only: torch_tensor
   use ftorch_function, only: torch_tensor_function, tensor_function_trampoline, tensor_function_data
@@ -106,28 +106,31 @@ contains
     type(c_ptr) :: in_h(size(inputs)), grad_h(size(grads)), go_p
     integer :: i
     integer(c_int) :: status
-    if (size(grads) /= size(inputs)) then
-      call ftorch_fail(FTORCH_ERR_INVALID_ARGUMENT, "torch_autograd_grad", "size(grads) differs from size(inputs)", &
-                       stat, errmsg)
-      return
-    end if
-    go_p = c_null_ptr
-    if (present(grad_outputs)) then
-      if (size(grad_outputs) /= size(outputs)) then
-        call ftorch_fail(FTORCH_ERR_INVALID_ARGUMENT, "torch_autograd_grad", &
-                         "size(grad_outputs) differs from size(outputs)", stat, errmsg)
-        return
-      end if
-      do i = 1, size(outputs)
-        go_h(i) = grad_outputs(i)%p
-      end do
-      go_p = c_loc(go_h)
-    end if
     do i = 1, size(outputs)
       out_h(i) = outputs(i)%p
     end do
     do i = 1, size(inputs)
       in_h(i) = inputs(i)%p
+    end do
+    if (size(grads) /= size(inputs)) then
+      call ftorch_reject(FTORCH_ERR_INVALID_ARGUMENT, "torch_autograd_grad", "size(grads) differs from size(inputs)", &
+                         [out_h, in_h], stat, errmsg)
+      return
+    end if
+    go_p = c_null_ptr
+    if (present(grad_outputs)) then
+      do i = 1, size(grad_outputs)
+        if (i <= size(outputs)) go_h(i) = grad_outputs(i)%p
+      end do
+      if (size(grad_outputs) /= size(outputs)) then
+        call ftorch_reject(FTORCH_ERR_INVALID_ARGUMENT, "torch_autograd_grad", &
+                           "size(grad_outputs) differs from size(outputs)", &
+                           [out_h, in_h, (grad_outputs(i)%p, i = 1, size(grad_outputs))], stat, errmsg)
+        return
+      end if
+      go_p = c_loc(go_h)
+    end if
+    do i = 1, size(inputs)
       grad_h(i) = grads(i)%p
     end do
     status = ftc_autograd_grad(out_h, size(outputs, kind=c_int), in_h, size(inputs, kind=c_int), go_p, &

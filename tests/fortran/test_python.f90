@@ -129,6 +129,23 @@ program test_python
   call torch_pymodule_call(py, "scalar_tensor", args, results)
   call torch_arglist_get(results, 1, r32)
   call check(r32 == 12.0, "a one-element tensor result reads as a real")
+  ! The list refers to the named tensor: Python sees `g = ...` and later writes to the array.
+  g = g * 2.0
+  call torch_pymodule_call(py, "scalar_tensor", args, results)
+  call torch_arglist_get(results, 1, r32)
+  call check(r32 == 24.0, "after g = g * 2, Python sees the new values through the list")
+  f32(1) = 100
+  call torch_pymodule_call(py, "scalar_tensor", args, results)
+  call torch_arglist_get(results, 1, r32)
+  call check(r32 == 100.0 + 5.0 + 7.0 + 9.0, "... and later writes to the wrapped array")
+  g = 0.0
+  call torch_pymodule_call(py, "scalar_tensor", args, results)
+  call torch_arglist_get(results, 1, r32)
+  call check(r32 == 0.0, "... and g = 0")
+  call torch_tensor_delete(g)
+  call torch_pymodule_call(py, "scalar_tensor", args, results, stat=stat, errmsg=errmsg)
+  call check(stat == FTORCH_ERR_NULL_HANDLE .and. index(errmsg, "deleted after it was added") > 0, &
+             "a list whose tensor was deleted: a clear error, not the old values")
 
   ! Results with autograd history come back detached; gradients are computed on one side.
   xv = [1d0, 2d0, 3d0]

@@ -263,6 +263,23 @@ int main(int argc, char **argv) {
     const double dref = got ? max_diff(ycpu_host, yref_cm, n * NOUT) : INFINITY;
     snprintf(name, sizeof name, "the CPU forward equals torch's in Python (max diff %.3g, tolerance 1e-12)", dref);
     check(dref <= 1e-12, name);
+    /* FTorch's GPU idiom: model and inputs on the device, the output wrapping host memory. */
+    {
+      ftc_tensor yhost = NULL, back = NULL;
+      double *ymem = calloc((size_t)(n * NOUT), sizeof(double));
+      check(ymem != NULL && ftc_tensor_from_blob(&yhost, ymem, 2, yshape, NULL, NULL, FTC_FLOAT64, FTC_CPU, -1, 0) == FTC_OK &&
+                ftc_model_forward(mdev, &xdev, 1, &yhost, 1, 0) == FTC_OK && on_device(yhost, FTC_CPU) &&
+                max_diff(ymem, ygpu_host, n * NOUT) == 0.0,
+            "forward of a device model writes its result into an output wrapping host memory (FTorch's idiom)");
+      /* `=` across devices: the left-hand side keeps its device and memory and receives a copy. */
+      check(ftc_tensor_new(&back, FTC_FILL_ZEROS, 2, yshape, FTC_FLOAT64, dev, -1, 0) == FTC_OK &&
+                ftc_tensor_assign(&back, yhost) == FTC_OK && on_device(back, dev) && to_host(back, ygpu_host) == FTC_OK &&
+                max_diff(ymem, ygpu_host, n * NOUT) == 0.0,
+            "= from a host tensor into a device tensor copies onto the device");
+      ftc_tensor_delete(&yhost);
+      ftc_tensor_delete(&back);
+      free(ymem);
+    }
   }
 
   /* ---------------------------------------------------------------- training on the device */

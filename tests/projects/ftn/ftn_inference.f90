@@ -2,8 +2,9 @@
 ! inference mode, results through a Fortran pointer, scalar arguments, and a wrapped array that
 ! changes between calls. Usage: ftn_inference MODEL_DIR OUT_FILE
 program ftn_inference
-  use, intrinsic :: iso_fortran_env, only: real32, real64
+  use, intrinsic :: iso_fortran_env, only: int64, real32, real64
   use torch_ftn
+  use ftorch, only: ftorch_live_handles
   implicit none
   type(torch_module) :: net, scaled
   type(torch_tensor_wrap) :: inputs, scalar_inputs
@@ -14,6 +15,7 @@ program ftn_inference
   real(real64), pointer :: w(:)
   character(len=1024) :: dir, out_file
   integer :: i, u
+  integer(int64) :: before
 
   call get_command_argument(1, dir)
   call get_command_argument(2, out_file)
@@ -54,5 +56,13 @@ program ftn_inference
   call scaled%forward(scalar_inputs, out_tensor)
   call out_tensor%to_array(w)
   write(u, '(*(es24.16e3, 1x))') w
+
+  ! Forward in a time loop: handles stay flat, with and without inference mode.
+  before = ftorch_live_handles()
+  do i = 1, 1000
+    call net%forward(inputs, out_tensor)
+    call net%forward(inputs, out_tensor, flags=module_use_inference_mode)
+  end do
+  write(u, '(i0)') ftorch_live_handles() - before
   close(u)
 end program ftn_inference

@@ -1,0 +1,334 @@
+!> Value semantics of `=` and handle lifetime as a user meets them (issue 20), run with every
+!> supported compiler (gfortran 11, gfortran 12, flang 19): overlapping array assignment, argument
+!> lists that keep seeing their arrays, user functions returning tensors, arrays of user types,
+!> unbalanced catch scopes in callbacks, temporaries rejected before reaching C, gradcheck's
+!> restore, allow_unused zeros.
+module lifetime_helpers
+  use ftorch
+  implicit none
+  private
+  public :: state_t, tendency, leaky_hook, grad_fails, tendency_plain
+  type :: state_t
+    type(torch_tensor) :: t
+  end type state_t
+contains
+  !> The idiom the README recommends for a function returning a tensor on every compiler.
+  function tendency(u) result(r)
+    type(torch_tensor), intent(in) :: u
+    type(torch_tensor) :: r
+    r = torch_result(-0.5d0 * u)
+  end function tendency
+
+  !> The same without the marker: leaks one handle per call where the compiler does not
+  !> finalize function results (gfortran <= 12); counted, not asserted, by the test.
+  function tendency_plain(u) result(r)
+    type(torch_tensor), intent(in) :: u
+    type(torch_tensor) :: r
+    r = -0.5d0 * u
+  end function tendency_plain
+
+  !> A hook that opens a catch scope and never ends it.
+  subroutine leaky_hook(grad, new_grad, stat, errmsg)
+    type(torch_tensor), intent(in) :: grad
+    type(torch_tensor), intent(inout) :: new_grad
+    integer, intent(inout) :: stat
+    character(len=*), intent(inout) :: errmsg
+    call torch_catch_begin()
+    if (.false.) new_grad = grad
+    if (stat /= 0) errmsg = ""
+  end subroutine leaky_hook
+
+  !> A function that fails on its second call, the first with a perturbed input (gradcheck must
+  !> still restore that input).
+  subroutine grad_fails(inputs, outputs, stat, errmsg)
+    type(torch_tensor), intent(in) :: inputs(:)
+    type(torch_tensor), intent(inout) :: outputs(:)
+    integer, intent(inout) :: stat
+    character(len=*), intent(inout) :: errmsg
+    integer, save :: calls = 0
+    calls = calls + 1
+    outputs(1) = inputs(1) * 2.0d0
+    if (calls >= 2) then
+      stat = 3
+      errmsg = "deliberate failure"
+    end if
+  end subroutine grad_fails
+end module lifetime_helpers
+
+program test_lifetime
+  use, intrinsic :: iso_c_binding, only: c_int64_t
+  use, intrinsic :: iso_fortran_env, only: int64, real64
+  use ftorch
+  use lifetime_helpers
+  use testing, only: check, check_close, summary
+  implicit none
+  integer(c_int64_t) :: base
+
+  if (command_argument_count() > 0) then
+    call plain_function_results()
+    call summary()
+    stop
+  end if
+  base = ftorch_live_handles()
+  call overlapping_sections()
+  call whole_array_copies()
+  call arrays_of_user_types()
+  call function_results()
+  call arglist_sees_later_writes()
+  call catch_scope_in_callback()
+  call rejected_arguments_release_temporaries()
+  call gradcheck_restores_input()
+  call allow_unused_gives_zeros()
+  call check(ftorch_live_handles() == base, "no handle left alive at the end")
+  call summary()
+contains
+
+  function values_of(ts) result(v)
+    type(torch_tensor), intent(in) :: ts(:)
+    real(real64) :: v(size(ts)), one(1)
+    integer :: i
+    do i = 1, size(ts)
+      call torch_tensor_to_array(ts(i), one)
+      v(i) = one(1)
+    end do
+  end function values_of
+
+  subroutine make(ts, mem)
+    type(torch_tensor), intent(inout) :: ts(:)
+    real(real64), intent(inout), target :: mem(1, size(ts))
+    integer :: i
+    do i = 1, size(ts)
+      mem(1, i) = real(i, real64)
+      call torch_tensor_from_array(ts(i), mem(:, i), torch_kCPU)
+    end do
+  end subroutine make
+
+  ! Fortran semantics: the right-hand side is evaluated before any element is assigned. With
+  ! torch_assign on every compiler; with `=` where the compiler resolves it to the array procedure
+  ! (flang). gfortran <= 12 prefers the type-bound elemental `=` (element by element): its result
+  ! is checked too, as the README documents it.
+  subroutine overlapping_sections()
+    use, intrinsic :: iso_fortran_env, only: compiler_version
+    type(torch_tensor) :: ts(3), t2(2, 2)
+    real(real64), target :: mem(1, 3), mem2(1, 4)
+    logical :: elementwise
+    integer :: i
+    elementwise = index(compiler_version(), "GCC") > 0
+    call make(ts, mem)
+    call torch_assign(ts(2:3), ts(1:2))
+    call check(all(values_of(ts) == [1d0, 1d0, 2d0]), "torch_assign(ts(2:3), ts(1:2)) shifts forward [1,1,2]")
+    call check(all(mem(1, :) == [1d0, 1d0, 2d0]), "... into the wrapped arrays")
+    call make(ts, mem)
+    call torch_assign(ts, ts(3:1:-1))
+    call check(all(values_of(ts) == [3d0, 2d0, 1d0]), "torch_assign(ts, ts(3:1:-1)) reverses [3,2,1]")
+    call make(ts, mem)
+    ts(2:3) = ts(1:2)
+    if (elementwise) then
+      call check(all(values_of(ts) == [1d0, 1d0, 1d0]), "gfortran: ts(2:3) = ts(1:2) is element by element [1,1,1]")
+    else
+      call check(all(values_of(ts) == [1d0, 1d0, 2d0]), "ts(2:3) = ts(1:2) shifts forward [1,1,2]")
+    end if
+    call make(ts, mem)
+    ts(1:2) = ts(2:3)
+    call check(all(values_of(ts) == [2d0, 3d0, 3d0]), "ts(1:2) = ts(2:3) shifts back [2,3,3]")
+    call make(ts, mem)
+    ts = ts(3:1:-1)
+    if (.not. elementwise) call check(all(values_of(ts) == [3d0, 2d0, 1d0]), "ts = ts(3:1:-1) reverses [3,2,1]")
+    do i = 1, 4
+      mem2(1, i) = real(i, real64)
+      call torch_tensor_from_array(t2(mod(i - 1, 2) + 1, (i - 1) / 2 + 1), mem2(:, i), torch_kCPU)
+    end do
+    call torch_assign(t2, transpose(t2))
+    call check(all(mem2(1, :) == [1d0, 3d0, 2d0, 4d0]), "torch_assign(t2, transpose(t2)) on a rank-2 array")
+    call torch_delete(ts)
+    call torch_delete(t2)
+  end subroutine overlapping_sections
+
+  ! `ts2 = ts1` copies values; no handle is shared.
+  subroutine whole_array_copies()
+    type(torch_tensor) :: ts(3), copies(3)
+    real(real64), target :: mem(1, 3)
+    integer(c_int64_t) :: before
+    call make(ts, mem)
+    before = ftorch_live_handles()
+    copies = ts
+    call check(ftorch_live_handles() == before + 3, "copies = ts makes three new tensors")
+    mem(1, 1) = 42
+    call check(all(values_of(copies) == [1d0, 2d0, 3d0]), "the copies own their values")
+    call torch_delete(ts)
+    call check(all(values_of(copies) == [1d0, 2d0, 3d0]), "the copies survive deleting the originals")
+    call torch_delete(copies)
+  end subroutine whole_array_copies
+
+  ! Components of user types: `=` of the derived type applies the tensor's `=` to the component.
+  subroutine arrays_of_user_types()
+    type(state_t) :: s1, s2, pair(2), pair2(2)
+    real(real64), target :: a(1), b(1)
+    integer(c_int64_t) :: before
+    integer :: stat
+    a = 1
+    b = 2
+    call torch_tensor_from_array(s1%t, a, torch_kCPU)
+    call torch_tensor_from_array(s2%t, b, torch_kCPU)
+    before = ftorch_live_handles()
+    pair(1) = s1
+    pair(2) = s2
+    pair2 = pair
+    call check(ftorch_live_handles() == before + 4, "component copies make new tensors")
+    call torch_delete(pair(1)%t)
+    call torch_delete(pair(2)%t)
+    call check(all(values_of([pair2(1)%t, pair2(2)%t]) == [1d0, 2d0]), "copied components keep their values")
+    call check(torch_tensor_get_rank(s1%t, stat=stat) == 1 .and. stat == 0, "the originals are still live")
+    call torch_delete(pair2(1)%t)
+    call torch_delete(pair2(2)%t)
+    call torch_delete(s1%t)
+    call torch_delete(s2%t)
+  end subroutine arrays_of_user_types
+
+  ! u = u + 0.01 * tendency(u): no handle grows over 1000 steps with the recommended form.
+  subroutine function_results()
+    type(torch_tensor) :: u
+    real(real64), target :: uv(4)
+    integer(c_int64_t) :: before
+    integer :: i
+    uv = 1
+    call torch_tensor_from_array(u, uv, torch_kCPU)
+    before = ftorch_live_handles()
+    do i = 1, 1000
+      u = u + 0.01d0 * tendency(u)
+    end do
+    call check(ftorch_live_handles() == before, "r = torch_result(...) in a function: no handle leaks")
+    call check_close(uv, [(0.995d0**1000, i = 1, 4)], 1d-12, "... and the values are right")
+    u = tendency(u)
+    call check(ftorch_live_handles() == before, "assigning a function result: no handle leaks")
+    call torch_tensor_delete(u)
+  end subroutine function_results
+
+  ! An argument list refers to the named tensors added to it (what `torch_model_forward(m, args)`
+  ! and Python calls receive); expressions are added by value.
+  subroutine arglist_sees_later_writes()
+    type(torch_arglist) :: list
+    type(torch_tensor) :: t, got
+    real(real64), target :: a(3), v(3)
+    integer :: stat
+    a = [1d0, 2d0, 3d0]
+    call torch_tensor_from_array(t, a, torch_kCPU)
+    call torch_arglist_add(list, t)
+    call torch_arglist_add(list, t * 10d0)
+    t = t * 2d0
+    call torch_arglist_get(list, 1, got)
+    call torch_tensor_to_array(got, v)
+    call check(all(v == [2d0, 4d0, 6d0]), "the list sees t = t * 2")
+    a(1) = 100
+    call torch_arglist_get(list, 1, got)
+    call torch_tensor_to_array(got, v)
+    call check(all(v == [100d0, 4d0, 6d0]), "... and writes to the wrapped array")
+    t = 0
+    call torch_arglist_get(list, 1, got)
+    call torch_tensor_to_array(got, v)
+    call check(all(v == 0), "... and t = 0")
+    call torch_arglist_get(list, 2, got)
+    call torch_tensor_to_array(got, v)
+    call check(all(v == [10d0, 20d0, 30d0]), "an expression added is a value of its own")
+    call torch_tensor_delete(t)
+    call torch_arglist_get(list, 1, got, stat=stat)
+    call check(stat == FTORCH_ERR_NULL_HANDLE, "a deleted tensor of a list is a clear error")
+    call torch_tensor_delete(got)
+    call torch_arglist_delete(list)
+  end subroutine arglist_sees_later_writes
+
+  ! A hook that leaves a catch scope open: the scope ends with the hook, and later failures
+  ! without stat still stop or are caught as usual (here: caught by our own scope).
+  subroutine catch_scope_in_callback()
+    type(torch_tensor) :: x, y, loss, bad
+    real(real64), target :: xv(6)
+    integer :: stat
+    character(len=256) :: msg
+    xv = 1
+    call torch_tensor_from_array(x, xv, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_register_hook(x, leaky_hook)
+    y = x * 2d0
+    loss = torch_sum(y)
+    call torch_tensor_backward(loss, stat=stat, errmsg=msg)
+    call check(stat /= 0, "a hook leaving a catch scope open fails the backward")
+    call check(index(msg, "catch scope") > 0, "... naming the open catch scope: " // trim(msg))
+    call torch_catch_begin()
+    bad = torch_reshape(x, [7])
+    call torch_catch_end(stat, msg)
+    call check(stat /= 0, "after it, a failure without stat is still reported (innermost scope)")
+    call torch_catch_end(stat)
+    call check(stat /= 0, "and no scope is left open on this thread")
+    call torch_delete(x)
+    call torch_delete(y)
+    call torch_delete(loss)
+    call torch_delete(bad)
+  end subroutine catch_scope_in_callback
+
+  ! Arguments rejected by the Fortran layer before any C call still release their temporaries.
+  subroutine rejected_arguments_release_temporaries()
+    type(torch_tensor) :: x, grads(2)
+    type(torch_function) :: undefined
+    type(torch_tensor) :: outs(1)
+    real(real64), target :: xv(3)
+    integer(c_int64_t) :: before
+    integer :: i, stat
+    xv = 1
+    call torch_tensor_from_array(x, xv, torch_kCPU, requires_grad=.true.)
+    before = ftorch_live_handles()
+    do i = 1, 100
+      call torch_autograd_grad(grads, [torch_sum(x * 2d0)], [x], stat=stat)
+      call torch_function_apply(undefined, [x * 2d0], outs, stat=stat)
+    end do
+    call check(stat /= 0, "the rejected calls fail")
+    call check(ftorch_live_handles() == before, "... and release the temporaries they were given")
+    call torch_delete(x)
+  end subroutine rejected_arguments_release_temporaries
+
+  ! Without torch_result: counts what the compiler leaves alive (gfortran <= 12: every result).
+  subroutine plain_function_results()
+    type(torch_tensor) :: u
+    real(real64), target :: uv(2)
+    integer(c_int64_t) :: before
+    integer :: i
+    uv = 1
+    call torch_tensor_from_array(u, uv, torch_kCPU)
+    before = ftorch_live_handles()
+    do i = 1, 1000
+      u = u + 0.01d0 * tendency_plain(u)
+    end do
+    print '(a,i0)', "plain function results leaked ", ftorch_live_handles() - before
+    call check_close(uv, [(0.995d0**1000, i = 1, 2)], 1d-12, "plain function results compute the same values")
+    call torch_tensor_delete(u)
+  end subroutine plain_function_results
+
+  subroutine gradcheck_restores_input()
+    type(torch_tensor) :: x
+    real(real64), target :: xv(2)
+    logical :: passed
+    integer :: stat
+    xv = [1d0, 2d0]
+    call torch_tensor_from_array(x, xv, torch_kCPU, requires_grad=.true.)
+    passed = torch_gradcheck(grad_fails, [x], stat=stat)
+    call check(stat /= 0 .and. .not. passed, "gradcheck of a failing function fails")
+    call check(all(xv == [1d0, 2d0]), "... and leaves the input as it was")
+    call torch_delete(x)
+  end subroutine gradcheck_restores_input
+
+  subroutine allow_unused_gives_zeros()
+    type(torch_tensor) :: x, z, g(2), loss
+    real(real64), target :: xv(2), zv(3), gz(3)
+    xv = 1
+    zv = 5
+    call torch_tensor_from_array(x, xv, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_from_array(z, zv, torch_kCPU, requires_grad=.true.)
+    loss = torch_sum(x * x)
+    call torch_autograd_grad(g, [loss], [x, z], allow_unused=.true.)
+    call check(torch_tensor_get_rank(g(2)) == 1, "allow_unused: the unused input's gradient is constructed")
+    call torch_tensor_to_array(g(2), gz)
+    call check(all(gz == 0), "... and holds zeros of its shape")
+    call torch_delete(g)
+    call torch_delete(x)
+    call torch_delete(z)
+    call torch_delete(loss)
+  end subroutine allow_unused_gives_zeros
+end program test_lifetime
