@@ -164,9 +164,12 @@ STRICT_FLAGS = {
     # Fortran 2008 allows only for interoperable procedures: so -std=f2008 as well as f2018.
     "gfortran-f2008": ("gfortran", "-std=f2008 -Wall -Wextra -Werror -fdefault-real-8 -fimplicit-none"),
     "gfortran-f2018": ("gfortran", "-std=f2018 -Wall -Wextra -Werror -fdefault-real-8 -fimplicit-none"),
-    # flang accepts only -std=f2018, and warns (portability) that torch_tensor has no finalizer
-    # for arrays -- on purpose: see the README's "lifetime" row -- so flang gets no -Werror.
+    # pytorch-fortran's example flags (-cpp: CMake preprocesses, then compiles with -fpreprocessed,
+    # where an apostrophe in a comment is an unterminated character constant to the preprocessor).
+    "gfortran-cpp": ("gfortran", "-ffree-form -std=f2008 -fimplicit-none -cpp -Wall -Wextra -Werror -fdefault-real-8"),
+    # flang accepts only -std=f2018.
     "flang-new-19": ("flang-new-19", "-std=f2018 -fimplicit-none"),
+    "flang-new-19-cpp": ("flang-new-19", "-cpp -std=f2018 -fimplicit-none -fdefault-real-8"),
 }
 
 
@@ -184,5 +187,8 @@ def test_consumer_with_strict_flags(installed, data_dir, tmp_path, case):
     proc = run(["cmake", "--build", bdir, "--verbose"], env=tool_env(), check=False)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert flags.split()[0] in proc.stdout  # the flags did reach the compiler
+    # Not one warning from FTorch's sources (or the consumer's) under the user's flags.
+    warnings = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "warning" in ln.lower()]
+    assert not warnings, "\n".join(warnings[:20])
     assert_all_passed(run([bdir / "run_model", data_dir], check=False))
     assert assert_all_passed(run([bdir / "callbacks"], check=False)) == 5

@@ -96,11 +96,12 @@ def run_script_in_python(x, scale, target):
     spec.loader.exec_module(mod)
     losses = []
     while True:
-        done, loss = mod.ftn_pytorch_train(x, scale, target)
+        assert isinstance(x, torch.Tensor)
+        done, loss = mod.ftn_pytorch_train([x, scale], target)
         losses.append(loss)
         if done:
             break
-    return losses, mod.ftn_pytorch_forward(x, scale)
+    return losses, mod.ftn_pytorch_forward([x, scale])
 
 
 def test_pymodule_training_matches_python_alone(build, tmp_path):

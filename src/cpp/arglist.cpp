@@ -54,24 +54,18 @@ int append(ftc_arglist *h, Body &&fill) {
 }  // namespace
 
 const at::Tensor &item_tensor(const ArgItem &item) {
-  if (item.handle == nullptr) return item.value;
-  auto *slot = TensorTable::instance().find(item.handle);
-  if (slot == nullptr) {
-    fail(FTC_ERR_NULL_HANDLE, "a tensor of the argument list was deleted after it was added (the list refers to "
-                              "the tensor itself, not to a copy)");
+  if (item.handle != nullptr) {
+    if (auto *slot = TensorTable::instance().find(item.handle)) item.value = slot->value;
   }
-  return slot->value;
+  return item.value;
 }
 
 ArgItem tensor_item(ftc_tensor t, const char *what) {
   ArgItem item;
   item.kind = FTC_ARG_TENSOR;
   auto &slot = tensor_slot(t, what);
-  if ((slot.flags & (kTemporary | kFinalized | kResult)) != 0) {
-    item.value = slot.value;
-  } else {
-    item.handle = t;
-  }
+  item.value = slot.value;
+  if ((slot.flags & (kTemporary | kFinalized | kResult)) == 0) item.handle = t;
   return item;
 }
 

@@ -13,17 +13,18 @@ namespace ftc {
 
 struct ArgItem {
   int kind = FTC_ARG_INT;
-  // A tensor item is either a named tensor of the caller, referred to by its handle (so that the
-  // list sees what `t = ...` or writes to the wrapped array do later, as the Fortran program
-  // does), or a value of its own (expressions, results of calls).
+  // A tensor item added from a named tensor refers to its handle while that lives (so that the
+  // list sees what `t = ...` and writes to the wrapped array do later, as the Fortran program
+  // does) and keeps its value as last read, which it uses once the tensor is deleted; items from
+  // expressions and results of calls have only the value.
   ftc_tensor handle = nullptr;
-  at::Tensor value;
+  mutable at::Tensor value;
   int64_t integer = 0;
   double real = 0;
   std::string text;  // strings; the logical value is `integer`
 };
 
-// The tensor of a tensor item, now (a deleted named tensor is a clear error).
+// The tensor of a tensor item, now.
 const at::Tensor &item_tensor(const ArgItem &item);
 // A tensor item for handle t: by reference for a named tensor, the value for an expression.
 ArgItem tensor_item(ftc_tensor t, const char *what);

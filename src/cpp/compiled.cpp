@@ -5,7 +5,10 @@
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cctype>
 #include <cstdlib>
 #include <mutex>
@@ -22,11 +25,77 @@ class CompiledModel {
         device(device) {}
   torch::inductor::AOTIModelPackageLoader loader;
   c10::Device device;
+  // Sizes and dtypes of the inputs of the last call that passed the package's input checks: calls
+  // with the same ones run without capturing standard error (see run_compiled).
+  std::vector<int64_t> checked_signature;
+  std::mutex signature_mutex;
 };
 
 namespace {
 
 constexpr const char *kModelPrefix = "data/aotinductor/";
+
+// Standard error (file descriptor 2) redirected to a temporary file while it lives: AOTInductor's
+// runtime prints its errors there ("Error: ...") besides throwing them, which a caller that asked
+// for `stat` must not see. What was captured is given back by finish(); the caller prints it again
+// when nothing failed (warnings are kept). Output of other threads during that time is captured too.
+class StderrCapture {
+ public:
+  StderrCapture() {
+    std::fflush(stderr);
+    file_ = std::tmpfile();
+    if (file_ == nullptr) return;
+    saved_ = dup(2);
+    if (saved_ < 0 || dup2(fileno(file_), 2) < 0) {
+      if (saved_ >= 0) close(saved_);
+      saved_ = -1;
+      std::fclose(file_);
+      file_ = nullptr;
+    }
+  }
+  ~StderrCapture() { finish(); }
+  StderrCapture(const StderrCapture &) = delete;
+  StderrCapture &operator=(const StderrCapture &) = delete;
+
+  std::string finish() {
+    std::string text;
+    if (saved_ < 0) return text;
+    std::fflush(stderr);
+    dup2(saved_, 2);
+    close(saved_);
+    saved_ = -1;
+    std::rewind(file_);
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, file_)) > 0) text.append(buf, n);
+    std::fclose(file_);
+    file_ = nullptr;
+    return text;
+  }
+
+ private:
+  std::FILE *file_ = nullptr;
+  int saved_ = -1;
+};
+
+// Captured standard error printed again (nothing failed: it was a warning).
+void pass_on(const std::string &text) {
+  if (text.empty()) return;
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
+}
+
+// msg with the captured lines that it does not already contain.
+std::string with_captured(std::string msg, const std::string &captured) {
+  std::istringstream lines(captured);
+  std::string line;
+  while (std::getline(lines, line)) {
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+    std::string text = line.rfind("Error: ", 0) == 0 ? line.substr(7) : line;
+    if (!text.empty() && msg.find(text) == std::string::npos) msg += "; " + text;
+  }
+  return msg;
+}
 
 // The message of a LibTorch or AOTInductor exception, without a C++ backtrace or trailing blanks.
 std::string message_of(const std::exception &e) {
@@ -145,10 +214,14 @@ std::shared_ptr<CompiledModel> load_compiled(const std::string &file, const c10:
     }
   }
   enable_input_checks();
+  StderrCapture capture;
   try {
-    return std::make_shared<CompiledModel>(file, name, device);
+    auto model = std::make_shared<CompiledModel>(file, name, device);
+    pass_on(capture.finish());
+    return model;
   } catch (const std::exception &e) {
-    fail(FTC_ERR_IO, "cannot load the AOTInductor package '" + file + "': " + message_of(e));
+    const std::string captured = capture.finish();
+    fail(FTC_ERR_IO, with_captured("cannot load the AOTInductor package '" + file + "': " + message_of(e), captured));
   }
 }
 
@@ -163,10 +236,36 @@ std::vector<at::Tensor> run_compiled(CompiledModel &model, const std::vector<at:
     prepared.push_back(exported_layout(inputs[i]));
   }
   torch::NoGradGuard no_grad;
+  // The package's input checks depend only on the inputs' sizes and dtypes (the layout is made
+  // what it expects above): a signature that passed once runs without capturing standard error.
+  std::vector<int64_t> signature;
+  for (const auto &t : prepared) {
+    signature.push_back(static_cast<int64_t>(t.scalar_type()));
+    signature.push_back(t.dim());
+    signature.insert(signature.end(), t.sizes().begin(), t.sizes().end());
+  }
+  bool known;
+  {
+    std::lock_guard<std::mutex> lock(model.signature_mutex);
+    known = signature == model.checked_signature;
+  }
+  if (known) {
+    try {
+      return model.loader.boxed_run(std::move(prepared));  // hands the prepared inputs over, no copy
+    } catch (const std::exception &e) {
+      fail(FTC_ERR_TORCH, std::string("the compiled model failed: ") + message_of(e));
+    }
+  }
+  StderrCapture capture;
   try {
-    return model.loader.boxed_run(std::move(prepared));  // hands the prepared inputs over, no copy
+    auto outputs = model.loader.boxed_run(std::move(prepared));
+    pass_on(capture.finish());
+    std::lock_guard<std::mutex> lock(model.signature_mutex);
+    model.checked_signature = std::move(signature);
+    return outputs;
   } catch (const std::exception &e) {
-    fail(FTC_ERR_TORCH, std::string("the compiled model failed: ") + message_of(e));
+    const std::string captured = capture.finish();
+    fail(FTC_ERR_TORCH, with_captured(std::string("the compiled model failed: ") + message_of(e), captured));
   }
 }
 

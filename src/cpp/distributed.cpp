@@ -320,15 +320,6 @@ DataParallel &ddp_of(ftc_ddp h) {
   return *s->value->ddp;
 }
 
-// A digest of the model's parameter values (for the agreement check after loading).
-int64_t parameter_digest(torch::jit::Module &module) {
-  std::string bytes;
-  for (const auto &p : module.parameters()) {
-    const at::Tensor c = p.detach().to(c10::kCPU).contiguous();
-    bytes.append(static_cast<const char *>(c.data_ptr()), c.numel() * c.element_size());
-  }
-  return static_cast<int64_t>(hasher(bytes));
-}
 
 }  // namespace
 }  // namespace ftc
@@ -547,24 +538,67 @@ int ftc_comm_checkpoint_load(ftc_comm c, const char *filename, ftc_model m, ftc_
                              int64_t *step) {
   return ftc::guard([&] {
     auto &comm = *ftc::comm_of(c);
-    int64_t saved_step = 0;
-    const int status = ftc_checkpoint_load(filename, m, o, s, &saved_step);
-    const std::string message = status != FTC_OK ? ftc::last_error_message() : std::string();
-    double failures = status != FTC_OK ? 1 : 0;
-    comm.allreduce(&failures, 1, FTC_FLOAT64, sizeof(double), FTC_OP_SUM);
-    if (status != FTC_OK) ftc::fail(status, message);
-    if (failures > 0) {
-      ftc::fail(FTC_ERR_DISTRIBUTED, std::to_string(static_cast<int64_t>(failures)) +
-                                         " rank(s) could not load the checkpoint (see their errors)");
+    // Stage on every rank, agree, then apply everywhere or nowhere.
+    std::shared_ptr<ftc::StagedCheckpoint> staged;
+    int64_t status = FTC_OK;
+    std::string message;
+    try {
+      staged = ftc::stage_checkpoint(filename, m, o, s);
+    } catch (const ftc::Error &e) {
+      status = e.status();
+      message = e.what();
+    } catch (const c10::Error &e) {
+      status = FTC_ERR_TORCH;
+      message = e.what_without_backtrace();
+    } catch (const std::exception &e) {
+      status = FTC_ERR_TORCH;
+      message = e.what();
     }
-    const int64_t digest = m != nullptr ? ftc::parameter_digest(ftc::model_of(m)) : 0;
-    const auto all = comm.gather_values({saved_step, digest});
-    for (int r = 1; r < comm.size; ++r) {
-      if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) {
-        ftc::fail(FTC_ERR_DISTRIBUTED, "rank " + std::to_string(r) +
-                                           " loaded a checkpoint that differs from rank 0's (step or parameters): "
-                                           "every rank must read the same file");
+    const int64_t saved_step = staged ? ftc::staged_step(*staged) : 0;
+    const int64_t digest = staged ? ftc::staged_digest(*staged) : 0;
+    const auto all = comm.gather_values({status, saved_step, digest});
+    std::string failed, differ;
+    for (int r = 0; r < comm.size; ++r) {
+      if (all[3 * r] != FTC_OK) {
+        failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+      } else if (all[0] == FTC_OK && (all[3 * r + 1] != all[1] || all[3 * r + 2] != all[2])) {
+        differ += (differ.empty() ? "" : ", ") + std::to_string(r);
       }
+    }
+    const std::string nothing = "; nothing was loaded on any rank";
+    if (status != FTC_OK) ftc::fail(static_cast<int>(status), message + nothing);
+    if (!failed.empty()) {
+      ftc::fail(FTC_ERR_DISTRIBUTED, "rank(s) " + failed + " could not load the checkpoint (see their errors)" + nothing);
+    }
+    if (!differ.empty()) {
+      ftc::fail(FTC_ERR_DISTRIBUTED, "rank(s) " + differ +
+                                         " read a checkpoint that differs from rank 0's (step or parameters): every rank "
+                                         "must read the same file" + nothing);
+    }
+    std::shared_ptr<ftc::CheckpointUndo> undo;
+    int64_t applied = FTC_OK;
+    try {
+      undo = ftc::apply_checkpoint(*staged);
+    } catch (const ftc::Error &e) {
+      applied = e.status();
+      message = e.what();
+    } catch (const c10::Error &e) {
+      applied = FTC_ERR_TORCH;
+      message = e.what_without_backtrace();
+    } catch (const std::exception &e) {
+      applied = FTC_ERR_TORCH;
+      message = e.what();
+    }
+    const auto results = comm.gather_values({applied});
+    std::string failed_apply;
+    for (int r = 0; r < comm.size; ++r) {
+      if (results[static_cast<size_t>(r)] != FTC_OK) failed_apply += (failed_apply.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (!failed_apply.empty()) {
+      if (undo) ftc::undo_checkpoint(*undo, *staged);
+      if (applied != FTC_OK) ftc::fail(static_cast<int>(applied), message + nothing);
+      ftc::fail(FTC_ERR_DISTRIBUTED, "rank(s) " + failed_apply + " could not apply the checkpoint (see their errors)" +
+                                         "; every rank was put back as it was");
     }
     if (step != nullptr) *step = saved_step;
   });

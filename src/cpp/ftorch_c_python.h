@@ -38,6 +38,11 @@ FTC_API int ftc_pymodule_share(ftc_pymodule src, ftc_pymodule *dst);
  * number and shapes must match). */
 FTC_API int ftc_pymodule_call(ftc_pymodule m, const char *name, ftc_arglist args, ftc_arglist *results,
                               const ftc_tensor *outputs, int n_outputs);
+/* ftc_pymodule_call with the first n_grouped items of args passed as one Python list (the first
+ * positional argument), the others after it: pytorch-fortran's `ftn_pytorch_forward(inputs)` and
+ * `ftn_pytorch_train(inputs, target)` convention. */
+FTC_API int ftc_pymodule_call_grouped(ftc_pymodule m, const char *name, ftc_arglist args, int64_t n_grouped,
+                                      ftc_arglist *results, const ftc_tensor *outputs, int n_outputs);
 /* Whether the Python interpreter is loaded in this process (1/0): by FTorch or by the program. */
 FTC_API int ftc_python_loaded(void);
 /* Start the embedded interpreter now (FTC_OK) or say why it cannot be (FTC_ERR_PYTHON): what

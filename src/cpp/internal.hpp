@@ -85,6 +85,17 @@ struct Scheduler {
   void set_state(const std::vector<double> &values);
 };
 
+// Checkpoints (train.cpp) in two phases, so that ranks can agree before any of them changes:
+// stage reads and checks a file against the objects (nothing changes); apply changes them all or,
+// failing part way, none (and returns what undo_checkpoint puts back).
+struct StagedCheckpoint;
+struct CheckpointUndo;
+std::shared_ptr<StagedCheckpoint> stage_checkpoint(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s);
+int64_t staged_step(const StagedCheckpoint &st);
+int64_t staged_digest(const StagedCheckpoint &st);  // of the model values the file holds
+std::shared_ptr<CheckpointUndo> apply_checkpoint(StagedCheckpoint &st);
+void undo_checkpoint(CheckpointUndo &undo, const StagedCheckpoint &st) noexcept;
+
 double get_lr(const Optim &o);
 void set_lr(Optim &o, double lr);
 

@@ -259,11 +259,19 @@ int collect(void *ctx, const ftc_bridge_value *v) {
 // The arguments as bridge values; the tensors' DLPack structures are freed unless handed over.
 class Arguments {
  public:
-  explicit Arguments(const ArgList &list) {
-    for (const auto &item : list) {
-      if (item.kind == FTC_ARG_TENSOR) item_tensor(item);  // a deleted tensor fails before any conversion
+  // The first n_grouped items (none when negative) go as one Python list.
+  explicit Arguments(const ArgList &list, int64_t n_grouped = -1) {
+    if (n_grouped > static_cast<int64_t>(list.size())) {
+      fail(FTC_ERR_INVALID_ARGUMENT, "cannot group " + std::to_string(n_grouped) + " arguments: the list has " +
+                                         std::to_string(list.size()));
     }
-    values_.reserve(list.size());
+    values_.reserve(list.size() + 1);
+    if (n_grouped >= 0) {
+      ftc_bridge_value group{};
+      group.kind = FTC_BRIDGE_LIST;
+      group.integer = n_grouped;
+      values_.push_back(group);
+    }
     for (const auto &item : list) {
       ftc_bridge_value v{};
       v.kind = item.kind;
@@ -330,6 +338,11 @@ int ftc_pymodule_share(ftc_pymodule src, ftc_pymodule *dst) {
 
 int ftc_pymodule_call(ftc_pymodule m, const char *name, ftc_arglist args, ftc_arglist *results,
                       const ftc_tensor *outputs, int n_outputs) {
+  return ftc_pymodule_call_grouped(m, name, args, -1, results, outputs, n_outputs);
+}
+
+int ftc_pymodule_call_grouped(ftc_pymodule m, const char *name, ftc_arglist args, int64_t n_grouped,
+                              ftc_arglist *results, const ftc_tensor *outputs, int n_outputs) {
   return ftc::guard([&] {
     ftc::take_temporaries(outputs, n_outputs);
     const auto module = ftc::pymodule_of(m);
@@ -338,7 +351,7 @@ int ftc_pymodule_call(ftc_pymodule m, const char *name, ftc_arglist args, ftc_ar
     ftc::tensors_of(outputs, n_outputs, "output tensor");
     if (results != nullptr && *results != nullptr) ftc::arglist_of(*results, false);  // a bad results handle fails before Python runs
     const auto &api = ftc::bridge();
-    ftc::Arguments arguments(ftc::arglist_of(args));
+    ftc::Arguments arguments(ftc::arglist_of(args), n_grouped);
     ftc::Results r;
     const int64_t n = arguments.size();
     if (api.call(module->object, name, arguments.hand_over(), n, ftc::collect, &r) != 0) {

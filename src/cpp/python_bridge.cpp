@@ -8,6 +8,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <string>
 #include <thread>
 
@@ -297,14 +298,30 @@ int bridge_call(void *module, const char *function, const ftc_bridge_value *args
     return fail("the Python interpreter has been finalized");
   }
   // Every tensor argument is handed to a capsule (which frees it if the call never takes it).
-  Ref tuple(PyTuple_New(static_cast<Py_ssize_t>(n_args)));
+  // Positional arguments: the values, where a FTC_BRIDGE_LIST value makes the next n one list.
+  Ref positional(PyList_New(0));
   int64_t converted = 0;
-  bool ok = tuple.get() != nullptr;
-  for (; ok && converted < n_args; ++converted) {
-    PyObject *o = to_python(args[converted]);
-    if (o == nullptr || PyTuple_SetItem(tuple.get(), static_cast<Py_ssize_t>(converted), o) != 0) ok = false;
+  bool ok = positional.get() != nullptr;
+  while (ok && converted < n_args) {
+    const ftc_bridge_value &v = args[converted];
+    if (v.kind == FTC_BRIDGE_LIST) {
+      const int64_t n = std::max<int64_t>(0, std::min<int64_t>(v.integer, n_args - converted - 1));
+      Ref list(PyList_New(0));
+      ++converted;
+      ok = list.get() != nullptr;
+      for (int64_t k = 0; ok && k < n; ++k, ++converted) {
+        Ref o(to_python(args[converted]));
+        if (!o || PyList_Append(list.get(), o.get()) != 0) ok = false;
+      }
+      if (ok && PyList_Append(positional.get(), list.get()) != 0) ok = false;
+      continue;
+    }
+    Ref o(to_python(v));
+    ++converted;
+    if (!o || PyList_Append(positional.get(), o.get()) != 0) ok = false;
   }
-  if (!ok) {
+  Ref tuple(ok ? PyList_AsTuple(positional.get()) : nullptr);
+  if (!ok || !tuple) {
     for (int64_t i = converted; i < n_args; ++i) {
       if (args[i].kind == FTC_ARG_TENSOR) state.dlpack_delete(args[i].dlpack);
     }

@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#define FTC_BRIDGE_VERSION 1
+#define FTC_BRIDGE_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,6 +24,10 @@ struct ftc_bridge_value {
   int64_t length;
 };
 
+/* A value of this kind among the arguments of a call (integer = n) makes the n values after it
+ * one Python list argument (pytorch-fortran's `ftn_pytorch_forward(inputs)` convention). */
+#define FTC_BRIDGE_LIST (-1)
+
 /* Receives the results of a call, one by one; returns 0, or nonzero (out of memory) to stop. */
 typedef int (*ftc_bridge_sink)(void *ctx, const struct ftc_bridge_value *value);
 
@@ -37,7 +41,8 @@ struct ftc_bridge {
   int (*load)(const char *name, void **module);
   /* Drop a module reference (nothing once the interpreter is finalized). */
   void (*release)(void *module);
-  /* module.function(*args); results (None: none, a tuple/list: its items, else one) to sink. */
+  /* module.function(*args) (FTC_BRIDGE_LIST values group the following ones into a list);
+   * results (None: none, a tuple/list: its items, else one) to sink. */
   int (*call)(void *module, const char *function, const struct ftc_bridge_value *args, int64_t n_args,
               ftc_bridge_sink sink, void *ctx);
   /* Message of the calling thread's last failure. */

@@ -51,6 +51,187 @@ std::string temporary_name(const std::string &file) {
 
 }  // namespace
 
+namespace ftc {
+
+// A checkpoint read and checked against the objects it is for, nothing changed yet.
+struct StagedCheckpoint {
+  ftc_model m = nullptr;
+  ftc_optim o = nullptr;
+  ftc_scheduler s = nullptr;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (destination, value): parameters, buffers
+  torch::serialize::InputArchive optim_state;
+  int64_t optim_steps = 0;
+  std::vector<double> sched_state;
+  int64_t step = 0;
+};
+
+// What applying a checkpoint replaced, to put back.
+struct CheckpointUndo {
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (destination, previous value)
+  std::string optim_state;  // serialized; empty when no optimizer
+  int64_t optim_steps = 0;
+  std::vector<double> sched_state;
+};
+
+std::shared_ptr<StagedCheckpoint> stage_checkpoint(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s) {
+  auto staged = std::make_shared<StagedCheckpoint>();
+  StagedCheckpoint &st = *staged;
+  st.m = m;
+  st.o = o;
+  st.s = s;
+    require_objects(m, o, s);
+    if (filename == nullptr || filename[0] == '\0') ftc::fail(FTC_ERR_INVALID_ARGUMENT, "file name is empty");
+    const std::string file(filename);
+    // Tensors are mapped to the model's device (a checkpoint written on a GPU loads on a CPU).
+    std::optional<c10::Device> device;
+    if (m != nullptr) {
+      for (const auto &p : ftc::model_of(m).parameters()) {
+        device = p.device();
+        break;
+      }
+    } else if (o != nullptr && !ftc::optim_of(o).params.empty()) {
+      device = ftc::optim_of(o).params.front().device();
+    }
+    torch::serialize::InputArchive archive;
+    try {
+      archive.load_from(file, device);
+    } catch (const c10::Error &e) {
+      ftc::fail(FTC_ERR_IO, "cannot read checkpoint '" + file + "' (missing, truncated or not a checkpoint): " +
+                                e.what_without_backtrace());
+    }
+    c10::IValue value;
+    if (!archive.try_read("format", value) || !value.isString() || value.toStringRef() != kFormat) {
+      ftc::fail(FTC_ERR_IO, "'" + file + "' is not an FTorch checkpoint");
+    }
+
+    // Read and check everything first; change the objects only once all of it fits.
+        if (m != nullptr) {
+      auto &module = ftc::model_of(m);
+      if (!archive.try_read("model.parameters", value)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint holds no model");
+      std::vector<std::string> names;
+      for (const auto &n : value.toListRef()) names.push_back(n.toStringRef());
+      std::vector<std::string> mine;
+      for (const auto &p : module.named_parameters()) mine.push_back(p.name);
+      if (names != mine) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint is of a different model: it has " +
+                                                std::to_string(names.size()) + " parameters (" +
+                                                (names.empty() ? std::string() : names.front()) + ", ...), this model " +
+                                                std::to_string(mine.size()) + " (" +
+                                                (mine.empty() ? std::string() : mine.front()) + ", ...)");
+      }
+      for (const auto &p : module.named_parameters()) {
+        at::Tensor t;
+        archive.read("model.parameter." + p.name, t);
+        if (t.sizes() != p.value.sizes()) {
+          ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint is of a different model: parameter " + p.name +
+                                                  " has shape " + ftc::shape_string(t.sizes()) + " there and " +
+                                                  ftc::shape_string(p.value.sizes()) + " here");
+        }
+        st.copies.emplace_back(p.value, t);
+      }
+      for (const auto &b : module.named_buffers()) {
+        at::Tensor t;
+        if (!archive.try_read("model.buffer." + b.name, t, /*is_buffer=*/true)) {
+          ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint is of a different model: it has no buffer " + b.name);
+        }
+        if (t.sizes() != b.value.sizes()) {
+          ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint is of a different model: buffer " + b.name + " has shape " +
+                                                  ftc::shape_string(t.sizes()) + " there and " +
+                                                  ftc::shape_string(b.value.sizes()) + " here");
+        }
+        st.copies.emplace_back(b.value, t);
+      }
+    }
+    if (o != nullptr) {
+      auto &opt = ftc::optim_of(o);
+      if (!archive.try_read("optimizer.kind", value)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint holds no optimizer");
+      if (value.toInt() != opt.kind) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's optimizer is of another kind");
+      archive.read("optimizer.shapes", value);
+      if (value.toStringRef() != shapes_of(opt.params)) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's optimizer has parameters of other shapes");
+      }
+      archive.read("optimizer.steps", value);
+      st.optim_steps = value.toInt();
+      archive.read("optimizer.state", st.optim_state);
+    }
+    if (s != nullptr) {
+      if (!archive.try_read("scheduler.state", value)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint holds no scheduler");
+      for (const auto &v : value.toListRef()) st.sched_state.push_back(v.toDouble());
+      const auto expected = ftc::scheduler_of(s).state().size();
+      if (st.sched_state.size() != expected || static_cast<int>(st.sched_state[0]) != ftc::scheduler_of(s).kind) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's scheduler is of another kind");
+      }
+    }
+    archive.read("step", value);
+    st.step = value.toInt();
+
+  return staged;
+}
+
+int64_t staged_step(const StagedCheckpoint &st) { return st.step; }
+
+int64_t staged_digest(const StagedCheckpoint &st) {
+  std::string bytes;
+  for (const auto &c : st.copies) {
+    const at::Tensor v = c.second.detach().to(c10::kCPU).contiguous();
+    bytes.append(static_cast<const char *>(v.data_ptr()), static_cast<size_t>(v.numel()) * v.element_size());
+  }
+  return static_cast<int64_t>(std::hash<std::string>{}(bytes));
+}
+
+void undo_checkpoint(CheckpointUndo &undo, const StagedCheckpoint &st) noexcept {
+  try {
+    at::NoGradGuard no_grad;
+    for (auto &c : undo.copies) c.first.copy_(c.second);
+    if (st.o != nullptr && !undo.optim_state.empty()) {
+      auto &opt = optim_of(st.o);
+      std::stringstream previous(undo.optim_state);
+      torch::serialize::InputArchive restore;
+      restore.load_from(previous);
+      opt.opt->load(restore);
+      opt.steps = undo.optim_steps;
+    }
+    if (st.s != nullptr && !undo.sched_state.empty()) scheduler_of(st.s).set_state(undo.sched_state);
+  } catch (...) {
+  }
+}
+
+std::shared_ptr<CheckpointUndo> apply_checkpoint(StagedCheckpoint &st) {
+  auto undo = std::make_shared<CheckpointUndo>();
+  // Everything the checkpoint replaces is kept first, so that a failure part way (LibTorch
+  // validates the optimizer state only while loading it) puts every object back as it was.
+  {
+    at::NoGradGuard no_grad;
+    for (const auto &c : st.copies) undo->copies.emplace_back(c.first, c.first.clone());
+  }
+  if (st.o != nullptr) {
+    auto &opt = optim_of(st.o);
+    std::stringstream previous;
+    torch::serialize::OutputArchive snapshot;
+    opt.opt->save(snapshot);
+    snapshot.save_to(previous);
+    undo->optim_state = previous.str();
+    undo->optim_steps = opt.steps;
+  }
+  if (st.s != nullptr) undo->sched_state = scheduler_of(st.s).state();
+  try {
+    if (st.o != nullptr) {
+      auto &opt = optim_of(st.o);
+      opt.opt->load(st.optim_state);
+      opt.steps = st.optim_steps;
+    }
+    if (st.s != nullptr) scheduler_of(st.s).set_state(st.sched_state);  // size and kind checked when staged
+    at::NoGradGuard no_grad;
+    for (auto &c : st.copies) c.first.copy_(c.second);
+  } catch (...) {
+    undo_checkpoint(*undo, st);
+    throw;
+  }
+  return undo;
+}
+
+}  // namespace ftc
+
 extern "C" {
 
 int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *inputs, int n_inputs, ftc_tensor target,
@@ -156,122 +337,10 @@ int ftc_checkpoint_save(const char *filename, ftc_model m, ftc_optim o, ftc_sche
 
 int ftc_checkpoint_load(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s, int64_t *step) {
   return ftc::guard([&] {
-    require_objects(m, o, s);
-    if (filename == nullptr || filename[0] == '\0') ftc::fail(FTC_ERR_INVALID_ARGUMENT, "file name is empty");
-    const std::string file(filename);
-    // Tensors are mapped to the model's device (a checkpoint written on a GPU loads on a CPU).
-    std::optional<c10::Device> device;
-    if (m != nullptr) {
-      for (const auto &p : ftc::model_of(m).parameters()) {
-        device = p.device();
-        break;
-      }
-    } else if (o != nullptr && !ftc::optim_of(o).params.empty()) {
-      device = ftc::optim_of(o).params.front().device();
-    }
-    torch::serialize::InputArchive archive;
-    try {
-      archive.load_from(file, device);
-    } catch (const c10::Error &e) {
-      ftc::fail(FTC_ERR_IO, "cannot read checkpoint '" + file + "' (missing, truncated or not a checkpoint): " +
-                                e.what_without_backtrace());
-    }
-    c10::IValue value;
-    if (!archive.try_read("format", value) || !value.isString() || value.toStringRef() != kFormat) {
-      ftc::fail(FTC_ERR_IO, "'" + file + "' is not an FTorch checkpoint");
-    }
-
     // Read and check everything first; change the objects only once all of it fits.
-    std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (destination, value)
-    if (m != nullptr) {
-      auto &module = ftc::model_of(m);
-      if (!archive.try_read("model.parameters", value)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint holds no model");
-      std::vector<std::string> names;
-      for (const auto &n : value.toListRef()) names.push_back(n.toStringRef());
-      std::vector<std::string> mine;
-      for (const auto &p : module.named_parameters()) mine.push_back(p.name);
-      if (names != mine) {
-        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint is of a different model: it has " +
-                                                std::to_string(names.size()) + " parameters (" +
-                                                (names.empty() ? std::string() : names.front()) + ", ...), this model " +
-                                                std::to_string(mine.size()) + " (" +
-                                                (mine.empty() ? std::string() : mine.front()) + ", ...)");
-      }
-      for (const auto &p : module.named_parameters()) {
-        at::Tensor t;
-        archive.read("model.parameter." + p.name, t);
-        if (t.sizes() != p.value.sizes()) {
-          ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint is of a different model: parameter " + p.name +
-                                                  " has shape " + ftc::shape_string(t.sizes()) + " there and " +
-                                                  ftc::shape_string(p.value.sizes()) + " here");
-        }
-        copies.emplace_back(p.value, t);
-      }
-      for (const auto &b : module.named_buffers()) {
-        at::Tensor t;
-        if (!archive.try_read("model.buffer." + b.name, t, /*is_buffer=*/true)) {
-          ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint is of a different model: it has no buffer " + b.name);
-        }
-        if (t.sizes() != b.value.sizes()) {
-          ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint is of a different model: buffer " + b.name + " has shape " +
-                                                  ftc::shape_string(t.sizes()) + " there and " +
-                                                  ftc::shape_string(b.value.sizes()) + " here");
-        }
-        copies.emplace_back(b.value, t);
-      }
-    }
-    torch::serialize::InputArchive optim_state;
-    int64_t optim_steps = 0;
-    if (o != nullptr) {
-      auto &opt = ftc::optim_of(o);
-      if (!archive.try_read("optimizer.kind", value)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint holds no optimizer");
-      if (value.toInt() != opt.kind) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's optimizer is of another kind");
-      archive.read("optimizer.shapes", value);
-      if (value.toStringRef() != shapes_of(opt.params)) {
-        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's optimizer has parameters of other shapes");
-      }
-      archive.read("optimizer.steps", value);
-      optim_steps = value.toInt();
-      archive.read("optimizer.state", optim_state);
-    }
-    std::vector<double> sched_state;
-    if (s != nullptr) {
-      if (!archive.try_read("scheduler.state", value)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint holds no scheduler");
-      for (const auto &v : value.toListRef()) sched_state.push_back(v.toDouble());
-      const auto expected = ftc::scheduler_of(s).state().size();
-      if (sched_state.size() != expected || static_cast<int>(sched_state[0]) != ftc::scheduler_of(s).kind) {
-        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's scheduler is of another kind");
-      }
-    }
-    archive.read("step", value);
-    const int64_t saved_step = value.toInt();
-
-    // The optimizer state is the one part LibTorch validates only while loading it: load it first,
-    // and put the previous state back if that fails, before anything else changes.
-    if (o != nullptr) {
-      auto &opt = ftc::optim_of(o);
-      std::stringstream previous;
-      {
-        torch::serialize::OutputArchive snapshot;
-        opt.opt->save(snapshot);
-        snapshot.save_to(previous);
-      }
-      try {
-        opt.opt->load(optim_state);
-      } catch (...) {
-        torch::serialize::InputArchive restore;
-        restore.load_from(previous);
-        opt.opt->load(restore);
-        throw;
-      }
-      opt.steps = optim_steps;
-    }
-    if (s != nullptr) ftc::scheduler_of(s).set_state(sched_state);  // size and kind checked above
-    {
-      at::NoGradGuard no_grad;
-      for (auto &c : copies) c.first.copy_(c.second);
-    }
-    if (step != nullptr) *step = saved_step;
+    auto staged = ftc::stage_checkpoint(filename, m, o, s);
+    ftc::apply_checkpoint(*staged);
+    if (step != nullptr) *step = staged->step;
   });
 }
 

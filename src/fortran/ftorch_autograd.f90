@@ -1,6 +1,6 @@
 !> Autograd (backward, gradients, requires_grad) and grad-mode scopes.
 !>
-!> Grad-mode scopes are LibTorch's thread-local modes: a scope begun on one thread (or OpenMP
+!> Grad-mode scopes are LibTorch’s thread-local modes: a scope begun on one thread (or OpenMP
 !> thread) affects only that thread and must be ended on it, innermost first.
 module ftorch_autograd
   use, intrinsic :: iso_c_binding, only: c_funloc, c_funptr, c_int, c_int64_t, c_null_ptr, c_ptr
@@ -154,7 +154,7 @@ contains
   end subroutine backward_implicit
 
   !> The gradient accumulated in `tensor` by backward, copied into `gradient` (its storage, so an
-  !> aliased Fortran array receives it; constructed with the gradient's value if it is not yet).
+  !> aliased Fortran array receives it; constructed with the gradient’s value if it is not yet).
   subroutine torch_tensor_get_gradient(gradient, tensor, stat, errmsg)
     !> Receives the gradient: a tensor of the same shape (e.g. over a Fortran array), or an
     !> unconstructed one, which is constructed.
@@ -278,7 +278,7 @@ contains
 
 
   !> Register `hook` (a module procedure) on `tensor`, which must require grad: it runs each time
-  !> backward computes the tensor's gradient (for a leaf, before accumulation into its `.grad`),
+  !> backward computes the tensor’s gradient (for a leaf, before accumulation into its `.grad`),
   !> and may replace the gradient (per-tensor clipping, eligibility traces). The hook stays on the
   !> tensor until removed with `hook_id`.
   subroutine torch_tensor_register_hook(tensor, hook, hook_id, stat, errmsg)
@@ -353,7 +353,7 @@ contains
   subroutine torch_autograd_set_detect_anomaly(enabled, check_nan, stat, errmsg)
     !> .true. to switch anomaly detection on, .false. to switch it off.
     logical, intent(in) :: enabled
-    !> Whether to check the nodes' results for NaN while enabled (default .true.).
+    !> Whether to check the nodes’ results for NaN while enabled (default .true.).
     logical, intent(in), optional :: check_nan
     !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat

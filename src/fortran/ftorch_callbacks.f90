@@ -1,8 +1,8 @@
-!> How user procedures reach the C layer (hooks, custom functions' backward, saved-tensor hooks,
+!> How user procedures reach the C layer (hooks, custom functions’ backward, saved-tensor hooks,
 !> checkpoint segments, gradcheck). Fortran 2008 lets `c_funloc` take only interoperable
 !> procedures, and users write ordinary module procedures, so a procedure travels boxed: each
 !> callback kind extends `callback_box` with a procedure pointer of its interface, and
-!> `callback_data` returns a C address for the box that the C layer hands back to the kind's
+!> `callback_data` returns a C address for the box that the C layer hands back to the kind’s
 !> `bind(c)` trampoline, which recovers it with `callback_box_at`.
 !>
 !> Boxes are registered once per distinct procedure and never freed: the C layer may call a
@@ -12,7 +12,7 @@
 !> registers them. Registration holds a process-wide lock (threads may register concurrently);
 !> calls from C read only their own box, which never moves.
 module ftorch_callbacks
-  use, intrinsic :: iso_c_binding, only: c_f_pointer, c_loc, c_ptr
+  use, intrinsic :: iso_c_binding, only: c_intptr_t, c_ptr
   implicit none
   private
 
@@ -35,13 +35,18 @@ module ftorch_callbacks
     end function same_interface
   end interface
 
-  type :: callback_node
+  ! The registry: boxes by number (1, 2, ...), in chunks that are allocated once and never move,
+  ! so a callback reads its box without the lock. The C address of a box is its number: no
+  ! pointer to a Fortran object crosses to C (c_loc and c_f_pointer of a non-interoperable type
+  ! are a portability concern).
+  integer, parameter :: CHUNK = 1024, MAX_CHUNKS = 1024
+  type :: callback_entry
     class(callback_box), allocatable :: box
-    type(callback_node), pointer :: next => null()
-  end type callback_node
-
-  !> The registered boxes (a list whose nodes never move or go away).
-  type(callback_node), pointer, save :: registry => null()
+  end type callback_entry
+  type :: callback_chunk
+    type(callback_entry), allocatable :: entries(:)
+  end type callback_chunk
+  type(callback_chunk), save, target :: chunks(MAX_CHUNKS)
   integer, save :: registered = 0
 
   interface
@@ -53,28 +58,32 @@ module ftorch_callbacks
 
 contains
 
-  !> The C address under which the C layer refers to `box`'s procedure (the same address each
+  !> The C address under which the C layer refers to `box`’s procedure (the same address each
   !> time the same procedure is registered).
   function callback_data(box) result(data)
     !> A box holding the procedure (copied into the registry when new).
     class(callback_box), intent(in) :: box
     type(c_ptr) :: data
-    type(callback_node), pointer :: node
+    integer :: i, found
     call ftc_callback_registry_lock()
-    node => registry
-    do while (associated(node))
-      if (node%box%same(box)) exit
-      node => node%next
+    found = 0
+    do i = 1, registered
+      if (chunks((i - 1) / CHUNK + 1)%entries(mod(i - 1, CHUNK) + 1)%box%same(box)) then
+        found = i
+        exit
+      end if
     end do
-    if (.not. associated(node)) then
-      allocate(node)
-      allocate(node%box, source=box)
-      node%next => registry
-      registry => node
-      registered = registered + 1
+    if (found == 0 .and. registered < CHUNK * MAX_CHUNKS) then
+      found = registered + 1
+      if (.not. allocated(chunks((found - 1) / CHUNK + 1)%entries)) then
+        allocate(chunks((found - 1) / CHUNK + 1)%entries(CHUNK))
+      end if
+      allocate(chunks((found - 1) / CHUNK + 1)%entries(mod(found - 1, CHUNK) + 1)%box, source=box)
+      registered = found
     end if
     call ftc_callback_registry_unlock()
-    data = c_loc(node)
+    ! 0 (a null address, which the C layer refuses) only once a million procedures are registered.
+    data = transfer(int(found, c_intptr_t), data)
   end function callback_data
 
   !> The box registered under `data` (an address `callback_data` returned).
@@ -82,9 +91,9 @@ contains
     !> The address the C layer was given.
     type(c_ptr), intent(in) :: data
     class(callback_box), pointer :: box
-    type(callback_node), pointer :: node
-    call c_f_pointer(data, node)
-    box => node%box
+    integer :: i
+    i = int(transfer(data, 0_c_intptr_t))
+    box => chunks((i - 1) / CHUNK + 1)%entries(mod(i - 1, CHUNK) + 1)%box
   end function callback_box_at
 
   !> Number of distinct procedures registered so far (all kinds): stays flat when a program

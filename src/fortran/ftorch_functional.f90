@@ -1,4 +1,4 @@
-!> The functional gradient API (PyTorch's `torch.autograd.grad`, Jacobians, vector products) and
+!> The functional gradient API (PyTorch’s `torch.autograd.grad`, Jacobians, vector products) and
 !> the gradient check (`torch.autograd.gradcheck`).
 !>
 !> Results go into the given tensors as `=` does: a constructed tensor (over a Fortran array, say)
@@ -96,7 +96,7 @@ contains
     type(torch_tensor), intent(in) :: outputs(:), inputs(:)
     type(torch_tensor), intent(in), optional, target :: grad_outputs(:)  !< one per output (vector-Jacobian product)
     logical, intent(in), optional :: retain_graph  !< keep the graph (default: as create_graph)
-    logical, intent(in), optional :: create_graph  !< record the gradients' own graph (higher derivatives)
+    logical, intent(in), optional :: create_graph  !< record the gradients’ own graph (higher derivatives)
     logical, intent(in), optional :: allow_unused  !< an input the outputs do not depend on gets zeros
     !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
@@ -142,14 +142,14 @@ contains
   end subroutine grad_many
 
   recursive subroutine grad_one(grad, output, input, grad_output, retain_graph, create_graph, allow_unused, stat, errmsg)
-    !> Receives d output / d input (input's shape), as `=` does.
+    !> Receives d output / d input (input’s shape), as `=` does.
     type(torch_tensor), intent(inout) :: grad
     !> The output to differentiate (one element unless `grad_output` is given), and the tensor
     !> (requiring grad) to differentiate it with respect to.
     type(torch_tensor), intent(in) :: output, input
-    !> The vector of a vector-Jacobian product, of output's shape.
+    !> The vector of a vector-Jacobian product, of output’s shape.
     type(torch_tensor), intent(in), optional :: grad_output
-    !> Keep the graph (`retain_graph`, default: as create_graph); record the gradient's own graph
+    !> Keep the graph (`retain_graph`, default: as create_graph); record the gradient’s own graph
     !> (`create_graph`); give zeros for an input the output does not depend on (`allow_unused`).
     logical, intent(in), optional :: retain_graph, create_graph, allow_unused
     !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
@@ -173,8 +173,8 @@ contains
     call ftorch_check(status, "torch_autograd_grad", stat, errmsg)
   end subroutine grad_one
 
-  !> The Jacobian d output / d input, of shape [shape(output), shape(input)] (PyTorch's
-  !> torch.autograd.functional.jacobian layout), from output's recorded graph (kept), one
+  !> The Jacobian d output / d input, of shape [shape(output), shape(input)] (PyTorch’s
+  !> torch.autograd.functional.jacobian layout), from output’s recorded graph (kept), one
   !> backward per output element: for small problems.
   recursive subroutine torch_autograd_jacobian(jacobian, output, input, create_graph, stat, errmsg)
     !> Receives the Jacobian, as `=` does.
@@ -182,7 +182,7 @@ contains
     !> The output to differentiate, and the tensor (requiring grad) it is differentiated with
     !> respect to.
     type(torch_tensor), intent(in) :: output, input
-    !> Record the Jacobian's own graph (default .false.).
+    !> Record the Jacobian’s own graph (default .false.).
     logical, intent(in), optional :: create_graph
     !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
@@ -192,15 +192,15 @@ contains
                       "torch_autograd_jacobian", stat, errmsg)
   end subroutine torch_autograd_jacobian
 
-  !> Jacobian-vector product (d output / d input) v (v has input's shape; the result has
-  !> output's), from output's recorded graph (kept), by differentiating a vector-Jacobian
+  !> Jacobian-vector product (d output / d input) v (v has input’s shape; the result has
+  !> output’s), from output’s recorded graph (kept), by differentiating a vector-Jacobian
   !> product: the graph must be twice differentiable.
   recursive subroutine torch_autograd_jvp(result, output, input, v, create_graph, stat, errmsg)
-    !> Receives the product (output's shape), as `=` does.
+    !> Receives the product (output’s shape), as `=` does.
     type(torch_tensor), intent(inout) :: result
-    !> The output, the input (requiring grad) and the vector v (input's shape).
+    !> The output, the input (requiring grad) and the vector v (input’s shape).
     type(torch_tensor), intent(in) :: output, input, v
-    !> Record the product's own graph (default .false.).
+    !> Record the product’s own graph (default .false.).
     logical, intent(in), optional :: create_graph
     !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
@@ -210,14 +210,14 @@ contains
                       stat, errmsg)
   end subroutine torch_autograd_jvp
 
-  !> Vector-Jacobian product v^T (d output / d input) (v has output's shape; the result has
-  !> input's): torch_autograd_grad with v as grad_output, the graph kept unless told otherwise.
+  !> Vector-Jacobian product v^T (d output / d input) (v has output’s shape; the result has
+  !> input’s): torch_autograd_grad with v as grad_output, the graph kept unless told otherwise.
   recursive subroutine torch_autograd_vjp(result, output, input, v, retain_graph, create_graph, stat, errmsg)
-    !> Receives the product (input's shape), as `=` does.
+    !> Receives the product (input’s shape), as `=` does.
     type(torch_tensor), intent(inout) :: result
-    !> The output, the input (requiring grad) and the vector v (output's shape).
+    !> The output, the input (requiring grad) and the vector v (output’s shape).
     type(torch_tensor), intent(in) :: output, input, v
-    !> Keep the graph (`retain_graph`, default .true.); record the product's own graph
+    !> Keep the graph (`retain_graph`, default .true.); record the product’s own graph
     !> (`create_graph`, default .false.).
     logical, intent(in), optional :: retain_graph, create_graph
     !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.

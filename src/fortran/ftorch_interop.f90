@@ -17,7 +17,7 @@ contains
     end if
   end function c_flag
 
-  !> The device index, or -1 (the device type's default) when absent.
+  !> The device index, or -1 (the device type’s default) when absent.
   integer(c_int) function c_device_index(device_index)
     !> Index of the device (0-based, as in PyTorch), optional.
     integer, intent(in), optional :: device_index
@@ -25,7 +25,7 @@ contains
     if (present(device_index)) c_device_index = int(device_index, c_int)
   end function c_device_index
 
-  !> A NUL-terminated copy of `text` without leading and trailing blanks. The result's length is
+  !> A NUL-terminated copy of `text` without leading and trailing blanks. The result’s length is
   !> a specification expression, not deferred: gfortran 12 keeps the length of a deferred-length
   !> result in a static variable, which threads calling at the same time would overwrite.
   function c_string(text) result(s)

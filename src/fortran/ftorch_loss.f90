@@ -1,4 +1,4 @@
-!> Loss functions with torch.nn.functional's semantics. Each writes its result into `loss_tensor`
+!> Loss functions with torch.nn.functional’s semantics. Each writes its result into `loss_tensor`
 !> as `=` does: into its storage when constructed (an aliased array receives the value, and the
 !> autograd history is carried so that backward(loss_tensor) works), or as a new tensor.
 module ftorch_loss
@@ -73,7 +73,7 @@ contains
 
   !> Mean squared error (F.mse_loss); input and target of the same shape.
   subroutine torch_loss_mse(loss_tensor, input_tensor, target_tensor, reduction_type, stat, errmsg)
-    !> Receives the loss, as `=` does (see the module's description).
+    !> Receives the loss, as `=` does (see the module’s description).
     type(torch_tensor), intent(inout) :: loss_tensor
     !> The prediction and the target.
     type(torch_tensor), intent(in) :: input_tensor, target_tensor
@@ -88,7 +88,7 @@ contains
 
   !> Mean absolute error (F.l1_loss).
   subroutine torch_loss_l1(loss_tensor, input_tensor, target_tensor, reduction_type, stat, errmsg)
-    !> Receives the loss, as `=` does (see the module's description).
+    !> Receives the loss, as `=` does (see the module’s description).
     type(torch_tensor), intent(inout) :: loss_tensor
     !> The prediction and the target, of the same shape.
     type(torch_tensor), intent(in) :: input_tensor, target_tensor
@@ -104,7 +104,7 @@ contains
 
   !> Huber loss (F.huber_loss), quadratic below delta (default 1), linear above.
   subroutine torch_loss_huber(loss_tensor, input_tensor, target_tensor, reduction_type, delta, stat, errmsg)
-    !> Receives the loss, as `=` does (see the module's description).
+    !> Receives the loss, as `=` does (see the module’s description).
     type(torch_tensor), intent(inout) :: loss_tensor
     !> The prediction and the target, of the same shape.
     type(torch_tensor), intent(in) :: input_tensor, target_tensor
@@ -125,7 +125,7 @@ contains
 
   !> Smooth L1 loss (F.smooth_l1_loss) with threshold beta (default 1).
   subroutine torch_loss_smooth_l1(loss_tensor, input_tensor, target_tensor, reduction_type, beta, stat, errmsg)
-    !> Receives the loss, as `=` does (see the module's description).
+    !> Receives the loss, as `=` does (see the module’s description).
     type(torch_tensor), intent(inout) :: loss_tensor
     !> The prediction and the target, of the same shape.
     type(torch_tensor), intent(in) :: input_tensor, target_tensor
@@ -148,7 +148,7 @@ contains
   !> class probabilities (same shape as the input).
   subroutine torch_loss_cross_entropy(loss_tensor, input_tensor, target_tensor, reduction_type, weight, &
                                       ignore_index, label_smoothing, stat, errmsg)
-    !> Receives the loss, as `=` does (see the module's description).
+    !> Receives the loss, as `=` does (see the module’s description).
     type(torch_tensor), intent(inout) :: loss_tensor
     !> The logits and the target (class indices or probabilities).
     type(torch_tensor), intent(in) :: input_tensor, target_tensor
@@ -169,7 +169,7 @@ contains
   !> Negative log-likelihood (F.nll_loss) of log-probabilities [N, C] against class indices.
   subroutine torch_loss_nll(loss_tensor, input_tensor, target_tensor, reduction_type, weight, ignore_index, &
                             stat, errmsg)
-    !> Receives the loss, as `=` does (see the module's description).
+    !> Receives the loss, as `=` does (see the module’s description).
     type(torch_tensor), intent(inout) :: loss_tensor
     !> The log-probabilities and the target class indices (int64).
     type(torch_tensor), intent(in) :: input_tensor, target_tensor
@@ -190,13 +190,13 @@ contains
   !> Binary cross entropy on logits (F.binary_cross_entropy_with_logits).
   subroutine torch_loss_bce_with_logits(loss_tensor, input_tensor, target_tensor, reduction_type, weight, &
                                         pos_weight, stat, errmsg)
-    !> Receives the loss, as `=` does (see the module's description).
+    !> Receives the loss, as `=` does (see the module’s description).
     type(torch_tensor), intent(inout) :: loss_tensor
     !> The logits and the targets (probabilities in [0, 1], same shape).
     type(torch_tensor), intent(in) :: input_tensor, target_tensor
     !> torch_kNone, torch_kMean (default) or torch_kSum.
     integer, intent(in), optional :: reduction_type
-    !> Rescaling weights of each element's loss, and weights of the positive examples per class,
+    !> Rescaling weights of each element’s loss, and weights of the positive examples per class,
     !> broadcast against the input (defaults: none).
     type(torch_tensor), intent(in), optional :: weight, pos_weight
     !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.

@@ -23,7 +23,7 @@ module ftorch_model
     type(c_ptr) :: p = c_null_ptr
   contains
     procedure, private :: torch_model_share
-    !> `m2 = m1`: a second handle to the same model (see the type's description).
+    !> `m2 = m1`: a second handle to the same model (see the type’s description).
     generic :: assignment(=) => torch_model_share
     !> `call model%print_parameters()`: `torch_model_print_parameters`.
     procedure :: print_parameters => torch_model_print_parameters
@@ -32,7 +32,7 @@ module ftorch_model
     final :: finalize_model
   end type torch_model
 
-  !> Run the model's forward method on tensors, or on a `torch_arglist` for models whose forward
+  !> Run the model’s forward method on tensors, or on a `torch_arglist` for models whose forward
   !> also takes integers, reals, logicals or strings.
   interface torch_model_forward
     module procedure forward_tensors, forward_args, forward_list
@@ -164,7 +164,7 @@ contains
 
   !> Load a model from `filename` onto a device (leading/trailing blanks ignored): a TorchScript
   !> file, or an AOTInductor package (`.pt2`, from torch.export + AOTInductor), recognised by its
-  !> content whatever the file's name. A compiled package runs forward only (on the device it was
+  !> content whatever the file’s name. A compiled package runs forward only (on the device it was
   !> compiled for, with the shapes it was exported with, or any size along dynamic dimensions);
   !> training, gradients, parameters and save are errors for it.
   subroutine torch_model_load(model, filename, device_type, device_index, requires_grad, is_training, &
@@ -187,7 +187,7 @@ contains
                                      c_flag(is_training)), "torch_model_load", stat, errmsg)
   end subroutine torch_model_load
 
-  !> Run the model's forward method. The results are written into the output tensors' storage as
+  !> Run the model’s forward method. The results are written into the output tensors’ storage as
   !> `=` does (aliased Fortran arrays receive them); with requires_grad the outputs also carry the
   !> graph, so that gradients flow back to inputs and parameters.
   subroutine forward_tensors(model, input_tensors, output_tensors, requires_grad, stat, errmsg)
@@ -195,8 +195,8 @@ contains
     type(torch_model), intent(in) :: model
     !> The arguments of forward, in order.
     type(torch_tensor), intent(in) :: input_tensors(:)
-    !> Constructed tensors receiving the results, one per tensor forward returns (a tuple's items
-    !> in order), each of the result's shape.
+    !> Constructed tensors receiving the results, one per tensor forward returns (a tuple’s items
+    !> in order), each of the result’s shape.
     type(torch_tensor), intent(in) :: output_tensors(:)
     !> Record the graph of the forward pass for backward (default .false.).
     logical, intent(in), optional :: requires_grad
@@ -224,8 +224,8 @@ contains
     type(torch_model), intent(in) :: model
     !> The arguments of forward, in order.
     type(torch_arglist), intent(in) :: args
-    !> Constructed tensors receiving the results, one per tensor forward returns (a tuple's items
-    !> in order), each of the result's shape.
+    !> Constructed tensors receiving the results, one per tensor forward returns (a tuple’s items
+    !> in order), each of the result’s shape.
     type(torch_tensor), intent(in) :: output_tensors(:)
     !> Record the graph of the forward pass for backward (default .false.).
     logical, intent(in), optional :: requires_grad
@@ -243,7 +243,7 @@ contains
   end subroutine forward_args
 
   !> forward(args...) with the returned tensors (one, or each of a tuple) as the items of
-  !> `results`: new tensors over the model's result memory (no copy), any shape.
+  !> `results`: new tensors over the model’s result memory (no copy), any shape.
   subroutine forward_list(model, args, results, requires_grad, stat, errmsg)
     !> A loaded model.
     type(torch_model), intent(in) :: model
@@ -317,7 +317,7 @@ contains
     count = int(n)
   end function torch_model_parameter_count
 
-  !> Tensors sharing storage with the model's parameters, in parameters() order. The array size
+  !> Tensors sharing storage with the model’s parameters, in parameters() order. The array size
   !> must equal the parameter count and its elements must not be constructed.
   subroutine torch_model_parameters(model, output_tensors, stat, errmsg)
     !> A loaded TorchScript model.
@@ -360,7 +360,7 @@ contains
     !> A loaded TorchScript model.
     type(torch_model), intent(in) :: model
     integer, intent(in) :: index                  !< 1-based, in parameters() order
-    !> Replaced by a tensor sharing the parameter's storage (a live tensor is freed first).
+    !> Replaced by a tensor sharing the parameter’s storage (a live tensor is freed first).
     type(torch_tensor), intent(inout) :: tensor
     !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
@@ -415,7 +415,7 @@ contains
   subroutine torch_model_freeze(model, name, stat, errmsg)
     !> A loaded TorchScript model.
     type(torch_model), intent(in) :: model
-    !> A parameter's name ("fc1.weight"), a submodule's ("fc1"), or "" for the whole model.
+    !> A parameter’s name ("fc1.weight"), a submodule’s ("fc1"), or "" for the whole model.
     character(len=*), intent(in) :: name
     !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
@@ -430,7 +430,7 @@ contains
   subroutine torch_model_unfreeze(model, name, stat, errmsg)
     !> A loaded TorchScript model.
     type(torch_model), intent(in) :: model
-    !> A parameter's name ("fc1.weight"), a submodule's ("fc1"), or "" for the whole model.
+    !> A parameter’s name ("fc1.weight"), a submodule’s ("fc1"), or "" for the whole model.
     character(len=*), intent(in) :: name
     !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
@@ -441,7 +441,7 @@ contains
                       "torch_model_unfreeze", stat, errmsg)
   end subroutine torch_model_unfreeze
 
-  !> Switch TorchScript's graph-executor optimization on or off for the models FTorch runs
+  !> Switch TorchScript’s graph-executor optimization on or off for the models FTorch runs
   !> (default off: every call runs the same operators, so results never depend on how many calls
   !> came before, and a resumed run reproduces an uninterrupted one bit for bit).
   subroutine torch_jit_set_optimize(enabled)
@@ -452,14 +452,14 @@ contains
 
   ! `dst = src`: a second handle to the model of src.
   impure elemental subroutine torch_model_share(dst, src)
-    !> Left-hand side: becomes a second handle to src's model (a handle it held is released).
+    !> Left-hand side: becomes a second handle to src’s model (a handle it held is released).
     class(torch_model), intent(inout) :: dst
     !> Right-hand side (unloaded: dst becomes unloaded too).
     type(torch_model), intent(in) :: src
     call ftorch_check(ftc_model_share(src%p, dst%p), "assignment(=)")
   end subroutine torch_model_share
 
-  ! Finalizer of scalars: frees the object, writing nothing (see ftorch_tensor_type's finalize).
+  ! Finalizer of scalars: frees the object, writing nothing (see ftorch_tensor_type’s finalize).
   subroutine finalize_model(object)
     type(torch_model), intent(inout) :: object
     call ftc_model_release(object%p)

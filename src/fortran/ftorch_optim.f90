@@ -1,11 +1,11 @@
 !> Optimizers (`torch_optim`: SGD, Adam, AdamW, RMSprop, Adagrad, LBFGS), learning-rate
-!> schedulers (`torch_scheduler`) and gradient clipping, with torch.optim's semantics.
+!> schedulers (`torch_scheduler`) and gradient clipping, with torch.optim’s semantics.
 module ftorch_optim
-  use, intrinsic :: iso_c_binding, only: c_double, c_f_pointer, c_funloc, c_funptr, c_int, c_int64_t, c_loc, &
-                                         c_null_ptr, c_ptr
+  use, intrinsic :: iso_c_binding, only: c_double, c_funloc, c_funptr, c_int, c_int64_t, c_null_ptr, c_ptr
   use, intrinsic :: iso_fortran_env, only: real64
   use ftorch_errors, only: ftorch_check, ftorch_fail, FTORCH_ERR_INVALID_ARGUMENT
   use ftorch_tensor_type, only: torch_tensor
+  use ftorch_callbacks, only: callback_box, callback_data, callback_box_at
   implicit none
   ! Kind of the real literals below (double precision whatever -fdefault-real-8 or -fdefault-double-8 say).
   integer, parameter :: dp = c_double
@@ -65,10 +65,12 @@ module ftorch_optim
   integer(c_int), parameter :: SCHED_STEP = 0, SCHED_MULTISTEP = 1, SCHED_EXPONENTIAL = 2, SCHED_COSINE = 3, &
                                SCHED_PLATEAU = 4, SCHED_LINEAR = 5
 
-  ! The closure of an LBFGS step, handed to the C layer as the step's context (no shared state:
-  ! concurrent steps on several threads each carry their own).
-  type :: closure_box
+  ! The closure of an LBFGS step, handed to the C layer as the step’s context through the
+  ! callback registry (ftorch_callbacks), as every user procedure is.
+  type, extends(callback_box) :: closure_box
     procedure(torch_closure), pointer, nopass :: f => null()
+  contains
+    procedure :: same => closure_same
   end type closure_box
 
   interface
@@ -277,7 +279,7 @@ contains
     !> Hyperparameters as in torch.optim.RMSprop: learning_rate (default 1e-2), alpha (smoothing
     !> constant, default 0.99), eps (default 1e-8), weight_decay and momentum (defaults 0).
     real(real64), intent(in), optional :: learning_rate, alpha, eps, weight_decay, momentum
-    !> Normalize by an estimate of the gradient's variance (default .false.).
+    !> Normalize by an estimate of the gradient’s variance (default .false.).
     logical, intent(in), optional :: centered
     !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
@@ -328,7 +330,7 @@ contains
     real(c_double) :: iters, evals, history
     iters = 20
     if (present(max_iter)) iters = max_iter
-    evals = 0   ! 0: PyTorch's default, max_iter * 5 / 4
+    evals = 0   ! 0: PyTorch’s default, max_iter * 5 / 4
     if (present(max_eval)) evals = max_eval
     history = 100
     if (present(history_size)) history = history_size
@@ -360,11 +362,11 @@ contains
     integer, intent(out), optional :: stat
     !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
-    type(closure_box), target :: box
+    type(closure_box) :: box
     real(c_double) :: value
     integer(c_int) :: status
     box%f => closure
-    status = ftc_optim_step_closure(optim%p, c_funloc(closure_trampoline), c_loc(box), value)
+    status = ftc_optim_step_closure(optim%p, c_funloc(closure_trampoline), callback_data(box), value)
     if (present(loss)) loss = value
     call ftorch_check(status, "torch_optim_step_closure", stat, errmsg)
   end subroutine torch_optim_step_closure
@@ -374,14 +376,27 @@ contains
     type(c_ptr), value :: context
     type(c_ptr) :: handle
     type(torch_tensor) :: loss
-    type(closure_box), pointer :: box
-    call c_f_pointer(context, box)
-    call box%f(loss)
+    class(callback_box), pointer :: box
+    box => callback_box_at(context)
+    select type (box)
+    type is (closure_box)
+      call box%f(loss)
+    end select
     handle = loss%p
     loss%p = c_null_ptr
   end function closure_trampoline
 
-  !> Clear the gradients of the optimizer's parameters (to undefined, PyTorch's default, or to
+  logical function closure_same(box, other)
+    class(closure_box), intent(in) :: box
+    class(callback_box), intent(in) :: other
+    closure_same = .false.
+    select type (other)
+    type is (closure_box)
+      closure_same = associated(box%f, other%f)
+    end select
+  end function closure_same
+
+  !> Clear the gradients of the optimizer’s parameters (to undefined, PyTorch’s default, or to
   !> zero with set_to_none=.false.).
   subroutine torch_optim_zero_grad(optim, set_to_none, stat, errmsg)
     !> A constructed optimizer.
@@ -445,7 +460,7 @@ contains
   !> Scale the gradients so that their global norm is at most max_norm (clip_grad_norm_);
   !> total_norm receives the norm before clipping.
   subroutine torch_optim_clip_grad_norm(optim, max_norm, norm_type, total_norm, stat, errmsg)
-    !> A constructed optimizer: its parameters' gradients are clipped.
+    !> A constructed optimizer: its parameters’ gradients are clipped.
     type(torch_optim), intent(in) :: optim
     !> Largest norm allowed for all gradients together.
     real(real64), intent(in) :: max_norm
@@ -465,7 +480,7 @@ contains
 
   !> Clamp every gradient element to [-clip_value, clip_value] (clip_grad_value_).
   subroutine torch_optim_clip_grad_value(optim, clip_value, stat, errmsg)
-    !> A constructed optimizer: its parameters' gradients are clamped.
+    !> A constructed optimizer: its parameters’ gradients are clamped.
     type(torch_optim), intent(in) :: optim
     !> Largest magnitude allowed for a gradient element.
     real(real64), intent(in) :: clip_value
@@ -479,14 +494,14 @@ contains
 
   ! `dst = src`: a second handle to the optimizer of src.
   impure elemental subroutine torch_optim_share(dst, src)
-    !> Left-hand side: becomes a second handle to src's optimizer (a handle it held is released).
+    !> Left-hand side: becomes a second handle to src’s optimizer (a handle it held is released).
     class(torch_optim), intent(inout) :: dst
     !> Right-hand side (unconstructed: dst becomes unconstructed too).
     type(torch_optim), intent(in) :: src
     call ftorch_check(ftc_optim_share(src%p, dst%p), "assignment(=)")
   end subroutine torch_optim_share
 
-  ! Finalizer of scalars: frees the object, writing nothing (see ftorch_tensor_type's finalize).
+  ! Finalizer of scalars: frees the object, writing nothing (see ftorch_tensor_type’s finalize).
   subroutine finalize_optim(object)
     type(torch_optim), intent(inout) :: object
     call ftc_optim_release(object%p)
@@ -659,7 +674,7 @@ contains
                        [integer(c_int64_t) ::], "torch_scheduler_reduce_on_plateau", stat, errmsg)
   end subroutine torch_scheduler_reduce_on_plateau
 
-  !> Advance the schedule by one step (after the optimizer's step, as in PyTorch); reduce-on-
+  !> Advance the schedule by one step (after the optimizer’s step, as in PyTorch); reduce-on-
   !> plateau needs `metric` (e.g. the loss).
   subroutine torch_scheduler_step(scheduler, metric, stat, errmsg)
     !> A constructed scheduler.
@@ -694,14 +709,14 @@ contains
 
   ! `dst = src`: a second handle to the scheduler of src.
   impure elemental subroutine torch_scheduler_share(dst, src)
-    !> Left-hand side: becomes a second handle to src's scheduler (a handle it held is released).
+    !> Left-hand side: becomes a second handle to src’s scheduler (a handle it held is released).
     class(torch_scheduler), intent(inout) :: dst
     !> Right-hand side (unconstructed: dst becomes unconstructed too).
     type(torch_scheduler), intent(in) :: src
     call ftorch_check(ftc_scheduler_share(src%p, dst%p), "assignment(=)")
   end subroutine torch_scheduler_share
 
-  ! Finalizer of scalars: frees the object, writing nothing (see ftorch_tensor_type's finalize).
+  ! Finalizer of scalars: frees the object, writing nothing (see ftorch_tensor_type’s finalize).
   subroutine finalize_scheduler(object)
     type(torch_scheduler), intent(inout) :: object
     call ftc_scheduler_release(object%p)

@@ -68,7 +68,7 @@ module ftorch_python
       type(c_ptr), value :: m
       character(kind=c_char), intent(in) :: name(*)
       type(c_ptr), value :: args
-      type(c_ptr), value :: results  ! address of the results' handle; NULL: results not wanted
+      type(c_ptr), value :: results  ! address of the results’ handle; NULL: results not wanted
       type(c_ptr), intent(in) :: outputs(*)
       integer(c_int), value :: n_outputs
       integer(c_int) :: status
@@ -163,7 +163,7 @@ contains
     end if
   end subroutine call_args
 
-  !> Whether a Python interpreter is loaded in this process (started by FTorch, or the program's own).
+  !> Whether a Python interpreter is loaded in this process (started by FTorch, or the program’s own).
   logical function torch_python_loaded()
     torch_python_loaded = ftc_python_loaded() /= 0
   end function torch_python_loaded
@@ -179,14 +179,14 @@ contains
   end subroutine torch_python_initialize
 
   impure elemental subroutine torch_pymodule_share(dst, src)
-    !> Left-hand side: becomes a second handle to src's module (a handle it held is released).
+    !> Left-hand side: becomes a second handle to src’s module (a handle it held is released).
     class(torch_pymodule), intent(inout) :: dst
     !> Right-hand side (unloaded: dst becomes unloaded too).
     type(torch_pymodule), intent(in) :: src
     call ftorch_check(ftc_pymodule_share(src%p, dst%p), "assignment(=)")
   end subroutine torch_pymodule_share
 
-  ! Finalizer: releases the module, writing nothing (see ftorch_tensor_type's finalize).
+  ! Finalizer: releases the module, writing nothing (see ftorch_tensor_type’s finalize).
   subroutine finalize_pymodule(object)
     type(torch_pymodule), intent(inout) :: object
     call ftc_pymodule_release(object%p)

@@ -69,7 +69,7 @@ contains
   logical function torch_device_available(device_type, device_index)
     !> Device type: `torch_kCPU`, `torch_kCUDA`, `torch_kHIP`, `torch_kXPU` or `torch_kMPS`.
     integer(c_int), intent(in) :: device_type
-    !> Index of the device (0-based); absent asks for the device type's default device.
+    !> Index of the device (0-based); absent asks for the device type’s default device.
     integer, intent(in), optional :: device_index
     integer(c_int) :: idx
     idx = -1

@@ -1,4 +1,4 @@
-!> FTorch's `ftorch_tensor` module: the tensor type with its arithmetic and autograd, re-exported
+!> FTorch’s `ftorch_tensor` module: the tensor type with its arithmetic and autograd, re-exported
 !> from the modules that implement them (ftorch_tensor_type, ftorch_math, ftorch_autograd).
 module ftorch_tensor
   use ftorch_tensor_type, only: torch_tensor, torch_tensor_from_array, torch_tensor_from_blob, torch_tensor_empty, &

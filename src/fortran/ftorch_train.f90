@@ -77,11 +77,11 @@ contains
                               scheduler, max_grad_norm, log_every, log_unit, stat, errmsg)
     !> The model to train (a loaded TorchScript model).
     type(torch_model), intent(in) :: model
-    !> An optimizer over the model's parameters.
+    !> An optimizer over the model’s parameters.
     type(torch_optim), intent(in) :: optim
-    !> The arguments of the model's forward, in order.
+    !> The arguments of the model’s forward, in order.
     type(torch_tensor), intent(in) :: input_tensors(:)
-    !> The target the model's output is compared with.
+    !> The target the model’s output is compared with.
     type(torch_tensor), intent(in) :: target_tensor
     real(real64), intent(out), optional :: loss      !< the loss value of this step
     integer, intent(in), optional :: loss_type       !< torch_kMSELoss (default), torch_kL1Loss, ...
@@ -135,7 +135,7 @@ contains
 
   !> Write model parameters and buffers, optimizer state, scheduler state and a step counter to
   !> one file. The write is atomic: a crash while saving leaves the previous file intact.
-  !> With `comm` (a data-parallel run; collective): rank 0 writes, and every rank returns rank 0's
+  !> With `comm` (a data-parallel run; collective): rank 0 writes, and every rank returns rank 0’s
   !> status, so no rank goes on before the file is complete.
   subroutine torch_checkpoint_save(filename, model, optim, scheduler, step, stat, errmsg, comm)
     !> Path of the checkpoint file (replaced if it exists).
@@ -143,11 +143,11 @@ contains
     !> The model whose parameters and buffers are saved. Each object is optional, but one given
     !> and not constructed is an error.
     type(torch_model), intent(in), optional :: model
-    !> The optimizer to save (its state, e.g. Adam's moments, and step count).
+    !> The optimizer to save (its state, e.g. Adam’s moments, and step count).
     type(torch_optim), intent(in), optional :: optim
     !> The scheduler to save.
     type(torch_scheduler), intent(in), optional :: scheduler
-    !> A step counter of the caller's, returned by torch_checkpoint_load (default 0).
+    !> A step counter of the caller’s, returned by torch_checkpoint_load (default 0).
     integer, intent(in), optional :: step
     !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
     integer, intent(out), optional :: stat
@@ -203,7 +203,7 @@ contains
   end subroutine torch_checkpoint_load
 
   ! The handles of the objects given (null for those absent). An object that is given but not
-  ! constructed is an error, never "absent": it is passed as the C layer's "unconstructed" value,
+  ! constructed is an error, never "absent": it is passed as the C layer’s "unconstructed" value,
   ! which the C call rejects after releasing any expression arguments.
   subroutine handles_of(model, optim, scheduler, m, o, s)
     type(torch_model), intent(in), optional :: model

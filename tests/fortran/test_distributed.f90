@@ -679,6 +679,7 @@ contains
                  "a failed write on rank 0 fails on every rank")
       call torch_checkpoint_load("/nonexistent-dir/x.ckpt", model, optim, sched, comm=comm, stat=stat, errmsg=msg)
       call check(stat == FTORCH_ERR_IO, "loading a missing checkpoint fails on every rank")
+      call all_or_nothing(trim(file), model, optim, sched, params, x, y)
     else
       values = parameter_values(params)
       if (rank == 0) then
@@ -694,6 +695,58 @@ contains
     call torch_delete(optim)
     call torch_delete(model)
   end subroutine resume
+
+  !> A collective load that fails on one rank changes no rank: a missing, a corrupt and another
+  !> step's file on rank 1 while rank 0 reads a valid one. Then a valid load changes every rank.
+  subroutine all_or_nothing(file, model, optim, sched, params, x, y)
+    character(len=*), intent(in) :: file
+    type(torch_model), intent(inout) :: model
+    type(torch_optim), intent(inout) :: optim
+    type(torch_scheduler), intent(inout) :: sched
+    type(torch_tensor), intent(inout) :: params(:)
+    real(real64), intent(in) :: x(:, :), y(:, :)
+    real(real64), allocatable :: live(:), at11(:)
+    real(real64) :: loss
+    character(len=512) :: msg
+    character(len=:), allocatable :: mine
+    integer :: stat, saved, unit, k
+    ! The state at step 11 goes to file.b; the live state moves on to step 12.
+    do k = 11, 12
+      call torch_optim_zero_grad(optim)
+      loss = forward_backward(model, x, y)
+      call torch_optim_step(optim)
+      call torch_scheduler_step(sched)
+      if (k == 11) then
+        call torch_checkpoint_save(file // ".b", model, optim, sched, step=11, comm=comm)
+        at11 = parameter_values(params)
+      end if
+    end do
+    if (rank == 0) then
+      open(newunit=unit, file=file // ".corrupt", status="replace", action="write")
+      write(unit, '(a)') "not a checkpoint"
+      close(unit)
+    end if
+    call torch_barrier(comm)
+    live = parameter_values(params)
+    mine = file
+    if (rank == 1) mine = file // ".missing"
+    call torch_checkpoint_load(mine, model, optim, sched, step=saved, comm=comm, stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. all(parameter_values(params) == live), &
+               "a missing file on rank 1: the load fails on every rank and changes nothing")
+    if (rank == 0) call check(index(msg, "rank(s) 1 ") > 0, "rank 0's message names the failing rank: " // trim(msg))
+    if (rank == 1) mine = file // ".corrupt"
+    call torch_checkpoint_load(mine, model, optim, sched, comm=comm, stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. all(parameter_values(params) == live), &
+               "a corrupt file on rank 1: the load fails on every rank and changes nothing")
+    if (rank == 1) mine = file // ".b"
+    call torch_checkpoint_load(mine, model, optim, sched, comm=comm, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_DISTRIBUTED .and. all(parameter_values(params) == live), &
+               "another step's file on rank 1: the load fails on every rank and changes nothing")
+    call check(index(msg, "rank(s) 1 ") > 0, "the message names the rank that differs: " // trim(msg))
+    call torch_checkpoint_load(file // ".b", model, optim, sched, step=saved, comm=comm, stat=stat)
+    call check(stat == 0 .and. saved == 11 .and. all(parameter_values(params) == at11), &
+               "the same valid file on every rank loads everywhere")
+  end subroutine all_or_nothing
 
   ! Rank 1 stops with error stop in the middle of training while rank 0 waits in a collective:
   ! MPI ends the job (the test checks that mpirun returns, with a failure status).

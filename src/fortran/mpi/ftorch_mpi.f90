@@ -7,7 +7,7 @@
 !> `torch_comm_init(comm, communicator)` takes any communicator the program has (MPI_COMM_WORLD, or
 !> a sub-communicator of the ranks that train), as `type(MPI_Comm)` (mpi_f08) or as an integer
 !> handle (`use mpi`, mpif.h). FTorch works on a duplicate of it, with MPI_ERRORS_RETURN, so its
-!> collectives never mix with the program's messages and MPI errors come back as
+!> collectives never mix with the program’s messages and MPI errors come back as
 !> `stat`/`errmsg` (FTORCH_ERR_DISTRIBUTED) rather than aborting.
 module ftorch_mpi
   use, intrinsic :: iso_c_binding, only: c_char, c_f_pointer, c_funloc, c_funptr, c_int, c_int64_t, c_int8_t, &
@@ -28,7 +28,7 @@ module ftorch_mpi
     module procedure init_f08, init_integer
   end interface torch_comm_init
 
-  ! FTorch's duplicates of the users' communicators; the C layer refers to them by index.
+  ! FTorch’s duplicates of the users’ communicators; the C layer refers to them by index.
   type(MPI_Comm), allocatable, save :: comms(:)
 
   interface
@@ -48,7 +48,7 @@ contains
   subroutine init_f08(comm, communicator, device_aware, stat, errmsg)
     !> Replaced by the new FTorch communicator (a handle it held is released first).
     type(torch_comm), intent(inout) :: comm
-    !> The ranks to communicate over: MPI_COMM_WORLD or any communicator of the program's.
+    !> The ranks to communicate over: MPI_COMM_WORLD or any communicator of the program’s.
     type(MPI_Comm), intent(in) :: communicator
     !> .true. if the MPI library is CUDA-aware (default .false.: CUDA buffers go through the host).
     logical, intent(in), optional :: device_aware
@@ -130,7 +130,7 @@ contains
   end function free_slot
 
   ! ------------------------------------------------------------------------------ the collectives
-  ! Called by FTorch's C layer (ftorch_c_distributed.h); buffers are contiguous.
+  ! Called by FTorch’s C layer (ftorch_c_distributed.h); buffers are contiguous.
 
   integer(c_int) function mpi_allreduce_cb(ctx, buf, count, dtype, op, msg, msglen) result(status) bind(c)
     integer(c_int64_t), value :: ctx, count, msglen
@@ -233,7 +233,7 @@ contains
     end select
   end function element_size
 
-  ! 0 for MPI_SUCCESS; otherwise MPI's error text into the C layer's message buffer.
+  ! 0 for MPI_SUCCESS; otherwise MPI’s error text into the C layer’s message buffer.
   integer(c_int) function report(ierr, what, msg, msglen) result(status)
     integer, intent(in) :: ierr
     character(len=*), intent(in) :: what

@@ -1,2 +1,2 @@
-def ftn_pytorch_train(x, target):
+def ftn_pytorch_train(inputs, target):
     raise RuntimeError("the training script failed on purpose")

@@ -1,5 +1,7 @@
 """A pytorch-fortran training script (ftn_pytorch_forward/train/save) for ftn_pymodule.f90:
-a model with dropout, SGD with momentum and a step learning-rate schedule, all in Python."""
+a model with dropout, SGD with momentum and a step learning-rate schedule, all in Python.
+Written in pytorch-fortran's convention: the wrapped inputs arrive as one list (here
+[x, scale]), train gets the target after it and returns (is_completed, loss)."""
 
 import torch
 
@@ -12,14 +14,16 @@ scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.5)
 steps = 0
 
 
-def ftn_pytorch_forward(x, scale):
+def ftn_pytorch_forward(inputs):
+    x, scale = inputs
     model.eval()
     with torch.no_grad():
         return model(x) * scale
 
 
-def ftn_pytorch_train(x, scale, target):
+def ftn_pytorch_train(inputs, target):
     global steps
+    x, scale = inputs
     model.train()
     optimizer.zero_grad()
     loss = torch.nn.functional.mse_loss(model(x) * scale, target)
