@@ -5,7 +5,7 @@ set(_gen "${CMAKE_CURRENT_BINARY_DIR}/fortran")
 file(MAKE_DIRECTORY "${_gen}")
 
 set(FTORCH_FORTRAN_SOURCES)
-foreach(_name IN ITEMS ftorch_types ftorch_devices ftorch_errors ftorch_interop ftorch_callbacks ftorch_runtime ftorch_tensor_type ftorch_math
+foreach(_name IN ITEMS ftorch_kinds ftorch_types ftorch_devices ftorch_errors ftorch_interop ftorch_callbacks ftorch_runtime ftorch_tensor_type ftorch_math
                        ftorch_autograd ftorch_tensor ftorch_function ftorch_functional
                        ftorch_arglist ftorch_model ftorch_optim ftorch_loss ftorch_distributed ftorch_train ftorch_python
                        ftorch_test_utils ftorch torch_ftn)

@@ -57,7 +57,7 @@ def test_fortran_sources_are_listed_in_compilation_order(wheel):
     files = [Path(p) for p in helper("--fortran-sources").splitlines()]
     assert all(f.is_file() for f in files)
     names = [f.stem for f in files]
-    assert names[0] == "ftorch_types" and names[-2:] == ["ftorch", "torch_ftn"]
+    assert names[0] == "ftorch_kinds" and names[-2:] == ["ftorch", "torch_ftn"]
     assert names.index("ftorch_tensor") < names.index("ftorch_model")
     assert names.index("ftorch_arglist") < names.index("ftorch_model") < names.index("ftorch_python")
 

@@ -714,6 +714,8 @@ def _quiet_native_stderr() -> Iterator[None]:
 def _error_text(exc: BaseException) -> str:
     """'Type: first line' of an exception; for an error raised inside TorchScript code, its last
     line (the original error; the first one only says the interpreter failed)."""
+    if isinstance(exc, _ReportedError):
+        return str(exc)
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     if lines and "TorchScript interpreter" in lines[0]:
         last = lines[-1]
@@ -1085,29 +1087,106 @@ def _tensor_list(named) -> list[dict]:
              "requires_grad": bool(t.requires_grad)} for n, t in named]
 
 
-def _check_pt2(model, name, path, example, second, draw, extra_batches, eager, rtol, atol, report) -> None:
+class _ReportedError(Exception):
+    """A failure already described (by the checking child process): reported as it is."""
+
+
+def _pt2_child() -> None:
+    """The child process of a .pt2 check: ``python -c ... IN OUT``. Loads the package named in IN,
+    runs it on each set of inputs there, and rewrites OUT after each step, so that a crash (a signal
+    inside AOTInductor's loader or the compiled code) leaves the parent what was done before it."""
     import torch
     import torch._inductor
 
-    fc = FileCheck(str(path), "pt2", "aoti_load_package, inputs made contiguous as the C++ layer does")
+    src, dst = sys.argv[1], sys.argv[2]
+    job = torch.load(src, weights_only=False)
+    done: dict = {"load_error": None, "results": []}
+
+    def save():
+        tmp = dst + ".tmp"
+        torch.save(done, tmp)
+        os.replace(tmp, dst)
+
+    if os.environ.get("_FTORCH_TEST_CRASH_PT2_CHECK") == "1":  # fault injection for the test suite
+        os.abort()
     with _aoti_input_checks(), _quiet_native_stderr(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            package = torch._inductor.aoti_load_package(str(path))
+            package = torch._inductor.aoti_load_package(job["path"])
         except Exception as exc:
-            fc.runs.append(RunCheck("load", [], _error_text(exc)))
-            report.checks.append(fc)
+            done["load_error"] = _error_text(exc)
+            save()
             return
+        save()
+        for args in job["runs"]:
+            try:
+                with torch.no_grad():
+                    out = package(*args)
+                done["results"].append({"outputs": _flatten_outputs(out, "the loaded model")})
+            except Exception as exc:
+                done["results"].append({"error": _error_text(exc)})
+            save()
 
-        def call(args):
-            with torch.no_grad():
-                return package(*[package_input(a) for a in args])
 
-        # Compiled code may differ from eager by a few ulps: Inductor fuses operations and may sum
-        # in another order (vectorized or blocked reductions), so floating-point rounding differs.
-        runs_spec = [("example inputs", example), ("second draw", second)]
-        runs_spec += [(f"batch {b}", draw(b)) for b in extra_batches]
-        fc.runs = _run_checks(runs_spec, call, eager, False, rtol, atol)
+def _run_pt2_in_child(path, inputs: list) -> tuple[str | None, list]:
+    """Load and run a package in a child process: (load error, one result per input set), where a
+    result is {"outputs": [...]} or {"error": text}. A crash of the child is reported, not shared."""
+    import signal
+    import subprocess
+    import tempfile
+
+    import torch
+
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = os.path.join(d, "job.pt"), os.path.join(d, "done.pt")
+        torch.save({"path": str(path), "runs": inputs}, src)
+        code = "from ftorch._export import _pt2_child; _pt2_child()"
+        try:
+            proc = subprocess.run([sys.executable, "-c", code, src, dst], capture_output=True, text=True,
+                                  errors="replace", timeout=1800)
+            returncode, detail = proc.returncode, (proc.stderr.strip().splitlines() or [""])[-1]
+        except subprocess.TimeoutExpired:
+            returncode, detail = None, "timed out after 1800 s"
+        done = torch.load(dst, weights_only=False) if os.path.exists(dst) else None
+    if returncode != 0:
+        if returncode is None:
+            why = detail
+        elif returncode < 0:
+            why = f"killed by signal {signal.Signals(-returncode).name}"
+        else:
+            why = f"exit status {returncode}" + (f": {detail}" if detail else "")
+        crash = f"the checking process crashed ({why})"
+        if done is None:
+            return f"{crash} before the package was loaded", []
+        results = done["results"] + [{"error": f"{crash} on these inputs"}]
+        results += [{"error": "not run: " + crash}] * (len(inputs) - len(results))
+        return done["load_error"], results
+    return done["load_error"], done["results"]
+
+
+def _check_pt2(model, name, path, example, second, draw, extra_batches, eager, rtol, atol, report) -> None:
+    fc = FileCheck(str(path), "pt2", "aoti_load_package in a child process, inputs made contiguous as the C++ "
+                                     "layer does")
+    # Compiled code may differ from eager by a few ulps: Inductor fuses operations and may sum
+    # in another order (vectorized or blocked reductions), so floating-point rounding differs.
+    runs_spec = [("example inputs", example), ("second draw", second)]
+    runs_spec += [(f"batch {b}", draw(b)) for b in extra_batches]
+    # Loading and running happen in another process: a crash inside AOTInductor (seen with some
+    # torch builds) fails the check with its reason instead of taking the export down with it.
+    load_error, results = _run_pt2_in_child(path, [[package_input(a) for a in args] for _, args in runs_spec])
+    if load_error is not None:
+        fc.runs.append(RunCheck("load", [], load_error))
+        report.checks.append(fc)
+        return
+    pending = iter(results)
+
+    def call(args):
+        result = next(pending)
+        if "error" in result:
+            raise _ReportedError(result["error"])
+        return result["outputs"]
+
+    fc.runs = _run_checks(runs_spec, call, eager, False, rtol, atol)
     if any(r.label == "batch 1" and not r.ok for r in fc.runs):
         fc.note = ("batch size 1 fails (torch.export traces assuming sizes >= 2, so code such as squeeze() or "
                    "broadcasting over the batch may behave differently): export with --min-batch 2")

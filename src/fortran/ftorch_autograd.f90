@@ -4,7 +4,7 @@
 !> thread) affects only that thread and must be ended on it, innermost first.
 module ftorch_autograd
   use, intrinsic :: iso_c_binding, only: c_funloc, c_funptr, c_int, c_int64_t, c_null_ptr, c_ptr
-  use, intrinsic :: iso_fortran_env, only: int64
+  use ftorch_kinds, only: int64
   use ftorch_callbacks, only: callback_box, callback_data, callback_box_at
   use ftorch_errors, only: ftorch_check, ftorch_callback_begin, ftorch_callback_end
   use ftorch_interop, only: c_flag

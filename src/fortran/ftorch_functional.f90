@@ -7,7 +7,7 @@
 !> residual containing d(network)/d(input)) can be backpropagated to the weights.
 module ftorch_functional
   use, intrinsic :: iso_c_binding, only: c_double, c_funloc, c_funptr, c_int, c_int64_t, c_loc, c_null_ptr, c_ptr
-  use, intrinsic :: iso_fortran_env, only: int64, real64
+  use ftorch_kinds, only: int64, real64
   use ftorch_errors, only: ftorch_check, ftorch_reject, FTORCH_ERR_INVALID_ARGUMENT
   use ftorch_interop, only: c_flag
   use ftorch_tensor_type, only: torch_tensor

@@ -3,7 +3,7 @@
 !> autograd history is carried so that backward(loss_tensor) works), or as a new tensor.
 module ftorch_loss
   use, intrinsic :: iso_c_binding, only: c_double, c_int, c_int64_t, c_null_ptr, c_ptr
-  use, intrinsic :: iso_fortran_env, only: real64
+  use ftorch_kinds, only: real64
   use ftorch_errors, only: ftorch_check
   use ftorch_types, only: torch_kNone, torch_kMean, torch_kSum
   use ftorch_tensor_type, only: torch_tensor

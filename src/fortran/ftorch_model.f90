@@ -1,7 +1,7 @@
 !> `torch_model`: TorchScript models loaded from file, run on tensors, saved, inspected.
 module ftorch_model
   use, intrinsic :: iso_c_binding, only: c_char, c_int, c_int64_t, c_null_ptr, c_ptr
-  use, intrinsic :: iso_fortran_env, only: output_unit
+  use ftorch_kinds, only: output_unit
   use ftorch_errors, only: ftorch_check
   use ftorch_interop, only: c_flag, c_string
   use ftorch_tensor_type, only: torch_tensor

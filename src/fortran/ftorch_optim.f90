@@ -2,7 +2,7 @@
 !> schedulers (`torch_scheduler`) and gradient clipping, with torch.optim’s semantics.
 module ftorch_optim
   use, intrinsic :: iso_c_binding, only: c_double, c_funloc, c_funptr, c_int, c_int64_t, c_null_ptr, c_ptr
-  use, intrinsic :: iso_fortran_env, only: real64
+  use ftorch_kinds, only: real64
   use ftorch_errors, only: ftorch_check, ftorch_fail, FTORCH_ERR_INVALID_ARGUMENT
   use ftorch_tensor_type, only: torch_tensor
   use ftorch_callbacks, only: callback_box, callback_data, callback_box_at

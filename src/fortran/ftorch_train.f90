@@ -3,7 +3,7 @@
 module ftorch_train
   use, intrinsic :: iso_c_binding, only: c_associated, c_char, c_double, c_int, c_int64_t, c_intptr_t, c_null_ptr, &
                                          c_ptr
-  use, intrinsic :: iso_fortran_env, only: int64, real64, output_unit
+  use ftorch_kinds, only: int64, real64, output_unit
   use ftorch_errors, only: ftorch_check
   use ftorch_interop, only: c_string
   use ftorch_types, only: torch_kMean

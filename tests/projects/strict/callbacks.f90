@@ -1,5 +1,5 @@
 !> User procedures handed to FTorch (gradient hook, custom function, saved-tensor hooks, checkpoint
-!> segment, gradcheck), compiled with the consumer's strict flags (-std=f2008 among them: the
+!> segment, gradcheck), compiled with the consumer’s strict flags (-std=f2008 among them: the
 !> procedures are ordinary module procedures, not bind(c) ones). The expected gradients are exact
 !> in float64 (small integers, products and sums of them).
 module strict_callbacks

@@ -1,0 +1,157 @@
+! Device memory from Fortran without a copy and without OpenACC (pytorch-fortran's use case):
+! CUDA memory allocated through libcudart (bind(c) to cudaMalloc / cudaMemcpy / cudaFree) is
+! wrapped by torch_tensor_from_blob(..., device_memory=.true.); a model runs forward and a training
+! step on it, and the results are read back with cudaMemcpy. The same run on the CPU is the
+! reference. Usage: device_memory DATA_DIR (simplenet_f64.pt). Exit status 77: no CUDA device.
+module cudart
+  use, intrinsic :: iso_c_binding, only: c_int, c_ptr, c_size_t
+  implicit none
+  integer(c_int), parameter :: cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2
+  interface
+    integer(c_int) function cudaMalloc(ptr, size) bind(c, name="cudaMalloc")
+      import :: c_int, c_ptr, c_size_t
+      type(c_ptr), intent(out) :: ptr
+      integer(c_size_t), value :: size
+    end function cudaMalloc
+    integer(c_int) function cudaMemcpy(dst, src, count, kind) bind(c, name="cudaMemcpy")
+      import :: c_int, c_ptr, c_size_t
+      type(c_ptr), value :: dst, src
+      integer(c_size_t), value :: count
+      integer(c_int), value :: kind
+    end function cudaMemcpy
+    integer(c_int) function cudaFree(ptr) bind(c, name="cudaFree")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: ptr
+    end function cudaFree
+  end interface
+end module cudart
+
+program device_memory
+  use, intrinsic :: iso_c_binding, only: c_int, c_int64_t, c_loc, c_ptr, c_size_t
+  use, intrinsic :: iso_fortran_env, only: real64
+  use ftorch
+  use cudart
+  implicit none
+  integer, parameter :: n = 5
+  integer(c_size_t), parameter :: nbytes = n * 8
+  character(len=1024) :: dir
+  type(c_ptr) :: x_dev, y_dev, t_dev
+  real(real64), target :: x(n), y_cpu(n), y_back(n), t(n), p_gpu(n * n + n), p_cpu(n * n + n)
+  type(torch_model) :: gpu_model, cpu_model
+  type(torch_tensor) :: tx, ty, tt, cx, cy, ct
+  type(torch_optim) :: gpu_opt, cpu_opt
+  real(real64) :: loss_gpu, loss_cpu
+  integer :: i, failures
+
+  call get_command_argument(1, dir)
+  if (.not. torch_device_available(torch_kCUDA)) then
+    print '(a)', "no CUDA device: skipped"
+    stop 77
+  end if
+  failures = 0
+  x = [(-1.0d0 + 0.5d0 * (i - 1), i = 1, n)]
+  t = [(0.1d0 * i, i = 1, n)]
+  call require(cudaMalloc(x_dev, nbytes) == 0 .and. cudaMalloc(y_dev, nbytes) == 0 .and. &
+               cudaMalloc(t_dev, nbytes) == 0, "cudaMalloc")
+  call require(cudaMemcpy(x_dev, c_loc(x), nbytes, cudaMemcpyHostToDevice) == 0 .and. &
+               cudaMemcpy(t_dev, c_loc(t), nbytes, cudaMemcpyHostToDevice) == 0, "cudaMemcpy to the device")
+
+  ! The CUDA buffers as tensors, no copy; the same data on the CPU for the reference.
+  call torch_tensor_from_blob(tx, x_dev, 1_c_int, [int(n, c_int64_t)], [1_c_int], torch_kFloat64, torch_kCUDA, &
+                              device_memory=.true.)
+  call torch_tensor_from_blob(ty, y_dev, 1_c_int, [int(n, c_int64_t)], [1_c_int], torch_kFloat64, torch_kCUDA, &
+                              device_memory=.true.)
+  call torch_tensor_from_blob(tt, t_dev, 1_c_int, [int(n, c_int64_t)], [1_c_int], torch_kFloat64, torch_kCUDA, &
+                              device_memory=.true.)
+  call torch_tensor_from_array(cx, x, torch_kCPU)
+  call torch_tensor_from_array(cy, y_cpu, torch_kCPU)
+  call torch_tensor_from_array(ct, t, torch_kCPU)
+  call torch_model_load(gpu_model, trim(dir) // "/simplenet_f64.pt", torch_kCUDA, is_training=.true.)
+  call torch_model_load(cpu_model, trim(dir) // "/simplenet_f64.pt", torch_kCPU, is_training=.true.)
+
+  ! Forward writes into the CUDA buffer y_dev itself.
+  call torch_model_forward(gpu_model, [tx], [ty])
+  call torch_model_forward(cpu_model, [cx], [cy])
+  call require(cudaMemcpy(c_loc(y_back), y_dev, nbytes, cudaMemcpyDeviceToHost) == 0, "cudaMemcpy back")
+  call check(maxval(abs(y_back - y_cpu)) <= 1d-12, "forward on CUDA memory wrapped without a copy equals the CPU's")
+
+  ! Aliasing both ways: a write through the tensor is in y_dev, a cudaMemcpy into x_dev is in tx.
+  ty = 0
+  call require(cudaMemcpy(c_loc(y_back), y_dev, nbytes, cudaMemcpyDeviceToHost) == 0, "cudaMemcpy back")
+  call check(all(y_back == 0), "ty = 0 zeroes the CUDA buffer (same memory)")
+  call require(cudaMemcpy(x_dev, c_loc(t), nbytes, cudaMemcpyHostToDevice) == 0, "cudaMemcpy to the device")
+  call torch_tensor_to_array(tx, y_back)
+  call check(all(y_back == t), "a cudaMemcpy into the buffer is seen through the tensor")
+  call require(cudaMemcpy(x_dev, c_loc(x), nbytes, cudaMemcpyHostToDevice) == 0, "cudaMemcpy to the device")
+
+  ! Three SGD training steps on the wrapped buffers, against the same steps on the CPU.
+  call make_optim(gpu_model, gpu_opt)
+  call make_optim(cpu_model, cpu_opt)
+  do i = 1, 3
+    call torch_train_step(gpu_model, gpu_opt, [tx], tt, loss_gpu)
+    call torch_train_step(cpu_model, cpu_opt, [cx], ct, loss_cpu)
+  end do
+  call parameters_of(gpu_model, p_gpu)
+  call parameters_of(cpu_model, p_cpu)
+  call check(abs(loss_gpu - loss_cpu) <= 1d-12 * abs(loss_cpu), "the training loss on the GPU equals the CPU's")
+  call check(maxval(abs(p_gpu - p_cpu)) <= 1d-12, "the trained parameters equal the CPU's")
+
+  call torch_delete(tx)
+  call torch_delete(ty)
+  call torch_delete(tt)
+  call torch_delete(cx)
+  call torch_delete(cy)
+  call torch_delete(ct)
+  call torch_delete(gpu_opt)
+  call torch_delete(cpu_opt)
+  call torch_delete(gpu_model)
+  call torch_delete(cpu_model)
+  call require(cudaFree(x_dev) == 0 .and. cudaFree(y_dev) == 0 .and. cudaFree(t_dev) == 0, "cudaFree")
+  print '(i0,a,i0,a)', 6 - failures, " passed, ", failures, " failed"
+  if (failures > 0) error stop 1
+contains
+  subroutine check(ok, name)
+    logical, intent(in) :: ok
+    character(len=*), intent(in) :: name
+    if (ok) then
+      print '(a)', "ok   " // name
+    else
+      print '(a)', "FAIL " // name
+      failures = failures + 1
+    end if
+  end subroutine check
+
+  subroutine require(ok, what)
+    logical, intent(in) :: ok
+    character(len=*), intent(in) :: what
+    if (.not. ok) then
+      print '(a)', "FAIL " // what // " failed"
+      error stop 1
+    end if
+  end subroutine require
+
+  subroutine make_optim(model, optim)
+    type(torch_model), intent(in) :: model
+    type(torch_optim), intent(inout) :: optim
+    type(torch_tensor), allocatable :: params(:)
+    allocate(params(torch_model_parameter_count(model)))
+    call torch_model_parameters(model, params)
+    call torch_optim_SGD(optim, params, learning_rate=0.1d0)
+    call torch_delete(params)
+  end subroutine make_optim
+
+  ! The model's parameters, flattened in order, copied to host memory.
+  subroutine parameters_of(model, values)
+    type(torch_model), intent(in) :: model
+    real(real64), intent(out) :: values(:)
+    type(torch_tensor), allocatable :: params(:)
+    real(real64), allocatable :: w(:, :), b(:)
+    allocate(params(torch_model_parameter_count(model)))
+    call torch_model_parameters(model, params)
+    allocate(w(n, n), b(n))
+    call torch_tensor_to_array(params(1), w)
+    call torch_tensor_to_array(params(2), b)
+    values = [reshape(w, [n * n]), b]
+    call torch_delete(params)
+  end subroutine parameters_of
+end program device_memory
