@@ -20,3 +20,10 @@ file(TO_CMAKE_PATH "${FTORCH_TORCH_ROOT}" FTORCH_TORCH_ROOT)
 message(STATUS "FTorch: building against torch ${FTORCH_TORCH_VERSION} at ${FTORCH_TORCH_ROOT}")
 
 find_package(Torch CONFIG REQUIRED PATHS "${FTORCH_TORCH_ROOT}/share/cmake/Torch" NO_DEFAULT_PATH)
+
+# LibTorch's headers need C++20 from torch 2.14 on (C++17 before), but its CMake package only sets
+# CXX_STANDARD on the torch target itself: make it a requirement of everything compiled against it.
+string(REGEX MATCH "^[0-9]+\\.[0-9]+" _torch_release "${FTORCH_TORCH_VERSION}")
+if(_torch_release VERSION_GREATER_EQUAL 2.14)
+  set_property(TARGET torch APPEND PROPERTY INTERFACE_COMPILE_FEATURES cxx_std_20)
+endif()

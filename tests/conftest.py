@@ -136,5 +136,8 @@ def fake_torch(tmp_path_factory) -> Path:
     (root / "lib").mkdir(parents=True)
     for lib in (real / "lib").iterdir():
         (root / "lib" / lib.name).symlink_to(lib)
+    # A CUDA build of torch finds its CUDA libraries in site-packages/nvidia, next to torch/.
+    if (real.parent / "nvidia").is_dir():
+        (root.parent / "nvidia").symlink_to(real.parent / "nvidia")
     (root / "version.py").write_text("__version__ = '2.12.0+cpu'\n")
     return root

@@ -19,6 +19,7 @@
 #include <unordered_set>
 
 #include "internal.hpp"
+#include "torch_compat.hpp"
 
 namespace {
 
@@ -27,6 +28,7 @@ using torch::autograd::SavedVariable;
 using torch::autograd::SavedVariableHooks;
 using torch::autograd::variable_list;
 using torch::autograd::VariableInfo;
+using ftc::compat::NodePtr;
 
 struct Definition {
   std::string name;
@@ -204,7 +206,7 @@ struct FunctionNode : Node {
   std::string label() const { return "custom function '" + def->name + "'"; }
 };
 
-using CtxTable = ftc::HandleTable<c10::intrusive_ptr<FunctionNode>>;
+using CtxTable = ftc::HandleTable<NodePtr<FunctionNode>>;
 
 FunctionNode &node_of(ftc_function_ctx ctx) {
   auto *s = CtxTable::instance().find(ctx);
@@ -252,7 +254,7 @@ variable_list run_backward(FunctionNode &node, const variable_list &grads) {
   ftc::CallbackHandles results;  // the callback's gradients, freed if not taken
   results.handles.assign(n_in, nullptr);
   int n_returned = static_cast<int>(n_in);
-  ftc_function_ctx ctx = CtxTable::instance().acquire(c10::intrusive_ptr<FunctionNode>::unsafe_reclaim_from_nonowning(&node));
+  ftc_function_ctx ctx = CtxTable::instance().acquire(ftc::compat::node_ptr(node));
   struct Ctx {
     ftc_function_ctx ctx;
     FunctionNode &node;
@@ -323,7 +325,7 @@ variable_list FunctionNode::apply(variable_list &&grads) {
       }
       aliases.push_back(a);
     }
-    auto error = c10::make_intrusive<torch::autograd::DelayedError>(
+    auto error = ftc::compat::make_node<torch::autograd::DelayedError>(
         "differentiating the backward of " + label() +
             ", which is once differentiable (define it with double_backward=.true. if its backward is made of "
             "differentiable tensor operations)",
@@ -497,7 +499,7 @@ int ftc_function_begin(int64_t id, const ftc_tensor *inputs, int n_inputs, ftc_f
     auto tensors = ftc::tensors_of(inputs, n_inputs, "input");
     ftc::out_arg(ctx, "ctx");
     if (n_inputs > 0) ftc::out_arg(forward_inputs, "forward_inputs");
-    auto node = c10::make_intrusive<FunctionNode>();
+    auto node = ftc::compat::make_node<FunctionNode>();
     node->def = &def;
     const bool executable = at::GradMode::is_enabled() &&
                             std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor &t) { return t.requires_grad(); });
@@ -524,7 +526,7 @@ int ftc_function_finish(ftc_function_ctx ctx, ftc_tensor *outputs, int n_outputs
     if (slot == nullptr || !slot->value || !slot->value->in_forward) {
       ftc::fail(FTC_ERR_NULL_HANDLE, "the custom-function context is not live (finish called twice?)");
     }
-    const c10::intrusive_ptr<FunctionNode> node = slot->value;
+    const NodePtr<FunctionNode> node = slot->value;
     struct End {
       ftc_function_ctx ctx;
       FunctionNode &node;
@@ -563,9 +565,8 @@ int ftc_function_finish(ftc_function_ctx ctx, ftc_tensor *outputs, int n_outputs
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "forward-mode AD is not supported for custom functions");
     };
     auto view_as_self = [](const at::Tensor &x) { return x.view_as(x); };
-    auto wrapped = torch::autograd::_wrap_outputs(node->inputs, non_differentiable, dirty, raw,
-                                                  executable ? c10::intrusive_ptr<Node>(node) : c10::intrusive_ptr<Node>(), jvp, {},
-                                                  view_as_self, false);
+    auto wrapped = ftc::compat::wrap_outputs(node->inputs, non_differentiable, dirty, raw,
+                                             executable ? NodePtr<Node>(node) : NodePtr<Node>(), jvp, view_as_self);
     for (size_t i = 0; i < n_out; ++i) {
       auto *s = ftc::TensorTable::instance().find(outputs[i]);
       s->value = *wrapped[i];
@@ -757,7 +758,7 @@ int ftc_checkpoint(ftc_segment_fn segment, void *data, const ftc_tensor *inputs,
     const auto xs = ftc::tensors_of(inputs, n_inputs, "input");
     if (n_outputs < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a segment needs at least one output");
     if (outputs == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "outputs array pointer is null");
-    auto node = c10::make_intrusive<CheckpointNode>();
+    auto node = ftc::compat::make_node<CheckpointNode>();
     node->segment = segment;
     node->data = data;
     node->n_outputs = n_outputs;
@@ -779,9 +780,8 @@ int ftc_checkpoint(ftc_segment_fn segment, void *data, const ftc_tensor *inputs,
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "forward-mode AD is not supported for checkpointed segments");
     };
     auto view_as_self = [](const at::Tensor &x) { return x.view_as(x); };
-    auto wrapped = torch::autograd::_wrap_outputs(xs, {}, {}, raw,
-                                                  executable ? c10::intrusive_ptr<Node>(node) : c10::intrusive_ptr<Node>(),
-                                                  jvp, {}, view_as_self, false);
+    auto wrapped = ftc::compat::wrap_outputs(xs, {}, {}, raw, executable ? NodePtr<Node>(node) : NodePtr<Node>(), jvp,
+                                             view_as_self);
     for (size_t i = 0; i < wrapped.size(); ++i) {
       ftc::store_result(&outputs[i], *wrapped[i], "output " + std::to_string(i + 1));
     }
