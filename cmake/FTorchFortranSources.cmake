@@ -13,7 +13,7 @@ foreach(_name IN ITEMS ftorch_kinds ftorch_types ftorch_devices ftorch_errors ft
     add_custom_command(
       OUTPUT "${_gen}/${_name}.f90"
       COMMAND "${Python_EXECUTABLE}" -m fypp -I "${_src}" "${_src}/${_name}.fypp" "${_gen}/${_name}.f90"
-      DEPENDS "${_src}/${_name}.fypp" "${_src}/ftorch_common.fypp" "${_src}/ftorch_enums.fypp"
+      DEPENDS "${_src}/${_name}.fypp" "${_src}/ftorch_common.fypp" "${_src}/ftorch_enums.fypp" "${_src}/ftorch_handles.fypp"
       COMMENT "fypp ${_name}.fypp"
       VERBATIM)
     list(APPEND FTORCH_FORTRAN_SOURCES "${_gen}/${_name}.f90")

@@ -3,8 +3,8 @@ FORD, the links of the README and of the guide, and the Fortran snippets of both
 
 The site: tools/build_docs.py runs FORD on the sources (fypp templates preprocessed) with the
 guide (docs/guide/*.md) as FORD's pages. Its check fails on any undocumented public entity or
-argument and on any broken link of the guide's pages. Needs only Python with fypp and FORD (no
-build of FTorch, no compiler): skipped where FORD is not installed, except in CI, where
+argument and on any broken link of the guide's pages. Those tests need only Python with fypp and
+FORD (no build of FTorch, no compiler): skipped where FORD is not installed, except in CI, where
 tools/quickstart.sh installs it.
 
 Snippets: every ```fortran block of README.md and docs/guide/*.md is compiled against the
@@ -17,16 +17,25 @@ Conventions, for whoever writes documentation:
   or `function` (with or without prefixes) is wrapped into a module, and any other block, an
   executable fragment, into a program:
 
-      program doc_snippet              module doc_snippet_procedures
+      module doc_snippet_hidden        module doc_snippet_procedures
         use ftorch                       use ftorch
         <hidden use lines>               <hidden use lines>
-        <use lines of the block>         implicit none
-        implicit none                    <hidden declarations>
-        <hidden declarations>          contains
-        <the block>                      <the block>
-      contains                           <hidden procedures>
-        <hidden procedures>            end module
+        implicit none                    implicit none
+      contains                           <hidden declarations>
+        <hidden procedures>            contains
+      end module                         <the block>
+      program doc_snippet                <hidden procedures>
+        use ftorch                     end module
+        <hidden use lines>
+        use doc_snippet_hidden
+        <use lines of the block>
+        implicit none
+        <hidden declarations>
+        <the block>
       end program
+
+  (module doc_snippet_hidden only where there are hidden procedures: module procedures, since
+  callbacks such as hooks must not be internal procedures).
 
 * The hidden lines come from a directive, an HTML comment (GitHub and the site do not show it)
   that ends on the line right before the block's opening fence:
@@ -46,8 +55,8 @@ Conventions, for whoever writes documentation:
   file an earlier one wrote. A ```python block marked `run` is run there too (with this Python:
   e.g. to write the TorchScript model the next Fortran block loads); `file=NAME` writes a block
   (of any language) into NAME in that directory (e.g. the Python module a Fortran program calls).
-  A ```text block marked `output` is the expected standard output of the page's previous runnable
-  Fortran block, compared word by word (so the page shows what the program prints).
+  A ```text block marked `output`, the next block after a runnable Fortran block, is what that
+  program must print, compared word by word (so the page shows what the program prints).
 * Blocks using module `ftorch_mpi` are compiled with mpif90, against the module built from
   `python -m ftorch --fortran-mpi-source`.
 * Unmarked ```python blocks must be valid Python; other languages are not checked.
@@ -57,7 +66,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 import re
 import shlex
 import shutil
@@ -206,20 +214,44 @@ def markdown_links(text: str) -> list[str]:
     return bd.markdown_links(text)
 
 
+def github_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown text (the site's are checked by
+    tools/build_docs.py: a fragment must work in both)."""
+    anchors: set[str] = set()
+    in_fence = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            in_fence = not in_fence
+        if in_fence or not (m := re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)):
+            continue
+        title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1))  # link text only
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in anchors:
+            n += 1
+            anchor = f"{slug}-{n}"
+        anchors.add(anchor)
+    return anchors
+
+
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_markdown_links_resolve(document):
-    """Relative links of README.md and the guide name files of the checkout (links into the API
-    reference, ../api/..., name pages that tools/build_docs.py generates: its check covers them)."""
+    """Relative links of README.md and the guide name files of the checkout, and their fragments
+    headings of the Markdown file they name (links into the API reference, ../api/..., name pages
+    that tools/build_docs.py generates: its check covers them)."""
     bad = []
     for target in markdown_links(document.read_text()):
-        if re.match(r"^[a-z]+:", target) or target.startswith(("#", "//")):
+        if re.match(r"^[a-z]+:", target) or target.startswith("//"):
             continue
-        path = target.split("#", 1)[0]
+        path, _, fragment = target.partition("#")
         if document.parent == GUIDE and path.startswith("../api/"):
             continue
-        if not (document.parent / path).exists():
+        named = document.parent / path if path else document
+        if not named.exists():
             bad.append(target)
-    assert not bad, f"{document.name}: links to missing files: {bad}"
+        elif fragment and named.suffix == ".md" and fragment not in github_anchors(named.read_text()):
+            bad.append(f"{target} (no such heading)")
+    assert not bad, f"{document.name}: broken links: {bad}"
 
 
 def test_readme_states_the_ci_test_command():
@@ -281,7 +313,7 @@ def blocks_of(document: Path) -> list[Block]:
         if not m:
             i += 1
             continue
-        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("```")), len(lines))
         block = Block(document, i + 1, m.group(1).lower(), "\n".join(lines[i + 1:end]) + "\n")
         # A directive ending on the line before the fence.
         if i > 0 and lines[i - 1].rstrip().endswith("-->"):
@@ -338,10 +370,13 @@ def fortran_source(block: Block) -> tuple[str, bool]:
     code = block.code.splitlines()
     uses = [line for line in code if is_use(line)]
     body = [line for line in code if not is_use(line)]
-    lines = ["program doc_snippet", "  use ftorch", *hidden_uses, *uses, "  implicit none", *hidden_decls, *body]
-    if hidden_procs:
-        lines += ["contains", *hidden_procs]
-    lines.append("end program doc_snippet")
+    lines = []
+    if hidden_procs:  # in a module of their own: callbacks must be module procedures
+        lines += ["module doc_snippet_hidden", "  use ftorch", *hidden_uses, "  implicit none", "contains",
+                  *hidden_procs, "end module doc_snippet_hidden"]
+        hidden_uses = [*hidden_uses, "  use doc_snippet_hidden"]
+    lines += ["program doc_snippet", "  use ftorch", *hidden_uses, *uses, "  implicit none", *hidden_decls, *body,
+              "end program doc_snippet"]
     return "\n".join(lines) + "\n", True
 
 

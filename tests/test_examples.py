@@ -1,5 +1,5 @@
 """Every example under examples/ builds against the installed package and runs, with gfortran
-and with flang; example 2 also runs through its own script, as the README shows."""
+and with flang; example 2 also runs through its own script, as the guide shows."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def examples(installed, tmp_path_factory):
     run([sys.executable, REPO / "examples" / "06_online_training" / "write_model.py", work])
     run([sys.executable, REPO / "examples" / "09_hybrid_physics" / "write_model.py", work])
     run([sys.executable, REPO / "examples" / "12_pytorch_fortran" / "write_model.py", work])
-    # Example 13's model files come from the export helper, as its README section shows.
+    # Example 13's model files come from the export helper, as docs/guide/export.md shows.
     run([sys.executable, "-m", "ftorch", "export", REPO / "examples" / "13_export" / "model.py:MLP",
          "--input", "8,5", "--dynamic-batch", "-o", work / "exported_mlp.pt", "--pt2", work / "exported_mlp.pt2"], env=tool_env())
 
@@ -58,7 +58,7 @@ def test_inference_demo_script(installed, tmp_path):
 
 
 def test_online_training_demo_script(installed, tmp_path):
-    """The README's demo: trains online, checkpoints, saves TorchScript, plots the loss curve."""
+    """The demo (README, docs/guide/training.md): trains online, checkpoints, saves TorchScript, plots the loss curve."""
     env = dict(tool_env(), FTORCH_EXAMPLE_DIR=str(tmp_path))
     proc = run(["bash", REPO / "examples" / "06_online_training" / "run.sh", sys.executable, "400"], env=env)
     assert "example 6 finished" in proc.stdout

@@ -1,13 +1,27 @@
 #!/usr/bin/env python3
-"""Build FTorch's API reference (HTML) with FORD, and check that the public API is documented.
+"""Build FTorch's documentation site (the user guide and the API reference, HTML) with FORD, and
+check that the public API is documented and that the site has no broken links.
 
     python tools/build_docs.py                  # HTML in docs/api/ (entry point docs/api/index.html)
     python tools/build_docs.py --output DIR     # HTML in DIR/ (FORD replaces the whole directory)
-    python tools/build_docs.py --check          # exit 1 if the public API has documentation gaps
+    python tools/build_docs.py --check          # exit 1 on documentation gaps or broken links
     python tools/build_docs.py --src DIR        # document the sources in DIR (default src/fortran)
 
+The user guide (docs/guide/*.md) becomes FORD's "pages" (DIR/page/*.html, the guide's index.md is
+DIR/page/index.html and the navigation bar's "User guide"). The Markdown files are written to be
+read on GitHub as well, so FORD reads adapted copies (see ``prepare_guide``): links to other guide
+pages (``tensors.md#anchor``) become links to their HTML (``tensors.html#anchor``), links to files
+of the repository (``../../examples/01_tensors/tensors.f90``) point at copies of those files made
+under DIR/repo/, links into the API reference (``../api/module/ftorch.html``, valid in a checkout
+once the default build has run) point at the reference in DIR, the ``# Title`` heading repeating
+the page's ``title:`` is dropped (FORD prints the title) and the guide's index lists its pages in the
+order of its links (FORD's ``ordered_subpage``). After FORD has written the site, every relative
+link (``href``, ``src``) of the guide's pages and of the site's front page must name a file that
+exists, and a ``#fragment`` an element id of that page: the script reports each broken link, and
+``--check`` fails on any.
+
 The Fortran sources are partly fypp templates, so FORD reads preprocessed copies: every
-SRC/*.fypp except the include-only files (ftorch_common.fypp, ftorch_enums.fypp) is run through
+SRC/*.fypp except the include-only files (ftorch_common, ftorch_enums, ftorch_handles) is run through
 fypp with ``-I SRC``, as cmake/FTorchFortranSources.cmake does, and written next to copies of
 SRC/*.f90 and SRC/mpi/*.f90 (module ftorch_mpi) in a temporary directory. FORD then reads that
 directory with the settings of docs/ford.md. Comments follow the sources' convention: a ``!>``
@@ -34,12 +48,16 @@ The script reports (and with ``--check`` fails on) two kinds of gaps:
   rather than a documentation problem (the check does see those enumerators).
 
 The two FORD warning kinds not counted as problems are summarized; ``--verbose`` prints them.
+FORD warnings about the guide's pages (a page without ``title:``, an unknown metadata key) count
+as documentation problems.
 """
 
 from __future__ import annotations
 
 import argparse
+import html.parser
 import io
+import os
 import re
 import shutil
 import sys
@@ -47,11 +65,15 @@ import tempfile
 import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT_FILE = REPO / "docs" / "ford.md"
+GUIDE = REPO / "docs" / "guide"
+# Where the copies of repository files that the guide links to go, inside the output directory.
+REPO_COPIES = "repo"
 # fypp files that are only #:include'd by the others (see cmake/FTorchFortranSources.cmake).
-INCLUDE_ONLY = {"ftorch_common.fypp", "ftorch_enums.fypp"}
+INCLUDE_ONLY = {"ftorch_common.fypp", "ftorch_enums.fypp", "ftorch_handles.fypp"}
 # FORD warnings that are not documentation problems (see the module docstring).
 BENIGN_WARNING = re.compile(r"Unknown entity '[^']*' with attribute 'public'")
 UNDOCUMENTED_WARNING = re.compile(r"Undocumented \w+ '")
@@ -125,13 +147,175 @@ def preprocess(src: Path, out: Path) -> dict[Path, str]:
     return written
 
 
+# An inline Markdown link or image: [text](target) or [text](target "title").
+MD_LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)((?:\s+\"[^\"]*\")?\))")
+FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def _outside_code(line: str, replace) -> str:
+    """Apply `replace` to the parts of a Markdown line that are not inline code spans."""
+    parts = re.split(r"(`+[^`]*`+)", line)
+    return "".join(part if i % 2 else replace(part) for i, part in enumerate(parts))
+
+
+def markdown_links(text: str) -> list[str]:
+    """The targets of the inline links of a Markdown text, outside code blocks and spans."""
+    targets: list[str] = []
+    in_fence = False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            in_fence = not in_fence
+            continue
+        if not in_fence:
+            _outside_code(line, lambda part: targets.extend(m.group(2) for m in MD_LINK.finditer(part)) or part)
+    return targets
+
+
+def is_external(target: str) -> bool:
+    return bool(urlsplit(target).scheme) or target.startswith("//")
+
+
+def prepare_guide(guide: Path, dest: Path) -> tuple[set[Path], list[str]]:
+    """Write the copies of the guide's pages that FORD reads into `dest` (see the module docstring).
+    The guide is GUIDE_ROOT/docs/guide. Returns the files of GUIDE_ROOT that the guide links to
+    (relative to it; to be copied into the site) and the problems found: links to missing files or
+    to directories, pages without a title, pages the index does not link to."""
+    guide = Path(os.path.abspath(guide))
+    root = guide.parent.parent
+    dest.mkdir(parents=True, exist_ok=True)
+    pages = sorted(guide.glob("*.md"))
+    names = {page.name for page in pages}
+    copies: set[Path] = set()
+    problems: list[str] = []
+    if "index.md" not in names:
+        return copies, [f"{guide}: no index.md"]
+
+    def shown(page: Path) -> str:
+        return page.relative_to(root).as_posix()
+
+    def rewrite(page: Path, target: str) -> str:
+        if is_external(target) or target.startswith("#"):
+            return target
+        parts = urlsplit(target)
+        path, fragment = unquote(parts.path), (f"#{parts.fragment}" if parts.fragment else "")
+        if path.startswith("../api/"):  # the API reference, built next to the guide
+            return "../" + path[len("../api/"):] + fragment
+        resolved = Path(os.path.normpath(page.parent / path))
+        if resolved.parent == guide and resolved.suffix == ".md":
+            if resolved.name not in names:
+                problems.append(f"{shown(page)}: link to a missing page: {target}")
+            return resolved.with_suffix(".html").name + fragment
+        if root not in resolved.parents:
+            problems.append(f"{shown(page)}: link outside the repository: {target}")
+        elif not resolved.is_file():
+            problems.append(f"{shown(page)}: link to "
+                            f"{'a directory (link a file)' if resolved.is_dir() else 'a missing file'}: {target}")
+        else:
+            relative = resolved.relative_to(root)
+            copies.add(relative)
+            return f"../{REPO_COPIES}/{relative.as_posix()}{fragment}"
+        return target
+
+    order: list[str] = []
+    for page in pages:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        meta: list[str] = []
+        if lines and lines[0].strip() == "---":  # front matter (YAML for GitHub, metadata for FORD)
+            end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
+            if end is None:
+                problems.append(f"{shown(page)}: front matter not closed by ---")
+                end = 0
+            meta, lines = lines[1:end], lines[end + 1:]
+        if not any(m.lower().startswith("title:") for m in meta):
+            problems.append(f"{shown(page)}: no 'title:' in its front matter")
+        body: list[str] = []
+        in_fence = False
+        dropped_title = False
+        for line in lines:
+            if FENCE.match(line):
+                in_fence = not in_fence
+            elif not in_fence:
+                if not dropped_title and line.startswith("# "):
+                    dropped_title = True  # FORD prints the title itself
+                    continue
+                line = _outside_code(line, lambda part: MD_LINK.sub(
+                    lambda m: m.group(1) + rewrite(page, m.group(2)) + m.group(3), part))
+            if line.strip() or body:
+                body.append(line)
+        if page.name == "index.md":
+            for target in markdown_links("\n".join(lines)):
+                name = urlsplit(target).path
+                if not is_external(target) and name in names and name != "index.md" and name not in order:
+                    order.append(name)
+            meta += [f"ordered_subpage: {name}" for name in order]
+        (dest / page.name).write_text("---\n" + "\n".join(meta) + "\n---\n\n" + "\n".join(body) + "\n",
+                                      encoding="utf-8")
+    for name in sorted(names - set(order) - {"index.md"}):
+        problems.append(f"{shown(guide / 'index.md')} does not link to {name}")
+    return copies, problems
+
+
+class _Links(html.parser.HTMLParser):
+    """The relative links (href, src) and the element ids of an HTML page."""
+
+    def __init__(self):
+        super().__init__()
+        self.links: list[str] = []
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            if value is None:
+                continue
+            if name in ("id", "name") and (name == "id" or tag == "a"):
+                self.ids.add(value)
+            elif name in ("href", "src") and value and not is_external(value) \
+                    and not value.startswith(("javascript:", "mailto:", "data:")):
+                self.links.append(value)
+
+
+def _parse_html(path: Path) -> _Links:
+    parser = _Links()
+    parser.feed(path.read_text(encoding="utf-8", errors="replace"))
+    return parser
+
+
+def broken_links(output: Path) -> list[str]:
+    """Relative links of the guide's pages (DIR/page/) and of the front page (DIR/index.html) that
+    name no existing file, or a fragment that is no element id of the page it names."""
+    checked = [output / "index.html", *sorted((output / "page").rglob("*.html"))]
+    parsed: dict[Path, _Links] = {}
+
+    def parse(path: Path) -> _Links:
+        if path not in parsed:
+            parsed[path] = _parse_html(path)
+        return parsed[path]
+
+    broken: list[str] = []
+    for page in checked:
+        if not page.is_file():
+            broken.append(f"{page.relative_to(output)}: missing")
+            continue
+        for link in parse(page).links:
+            parts = urlsplit(link)
+            target = page if not parts.path else (page.parent / unquote(parts.path)).resolve()
+            if target.is_dir() and (target / "index.html").is_file():
+                target = target / "index.html"
+            if not target.is_file():
+                broken.append(f"{page.relative_to(output)}: {link} (no such file)")
+            elif parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in parse(target).ids:
+                broken.append(f"{page.relative_to(output)}: {link} (no element with id '{unquote(parts.fragment)}')")
+    return broken
+
+
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def run_ford(srcdir: Path, output: Path):
+def run_ford(srcdir: Path, output: Path, pages: Path | None = None):
     """Run FORD (in this process) on `srcdir` with the settings of docs/ford.md, writing HTML into
-    `output`. Returns FORD's output (warnings included) and the project it parsed and
-    correlated, or None where FORD failed."""
+    `output`, with the Markdown pages of `pages` (None: those docs/ford.md names). Returns FORD's
+    output (warnings included) and the project it parsed and correlated, or None where FORD
+    failed."""
     import traceback
 
     import ford
@@ -155,9 +339,10 @@ def run_ford(srcdir: Path, output: Path):
         console.width = 100000
         with redirect_stdout(log), redirect_stderr(log):
             docs, settings = ford.load_settings(PROJECT_FILE.read_text(), PROJECT_FILE.parent, str(PROJECT_FILE))
-            settings, docs = ford.parse_arguments(
-                {"project_file": PROJECT_FILE, "src_dir": [srcdir], "output_dir": output},
-                docs, settings, PROJECT_FILE.parent)
+            arguments = {"project_file": PROJECT_FILE, "src_dir": [srcdir], "output_dir": output}
+            if pages is not None:
+                arguments["page_dir"] = pages
+            settings, docs = ford.parse_arguments(arguments, docs, settings, PROJECT_FILE.parent)
             ford.main(settings, docs)
     except SystemExit as stop:
         if stop.code not in (None, 0):
@@ -279,9 +464,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="directory of the HTML pages (default docs/api; entry point DIR/index.html)")
     parser.add_argument("--src", type=Path, default=REPO / "src" / "fortran",
                         help="directory of the Fortran sources (default src/fortran)")
+    parser.add_argument("--guide", type=Path, default=GUIDE,
+                        help="directory of the user guide's Markdown pages (default docs/guide; it must be "
+                             "ROOT/docs/guide, its links to ../../PATH naming files of ROOT)")
     parser.add_argument("--check", action="store_true",
-                        help="exit 1 if a public entity or argument is undocumented, or FORD warns about "
-                             "the documentation")
+                        help="exit 1 if a public entity or argument is undocumented, FORD warns about "
+                             "the documentation, or a link of the guide or of the front page is broken")
     parser.add_argument("--verbose", action="store_true",
                         help="print all of FORD's warnings, also those about private entities (thousands) "
                              "and about names FORD cannot resolve")
@@ -295,8 +483,12 @@ def main(argv: list[str] | None = None) -> int:
 
     src = args.src.resolve()
     output = args.output.resolve()
+    guide = Path(os.path.abspath(args.guide))
     if not src.is_dir():
         print(f"build_docs: no source directory {src}", file=sys.stderr)
+        return 2
+    if not (guide / "index.md").is_file():
+        print(f"build_docs: no user guide in {guide} (index.md)", file=sys.stderr)
         return 2
     # FORD deletes the output directory before writing it: refuse anything but an empty or
     # missing directory, or an earlier FORD output.
@@ -308,8 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ftorch-docs-") as tmp:
         srcdir = Path(tmp) / "src"
         sources = {path.name: name for path, name in preprocess(src, srcdir).items()}
+        copies, link_problems = prepare_guide(guide, Path(tmp) / "guide")
         start = time.perf_counter()
-        log, project = run_ford(srcdir, output)
+        log, project = run_ford(srcdir, output, Path(tmp) / "guide")
         elapsed = time.perf_counter() - start
         if project is None or not (output / "index.html").is_file():
             print(log, file=sys.stderr)
@@ -327,19 +520,30 @@ def main(argv: list[str] | None = None) -> int:
               f"resolve (re-exports, enumerators); --verbose prints them all")
         missing = undocumented_public(project, sources)
 
-    print(f"build_docs: API reference written to {output / 'index.html'}")
+    # The repository files the guide links to (examples, benchmark results, ...), next to the pages.
+    root = guide.parent.parent
+    for relative in sorted(copies):
+        (output / REPO_COPIES / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / relative, output / REPO_COPIES / relative)
+    broken = link_problems + broken_links(output)
+    guide_pages = len(list((output / "page").rglob("*.html")))
+    print(f"build_docs: site written to {output / 'index.html'}: API reference, and the user guide "
+          f"({guide_pages} pages, {output / 'page' / 'index.html'})")
     for name in missing:
         print(f"undocumented public entity: {name}")
-    failed = bool(missing or others)
+    for link in broken:
+        print(f"broken link: {link}")
+    failed = bool(missing or others or broken)
     if failed:
         print(f"build_docs: {len(missing)} undocumented public entities, {len(others)} FORD warnings about "
-              f"the documentation", file=sys.stderr)
+              f"the documentation, {len(broken)} broken links", file=sys.stderr)
     if not args.check:
         return 0
     if failed:
         print("build_docs: check failed", file=sys.stderr)
         return 1
-    print("build_docs: check passed: the public API is fully documented")
+    print(f"build_docs: check passed: the public API is fully documented, and the guide's and the front "
+          f"page's links all resolve")
     return 0
 
 

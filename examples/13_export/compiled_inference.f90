@@ -1,4 +1,4 @@
-!> Example 13: a model exported by `python -m ftorch export` (see run.sh) as TorchScript and as an
+!> Example 13: a model exported by `python -m ftorch export` (see docs/guide/export.md) as TorchScript and as an
 !> AOTInductor package (.pt2) with a dynamic batch dimension, run from Fortran.
 !>
 !> torch_model_load recognises the package by its content and torch_model_forward runs it like

@@ -12,7 +12,7 @@ module lifetime_helpers
     type(torch_tensor) :: t
   end type state_t
 contains
-  !> The idiom the README recommends for a function returning a tensor on every compiler.
+  !> The idiom the guide recommends (docs/guide/tensors.md) for a function returning a tensor.
   function tendency(u) result(r)
     type(torch_tensor), intent(in) :: u
     type(torch_tensor) :: r
@@ -106,7 +106,7 @@ contains
   ! Fortran semantics: the right-hand side is evaluated before any element is assigned. With
   ! torch_assign on every compiler; with `=` where the compiler resolves it to the array procedure
   ! (flang). gfortran <= 12 prefers the type-bound elemental `=` (element by element): its result
-  ! is checked too, as the README documents it.
+  ! is checked too, as docs/guide/tensors.md documents it.
   subroutine overlapping_sections()
     use, intrinsic :: iso_fortran_env, only: compiler_version
     type(torch_tensor) :: ts(3), t2(2, 2)
