@@ -321,10 +321,13 @@ contains
     type(c_ptr), intent(inout) :: new_grad
     integer(c_int) :: status
     class(callback_box), pointer :: box
-    type(torch_tensor) :: g(1), replacement(1)
+    ! Arrays of tensors the C layer owns are pointers: never finalized (their handles are not ours),
+    ! and not the local arrays flang warns about (torch_tensor has no finalizer of rank 1, on purpose).
+    type(torch_tensor), pointer :: g(:), replacement(:)
     integer :: user_stat
     character(len=1024) :: user_msg
     box => callback_box_at(data)
+    allocate(g(1), replacement(1))
     g(1)%p = grad  ! owned by the C layer
     call ftorch_callback_begin(user_stat, user_msg)
     select type (box)
@@ -333,6 +336,9 @@ contains
     end select
     status = ftorch_callback_end(user_stat, user_msg)
     new_grad = replacement(1)%p  ! taken over by the C layer
+    g(1)%p = c_null_ptr
+    replacement(1)%p = c_null_ptr
+    deallocate(g, replacement)
   end function hook_trampoline
 
   logical function hook_same(box, other)
