@@ -41,7 +41,9 @@ constexpr const char *kModelPrefix = "data/aotinductor/";
 // when nothing failed (warnings are kept). Output of other threads during that time is captured too.
 class StderrCapture {
  public:
-  StderrCapture() {
+  // Captures nothing when not active (finish then gives "").
+  explicit StderrCapture(bool active = true) {
+    if (!active) return;
     std::fflush(stderr);
     file_ = std::tmpfile();
     if (file_ == nullptr) return;
@@ -95,6 +97,30 @@ std::string with_captured(std::string msg, const std::string &captured) {
     if (!text.empty() && msg.find(text) == std::string::npos) msg += "; " + text;
   }
   return msg;
+}
+
+// Dtype, rank and sizes of each input, one after the other.
+std::vector<int64_t> signature_of(const std::vector<at::Tensor> &inputs) {
+  std::vector<int64_t> signature;
+  for (const auto &t : inputs) {
+    signature.push_back(static_cast<int64_t>(t.scalar_type()));
+    signature.push_back(t.dim());
+    signature.insert(signature.end(), t.sizes().begin(), t.sizes().end());
+  }
+  return signature;
+}
+
+// Whether signature == signature_of(inputs).
+bool has_signature(const std::vector<int64_t> &signature, const std::vector<at::Tensor> &inputs) {
+  size_t k = 0;
+  for (const auto &t : inputs) {
+    if (k + 2 + static_cast<size_t>(t.dim()) > signature.size()) return false;
+    if (signature[k++] != static_cast<int64_t>(t.scalar_type()) || signature[k++] != t.dim()) return false;
+    for (const int64_t n : t.sizes()) {
+      if (signature[k++] != n) return false;
+    }
+  }
+  return k == signature.size();
 }
 
 // The message of a LibTorch or AOTInductor exception, without a C++ backtrace or trailing blanks.
@@ -238,30 +264,22 @@ std::vector<at::Tensor> run_compiled(CompiledModel &model, const std::vector<at:
   torch::NoGradGuard no_grad;
   // The package's input checks depend only on the inputs' sizes and dtypes (the layout is made
   // what it expects above): a signature that passed once runs without capturing standard error.
-  std::vector<int64_t> signature;
-  for (const auto &t : prepared) {
-    signature.push_back(static_cast<int64_t>(t.scalar_type()));
-    signature.push_back(t.dim());
-    signature.insert(signature.end(), t.sizes().begin(), t.sizes().end());
-  }
+  // Compared in place: nothing is allocated on the calls of a known signature.
   bool known;
   {
     std::lock_guard<std::mutex> lock(model.signature_mutex);
-    known = signature == model.checked_signature;
+    known = has_signature(model.checked_signature, prepared);
   }
-  if (known) {
-    try {
-      return model.loader.boxed_run(std::move(prepared));  // hands the prepared inputs over, no copy
-    } catch (const std::exception &e) {
-      fail(FTC_ERR_TORCH, std::string("the compiled model failed: ") + message_of(e));
-    }
-  }
-  StderrCapture capture;
+  std::vector<int64_t> signature;
+  if (!known) signature = signature_of(prepared);
+  StderrCapture capture(!known);
   try {
-    auto outputs = model.loader.boxed_run(std::move(prepared));
-    pass_on(capture.finish());
-    std::lock_guard<std::mutex> lock(model.signature_mutex);
-    model.checked_signature = std::move(signature);
+    auto outputs = model.loader.boxed_run(std::move(prepared));  // hands the prepared inputs over, no copy
+    if (!known) {
+      pass_on(capture.finish());
+      std::lock_guard<std::mutex> lock(model.signature_mutex);
+      model.checked_signature = std::move(signature);
+    }
     return outputs;
   } catch (const std::exception &e) {
     const std::string captured = capture.finish();

@@ -321,6 +321,16 @@ DataParallel &ddp_of(ftc_ddp h) {
 }
 
 
+// "1, 3": the ranks of comm for which pred(rank) holds.
+template <class Pred>
+std::string ranks_where(const Comm &comm, Pred &&pred) {
+  std::string list;
+  for (int r = 0; r < comm.size; ++r) {
+    if (pred(r)) list += (list.empty() ? "" : ", ") + std::to_string(r);
+  }
+  return list;
+}
+
 }  // namespace
 }  // namespace ftc
 
@@ -538,35 +548,20 @@ int ftc_comm_checkpoint_load(ftc_comm c, const char *filename, ftc_model m, ftc_
                              int64_t *step) {
   return ftc::guard([&] {
     auto &comm = *ftc::comm_of(c);
-    // Stage on every rank, agree, then apply everywhere or nowhere.
+    // Stage on every rank, agree, then apply everywhere or nowhere. Each local phase runs in the
+    // error boundary of its own, so that a rank that fails still takes part in the agreement.
     std::shared_ptr<ftc::StagedCheckpoint> staged;
-    int64_t status = FTC_OK;
-    std::string message;
-    try {
-      staged = ftc::stage_checkpoint(filename, m, o, s);
-    } catch (const ftc::Error &e) {
-      status = e.status();
-      message = e.what();
-    } catch (const c10::Error &e) {
-      status = FTC_ERR_TORCH;
-      message = e.what_without_backtrace();
-    } catch (const std::exception &e) {
-      status = FTC_ERR_TORCH;
-      message = e.what();
-    }
+    const int status = ftc::guard([&] { staged = ftc::stage_checkpoint(filename, m, o, s); });
+    std::string message = status != FTC_OK ? ftc::last_error_message() : std::string();
     const int64_t saved_step = staged ? ftc::staged_step(*staged) : 0;
     const int64_t digest = staged ? ftc::staged_digest(*staged) : 0;
     const auto all = comm.gather_values({status, saved_step, digest});
-    std::string failed, differ;
-    for (int r = 0; r < comm.size; ++r) {
-      if (all[3 * r] != FTC_OK) {
-        failed += (failed.empty() ? "" : ", ") + std::to_string(r);
-      } else if (all[0] == FTC_OK && (all[3 * r + 1] != all[1] || all[3 * r + 2] != all[2])) {
-        differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-      }
-    }
+    const std::string failed = ftc::ranks_where(comm, [&](int r) { return all[3 * r] != FTC_OK; });
+    const std::string differ = ftc::ranks_where(comm, [&](int r) {
+      return all[0] == FTC_OK && all[3 * r] == FTC_OK && (all[3 * r + 1] != all[1] || all[3 * r + 2] != all[2]);
+    });
     const std::string nothing = "; nothing was loaded on any rank";
-    if (status != FTC_OK) ftc::fail(static_cast<int>(status), message + nothing);
+    if (status != FTC_OK) ftc::fail(status, message + nothing);
     if (!failed.empty()) {
       ftc::fail(FTC_ERR_DISTRIBUTED, "rank(s) " + failed + " could not load the checkpoint (see their errors)" + nothing);
     }
@@ -576,27 +571,13 @@ int ftc_comm_checkpoint_load(ftc_comm c, const char *filename, ftc_model m, ftc_
                                          "must read the same file" + nothing);
     }
     std::shared_ptr<ftc::CheckpointUndo> undo;
-    int64_t applied = FTC_OK;
-    try {
-      undo = ftc::apply_checkpoint(*staged);
-    } catch (const ftc::Error &e) {
-      applied = e.status();
-      message = e.what();
-    } catch (const c10::Error &e) {
-      applied = FTC_ERR_TORCH;
-      message = e.what_without_backtrace();
-    } catch (const std::exception &e) {
-      applied = FTC_ERR_TORCH;
-      message = e.what();
-    }
+    const int applied = ftc::guard([&] { undo = ftc::apply_checkpoint(*staged); });
+    if (applied != FTC_OK) message = ftc::last_error_message();
     const auto results = comm.gather_values({applied});
-    std::string failed_apply;
-    for (int r = 0; r < comm.size; ++r) {
-      if (results[static_cast<size_t>(r)] != FTC_OK) failed_apply += (failed_apply.empty() ? "" : ", ") + std::to_string(r);
-    }
+    const std::string failed_apply = ftc::ranks_where(comm, [&](int r) { return results[static_cast<size_t>(r)] != FTC_OK; });
     if (!failed_apply.empty()) {
-      if (undo) ftc::undo_checkpoint(*undo, *staged);
-      if (applied != FTC_OK) ftc::fail(static_cast<int>(applied), message + nothing);
+      if (undo) ftc::undo_checkpoint(*undo, *staged);  // a rank that failed to apply has undone itself
+      if (applied != FTC_OK) ftc::fail(applied, message + nothing);
       ftc::fail(FTC_ERR_DISTRIBUTED, "rank(s) " + failed_apply + " could not apply the checkpoint (see their errors)" +
                                          "; every rank was put back as it was");
     }

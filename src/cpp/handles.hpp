@@ -39,6 +39,8 @@ enum HandleFlags : uint8_t {
                    // call that reads it, like kTemporary, on every compiler (gfortran <= 12
                    // never finalizes function results)
 };
+// Handles of expressions (taken over by `=` into an unconstructed tensor, never referred to).
+constexpr uint8_t kExpression = kTemporary | kFinalized | kResult;
 
 template <class T>
 class HandleTable {

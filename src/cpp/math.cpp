@@ -21,12 +21,11 @@ const char *binary_name(int op) {
 
 // The result of an operation into *out: a new handle, flagged as the kind of temporary the
 // caller asks for (Fortran does for every operator and function result).
-void finish(at::Tensor result, int temporary, ftc_tensor *out) {
-  uint8_t flags = 0;
+void finish(at::Tensor result, int temporary, ftc_tensor *out, uint8_t flags = 0) {
   switch (temporary) {
     case FTC_NAMED: break;
-    case FTC_TEMPORARY: flags = ftc::kTemporary; break;
-    case FTC_TEMPORARY_FINALIZED: flags = ftc::kFinalized; break;
+    case FTC_TEMPORARY: flags |= ftc::kTemporary; break;
+    case FTC_TEMPORARY_FINALIZED: flags |= ftc::kFinalized; break;
     default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown result kind " + std::to_string(temporary));
   }
   ftc::out_arg(out, "out") = ftc::new_tensor_handle(std::move(result), flags);
@@ -134,7 +133,7 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
     // Unconstructed (or stale: a compiler finalized it just before assigning) lhs: it becomes
     // the value; a temporary is taken over without copying. `r = torch_result(expr)` makes r a
     // result, released by the first call that reads it.
-    const bool take = value_before != nullptr || (right.flags & (kTemporary | kFinalized | kResult)) != 0;
+    const bool take = value_before != nullptr || (right.flags & kExpression) != 0;
     const uint8_t flags = (right.flags & kMarkResult) != 0 ? kResult : 0;
     *lhs = new_tensor_handle(take ? value : value.clone(), flags);
     return;
@@ -169,9 +168,8 @@ int ftc_tensor_assign_many(ftc_tensor *lhs, const ftc_tensor *rhs, int64_t n) {
     auto &table = ftc::TensorTable::instance();
     for (int64_t i = 0; i < n; ++i) {
       const auto it = written.find(rhs[i]);
-      if (it != written.end() && it->second < i && table.find(rhs[i]) != nullptr) {
-        before[static_cast<size_t>(i)] = table.find(rhs[i])->value.clone();
-      }
+      if (it == written.end() || it->second >= i) continue;
+      if (auto *slot = table.find(rhs[i])) before[static_cast<size_t>(i)] = slot->value.clone();
     }
     for (int64_t i = 0; i < n; ++i) {
       const at::Tensor &old = before[static_cast<size_t>(i)];
@@ -183,9 +181,8 @@ int ftc_tensor_assign_many(ftc_tensor *lhs, const ftc_tensor *rhs, int64_t n) {
 int ftc_tensor_mark_result(ftc_tensor t, int temporary, ftc_tensor *out) {
   return ftc::guard([&] {
     auto &slot = ftc::tensor_slot(t, "result");
-    const bool expression = (slot.flags & (ftc::kTemporary | ftc::kFinalized | ftc::kResult)) != 0;
-    finish(expression ? slot.value : slot.value.clone(), temporary, out);
-    ftc::TensorTable::instance().find(*out)->flags |= ftc::kMarkResult;
+    const bool expression = (slot.flags & ftc::kExpression) != 0;
+    finish(expression ? slot.value : slot.value.clone(), temporary, out, ftc::kMarkResult);
   });
 }
 

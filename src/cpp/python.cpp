@@ -276,10 +276,12 @@ class Arguments {
       ftc_bridge_value v{};
       v.kind = item.kind;
       switch (item.kind) {
-        case FTC_ARG_TENSOR:
-          v.dlpack = at::toDLPack(item_tensor(item));
-          v.requires_grad = item_tensor(item).requires_grad() ? 1 : 0;
+        case FTC_ARG_TENSOR: {
+          const at::Tensor &t = item_tensor(item);
+          v.dlpack = at::toDLPack(t);
+          v.requires_grad = t.requires_grad() ? 1 : 0;
           break;
+        }
         case FTC_ARG_REAL: v.real = item.real; break;
         case FTC_ARG_STRING:
           v.text = item.text.data();

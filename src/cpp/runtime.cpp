@@ -260,11 +260,10 @@ int ftc_callback_scope_end(int *status) {
 
 int ftc_reject(int status, const char *msg, int64_t msglen, const ftc_tensor *handles, int64_t n) {
   const int code = status == FTC_OK ? FTC_ERR_INTERNAL : status;
-  const int returned = ftc::guard([&] {
+  return ftc::guard([&] {
     ftc::take_temporaries(handles, n);
     ftc::fail(code, msg != nullptr && msglen > 0 ? std::string(msg, static_cast<size_t>(msglen)) : std::string());
   });
-  return returned;
 }
 
 int ftc_device_available(int device_type, int device_index) {

@@ -64,11 +64,13 @@ contains
     !> A box holding the procedure (copied into the registry when new).
     class(callback_box), intent(in) :: box
     type(c_ptr) :: data
+    type(callback_entry), pointer :: entry
     integer :: i, found
     call ftc_callback_registry_lock()
     found = 0
     do i = 1, registered
-      if (chunks((i - 1) / CHUNK + 1)%entries(mod(i - 1, CHUNK) + 1)%box%same(box)) then
+      entry => entry_at(i)
+      if (entry%box%same(box)) then
         found = i
         exit
       end if
@@ -78,7 +80,8 @@ contains
       if (.not. allocated(chunks((found - 1) / CHUNK + 1)%entries)) then
         allocate(chunks((found - 1) / CHUNK + 1)%entries(CHUNK))
       end if
-      allocate(chunks((found - 1) / CHUNK + 1)%entries(mod(found - 1, CHUNK) + 1)%box, source=box)
+      entry => entry_at(found)
+      allocate(entry%box, source=box)
       registered = found
     end if
     call ftc_callback_registry_unlock()
@@ -91,10 +94,17 @@ contains
     !> The address the C layer was given.
     type(c_ptr), intent(in) :: data
     class(callback_box), pointer :: box
-    integer :: i
-    i = int(transfer(data, 0_c_intptr_t))
-    box => chunks((i - 1) / CHUNK + 1)%entries(mod(i - 1, CHUNK) + 1)%box
+    type(callback_entry), pointer :: entry
+    entry => entry_at(int(transfer(data, 0_c_intptr_t)))
+    box => entry%box
   end function callback_box_at
+
+  ! Entry number i of the registry (its chunk allocated).
+  function entry_at(i) result(entry)
+    integer, intent(in) :: i
+    type(callback_entry), pointer :: entry
+    entry => chunks((i - 1) / CHUNK + 1)%entries(mod(i - 1, CHUNK) + 1)
+  end function entry_at
 
   !> Number of distinct procedures registered so far (all kinds): stays flat when a program
   !> registers the same procedures again and again.
