@@ -5,7 +5,7 @@ set(_gen "${CMAKE_CURRENT_BINARY_DIR}/fortran")
 file(MAKE_DIRECTORY "${_gen}")
 
 set(FTORCH_FORTRAN_SOURCES)
-foreach(_name IN ITEMS ftorch_kinds ftorch_types ftorch_devices ftorch_errors ftorch_interop ftorch_callbacks ftorch_runtime ftorch_tensor_type ftorch_math
+foreach(_name IN ITEMS ftorch_kinds ftorch_types ftorch_devices ftorch_errors ftorch_interop ftorch_runtime ftorch_tensor_type ftorch_callbacks ftorch_math
                        ftorch_autograd ftorch_tensor ftorch_function ftorch_functional
                        ftorch_arglist ftorch_model ftorch_optim ftorch_loss ftorch_distributed ftorch_train ftorch_python
                        ftorch_test_utils ftorch torch_ftn)
@@ -14,6 +14,7 @@ foreach(_name IN ITEMS ftorch_kinds ftorch_types ftorch_devices ftorch_errors ft
       OUTPUT "${_gen}/${_name}.f90"
       COMMAND "${Python_EXECUTABLE}" -m fypp -I "${_src}" "${_src}/${_name}.fypp" "${_gen}/${_name}.f90"
       DEPENDS "${_src}/${_name}.fypp" "${_src}/ftorch_common.fypp" "${_src}/ftorch_enums.fypp" "${_src}/ftorch_handles.fypp"
+              "${_src}/ftorch_callback_kinds.fypp"
       COMMENT "fypp ${_name}.fypp"
       VERBATIM)
     list(APPEND FTORCH_FORTRAN_SOURCES "${_gen}/${_name}.f90")

@@ -53,3 +53,16 @@ def test_distributed_benchmark_smoke_run(installed, tmp_path):
     assert all(v > 0 for v in results["median_ms"].values())
     assert results["weak_scaling"]["fortran"] > 0 and results["fortran_over_python_2_ranks"] > 0
     assert "| ranks | FTorch (torch_ddp over MPI) | Python DDP (Gloo) | FTorch/Python |" in (out / "distributed.md").read_text()
+
+
+def test_documented_instruction_counts_are_the_recorded_measurement():
+    """The README's and the guide's instruction tables show bench/results/instructions.json (what
+    bench/instructions.py measured last and what CI's --check compares against), number for number."""
+    recorded = json.loads((REPO / "bench" / "results" / "instructions.json").read_text())
+    readme = (REPO / "README.md").read_text()
+    guide = (REPO / "docs" / "guide" / "performance.md").read_text()
+    table = (REPO / "bench" / "results" / "instructions.md").read_text()
+    assert table.strip() in guide and table.strip() in readme
+    for name, r in recorded.items():
+        row = f"| {name} | {r['fortran']:,.0f} | {r['cpp']:,.0f} | {r['ratio']:.3f} | {r['budget']:.2f} |"
+        assert row in table, name

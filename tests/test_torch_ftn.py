@@ -141,3 +141,11 @@ def test_failures_stop_cleanly_with_the_reason(build, models, case, arg, message
     proc = run([build / "ftn_errors", case, arg], check=False)
     assert proc.returncode != 0 and proc.returncode < 128, proc.returncode  # not a signal
     assert message in proc.stderr + proc.stdout
+
+
+def test_failures_go_through_the_one_error_path_catch_scopes_included(build, models):
+    """torch_ftn reports failures as every FTorch procedure does: inside a catch scope the failure
+    is kept (status and "[torch_module%train] reason"), and the program goes on."""
+    proc = run([build / "ftn_errors", "caught_in_scope", models / "ftn_poly.pt"], check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "caught 1: [torch_module%train] no optimizer: call create_optimizer_sgd first" in proc.stdout

@@ -73,7 +73,7 @@ GUIDE = REPO / "docs" / "guide"
 # Where the copies of repository files that the guide links to go, inside the output directory.
 REPO_COPIES = "repo"
 # fypp files that are only #:include'd by the others (see cmake/FTorchFortranSources.cmake).
-INCLUDE_ONLY = {"ftorch_common.fypp", "ftorch_enums.fypp", "ftorch_handles.fypp"}
+INCLUDE_ONLY = {"ftorch_common.fypp", "ftorch_enums.fypp", "ftorch_handles.fypp", "ftorch_callback_kinds.fypp"}
 # FORD warnings that are not documentation problems (see the module docstring).
 BENIGN_WARNING = re.compile(r"Unknown entity '[^']*' with attribute 'public'")
 UNDOCUMENTED_WARNING = re.compile(r"Undocumented \w+ '")

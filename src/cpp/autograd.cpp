@@ -120,7 +120,7 @@ int ftc_grad_scope_push(int scope) {
       case FTC_SCOPE_NO_GRAD: s.no_grad = std::make_unique<at::NoGradGuard>(); break;
       case FTC_SCOPE_ENABLE_GRAD: s.enable_grad = std::make_unique<at::AutoGradMode>(true); break;
       case FTC_SCOPE_INFERENCE: s.inference = std::make_unique<c10::InferenceMode>(); break;
-      default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown grad scope " + std::to_string(scope));
+      default: ftc::fail_unknown(ftc::ftc_grad_scope_table, scope);
     }
     scopes.push_back(std::move(s));
   });

@@ -383,9 +383,7 @@ int ftc_allreduce(ftc_comm c, ftc_tensor t, int op) {
     auto &comm = *ftc::comm_of(c);
     const at::Tensor &x = ftc::tensor_of(t, "tensor");
     if (op < FTC_OP_SUM || op > FTC_OP_MIN) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown reduction " + std::to_string(op) +
-                                              " (torch_kReduceSum, torch_kReduceMean, torch_kReduceMax, "
-                                              "torch_kReduceMin)");
+      ftc::fail_unknown(ftc::ftc_collective_op_table, op);
     }
     if (op == FTC_OP_MEAN && !at::isFloatingType(x.scalar_type())) {
       ftc::fail(FTC_ERR_DTYPE, "the mean over ranks needs a floating-point tensor (this one is " +

@@ -22,7 +22,7 @@ FTC_API int ftc_tensor_is_leaf(ftc_tensor t, int *is_leaf);
 
 /* Grad-mode scopes of the calling thread (LibTorch's modes are thread-local). push enters a
  * scope, pop leaves the innermost one; scopes nest. */
-enum ftc_grad_scope { FTC_SCOPE_NO_GRAD = 0, FTC_SCOPE_ENABLE_GRAD = 1, FTC_SCOPE_INFERENCE = 2 };
+/* enum ftc_grad_scope: see ftorch_c_enums.h. */
 FTC_API int ftc_grad_scope_push(int scope);
 FTC_API int ftc_grad_scope_pop(int scope);
 FTC_API int ftc_grad_enabled(void);

@@ -32,9 +32,7 @@ typedef void *ftc_function_ctx;
 typedef int (*ftc_backward_fn)(void *data, ftc_function_ctx ctx, const ftc_tensor *grad_outputs, int n_outputs,
                                ftc_tensor *grad_inputs, int n_inputs, int *n_returned);
 
-enum ftc_function_flags {
-  FTC_FUNCTION_DOUBLE_BACKWARD = 1 /* backward is made of differentiable tensor operations */
-};
+/* enum ftc_function_flags: see ftorch_c_enums.h. */
 
 /* Define a custom function (definitions live as long as the process; defining the same name,
  * backward, data and flags again returns the same id). */
@@ -55,7 +53,7 @@ FTC_API int ftc_ctx_mark_dirty(ftc_function_ctx ctx, int input_index, int output
 FTC_API int ftc_ctx_set_materialize_grads(ftc_function_ctx ctx, int materialize);
 /* Non-tensor values under a key: kind FTC_VALUE_INTEGER (int64_t data), FTC_VALUE_REAL (double),
  * FTC_VALUE_LOGICAL (int64_t, 0 or 1); n elements. Saving again replaces. */
-enum ftc_value_kind { FTC_VALUE_INTEGER = 0, FTC_VALUE_REAL = 1, FTC_VALUE_LOGICAL = 2 };
+/* enum ftc_value_kind: see ftorch_c_enums.h. */
 FTC_API int ftc_ctx_save_value(ftc_function_ctx ctx, const char *key, int64_t key_len, int kind, const void *data,
                                int64_t n);
 /* Context, during forward and backward. */
@@ -79,7 +77,7 @@ FTC_API void ftc_set_last_error(const char *msg, int64_t msg_len);
  *  FTC_PACK_FILES: tensors of at least threshold_bytes are written to a file in directory and read
  *    back (the file is removed when the graph frees it);
  *  FTC_PACK_USER: pack(data, tensor, &packed) and unpack(data, packed, &tensor) callbacks. */
-enum ftc_pack_policy { FTC_PACK_CPU = 1, FTC_PACK_FILES = 2, FTC_PACK_USER = 3 };
+/* enum ftc_pack_policy: see ftorch_c_enums.h. */
 typedef int (*ftc_pack_fn)(void *data, ftc_tensor tensor, ftc_tensor *packed);
 typedef int (*ftc_unpack_fn)(void *data, ftc_tensor packed, ftc_tensor *tensor);
 FTC_API int ftc_saved_tensors_hooks_push(int policy, const char *directory, int64_t directory_len,

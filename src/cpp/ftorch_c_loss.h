@@ -10,10 +10,7 @@
 extern "C" {
 #endif
 
-enum ftc_loss_kind {
-  FTC_LOSS_MSE = 0, FTC_LOSS_L1 = 1, FTC_LOSS_HUBER = 2, FTC_LOSS_SMOOTH_L1 = 3,
-  FTC_LOSS_CROSS_ENTROPY = 4, FTC_LOSS_NLL = 5, FTC_LOSS_BCE_WITH_LOGITS = 6
-};
+/* enum ftc_loss_kind: see ftorch_c_enums.h. */
 
 /* Loss of input against target into *out: stored as ftc_tensor_assign does when *out is a live
  * tensor, else a new handle. reduction: 0 none, 1 mean, 2 sum.

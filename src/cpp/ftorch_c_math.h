@@ -19,16 +19,7 @@
 extern "C" {
 #endif
 
-enum ftc_result_kind { FTC_NAMED = 0, FTC_TEMPORARY = 1, FTC_TEMPORARY_FINALIZED = 2 };
-
-enum ftc_binary_op { FTC_ADD = 0, FTC_SUB = 1, FTC_MUL = 2, FTC_DIV = 3, FTC_POW = 4, FTC_MATMUL = 5 };
-
-enum ftc_unary_op {
-  FTC_NEG = 0, FTC_EXP = 1, FTC_LOG = 2, FTC_SQRT = 3, FTC_ABS = 4, FTC_SIN = 5, FTC_COS = 6,
-  FTC_TANH = 7, FTC_SIGMOID = 8, FTC_RELU = 9, FTC_CLONE = 10, FTC_DETACH = 11
-};
-
-enum ftc_reduce_op { FTC_SUM = 0, FTC_MEAN = 1 };
+/* enum ftc_result_kind, ftc_binary_op, ftc_unary_op, ftc_reduce_op: see ftorch_c_enums.h. */
 
 /* lhs = rhs. A constructed lhs keeps its memory (an aliased Fortran array receives the values,
  * broadcast and converted to its dtype) and takes rhs's autograd history in place of its own.

@@ -14,10 +14,7 @@ extern "C" {
 typedef struct ftc_optim_s *ftc_optim;
 typedef struct ftc_scheduler_s *ftc_scheduler;
 
-enum ftc_optim_kind {
-  FTC_OPTIM_SGD = 0, FTC_OPTIM_ADAM = 1, FTC_OPTIM_ADAMW = 2, FTC_OPTIM_RMSPROP = 3,
-  FTC_OPTIM_ADAGRAD = 4, FTC_OPTIM_LBFGS = 5
-};
+/* enum ftc_optim_kind: see ftorch_c_enums.h. */
 
 /* New optimizer over params (leaf tensors; they share storage with what they were made from).
  * hyper holds the hyper-parameters of the kind, in this order:
@@ -34,9 +31,10 @@ FTC_API void ftc_optim_release(ftc_optim o);  /* see ftc_tensor_release */
 /* *dst = a second handle to the optimizer of src (a null src makes *dst null). */
 FTC_API int ftc_optim_share(ftc_optim src, ftc_optim *dst);
 FTC_API int ftc_optim_step(ftc_optim o);
-/* A closure for optimizers that re-evaluate the loss (LBFGS): returns a new tensor handle holding
- * the loss (ownership passes to the caller), or NULL on failure. */
-typedef ftc_tensor (*ftc_closure)(void *context);
+/* A closure for optimizers that re-evaluate the loss (LBFGS): sets *loss to a new tensor handle
+ * holding the loss (ownership passes to the caller) and returns FTC_OK, or returns a nonzero
+ * status after ftc_set_last_error (the step then fails with FTC_ERR_CALLBACK and that message). */
+typedef int (*ftc_closure)(void *context, ftc_tensor *loss);
 /* zero_grad, loss = closure(), loss.backward(), as many times as the optimizer needs, then the
  * update; *loss receives the first loss value. */
 FTC_API int ftc_optim_step_closure(ftc_optim o, ftc_closure closure, void *context, double *loss);
@@ -49,10 +47,7 @@ FTC_API int ftc_optim_step_count(ftc_optim o, int64_t *steps);
 FTC_API int ftc_optim_clip_grad_norm(ftc_optim o, double max_norm, double norm_type, double *total_norm);
 FTC_API int ftc_optim_clip_grad_value(ftc_optim o, double clip_value);
 
-enum ftc_scheduler_kind {
-  FTC_SCHED_STEP = 0, FTC_SCHED_MULTISTEP = 1, FTC_SCHED_EXPONENTIAL = 2, FTC_SCHED_COSINE = 3,
-  FTC_SCHED_PLATEAU = 4, FTC_SCHED_LINEAR = 5
-};
+/* enum ftc_scheduler_kind: see ftorch_c_enums.h. */
 
 /* New scheduler of an optimizer (which it keeps alive); params by kind:
  *   step: step_size, gamma          multistep: gamma (+ milestones)     exponential: gamma

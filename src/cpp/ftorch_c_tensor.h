@@ -16,7 +16,7 @@ typedef struct ftc_tensor_s *ftc_tensor;
 FTC_API int ftc_reject(int status, const char *msg, int64_t msglen, const ftc_tensor *handles, int64_t n);
 
 /* Fill of ftc_tensor_new. */
-enum ftc_fill { FTC_FILL_EMPTY = 0, FTC_FILL_ZEROS = 1, FTC_FILL_ONES = 2 };
+/* enum ftc_fill: see ftorch_c_enums.h. */
 
 /* New row-major tensor owned by LibTorch. device_index < 0 means the default for the type.
  * If *out is not null it is deleted first (constructing into a live tensor frees it). */

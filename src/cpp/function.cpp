@@ -61,7 +61,7 @@ const char *value_kind_name(int kind) {
     case FTC_VALUE_INTEGER: return "integer";
     case FTC_VALUE_REAL: return "real";
     case FTC_VALUE_LOGICAL: return "logical";
-    default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown value kind " + std::to_string(kind));
+    default: ftc::fail_unknown(ftc::ftc_value_kind_table, kind);
   }
 }
 
@@ -415,62 +415,8 @@ void end_forward(ftc_function_ctx ctx, FunctionNode &node) {
 
 }  // namespace
 
-namespace ftc {
-
-void check_callback(int status, const std::string &what) {
-  if (status == FTC_OK) return;
-  const std::string reason = last_error_message();
-  fail(FTC_ERR_CALLBACK, what + " failed (status " + std::to_string(status) + ")" +
-                             (reason.empty() ? std::string() : ": " + reason));
-}
-
-CallbackHandles::~CallbackHandles() {
-  for (auto h : handles) delete_tensor(h);
-}
-
-ftc_tensor CallbackHandles::add(const at::Tensor &t) {
-  handles.push_back(nullptr);
-  handles.back() = new_tensor_handle(t);
-  return handles.back();
-}
-
-std::vector<at::Tensor> run_segment(ftc_segment_fn fn, void *data, const std::vector<at::Tensor> &inputs,
-                                    int n_outputs, const std::string &what) {
-  CallbackHandles handles;
-  for (const auto &t : inputs) handles.add(t);
-  CallbackHandles results;  // the callback's outputs, freed if not taken
-  results.handles.assign(static_cast<size_t>(n_outputs), nullptr);
-  check_callback(fn(data, handles.handles.data(), static_cast<int>(inputs.size()), results.handles.data(), n_outputs),
-                 what);
-  std::vector<at::Tensor> out;
-  for (size_t i = 0; i < results.handles.size(); ++i) {
-    const std::string name = "output " + std::to_string(i + 1) + " of " + what;
-    out.push_back(take_callback_result(results.handles[i], name.c_str()));
-    if (!out.back().defined()) fail(FTC_ERR_CALLBACK, what + " did not construct output " + std::to_string(i + 1));
-  }
-  return out;
-}
-
-at::Tensor take_callback_result(ftc_tensor &h, const char *what) {
-  if (h == nullptr) return at::Tensor();
-  auto *s = TensorTable::instance().find(h);
-  if (s == nullptr) bad_handle(h, "tensor", what);
-  at::Tensor t = s->value;
-  TensorTable::instance().release(h);
-  h = nullptr;
-  return t;
-}
-
-}  // namespace ftc
 
 extern "C" {
-
-void ftc_set_last_error(const char *msg, int64_t msg_len) {
-  try {
-    ftc::set_last_error(msg == nullptr || msg_len <= 0 ? std::string() : std::string(msg, static_cast<size_t>(msg_len)));
-  } catch (...) {
-  }
-}
 
 int ftc_function_define(const char *name, int64_t name_len, ftc_backward_fn backward, void *data, int flags,
                         int64_t *id) {
@@ -479,7 +425,7 @@ int ftc_function_define(const char *name, int64_t name_len, ftc_backward_fn back
     if (backward == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the backward callback is null");
     if (name == nullptr || name_len <= 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a custom function needs a name");
     if ((flags & ~FTC_FUNCTION_DOUBLE_BACKWARD) != 0) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown custom function flags " + std::to_string(flags));
+      ftc::fail_unknown(ftc::ftc_function_flags_table, flags);
     }
     Definition def{std::string(name, static_cast<size_t>(name_len)), backward, data, flags};
     std::lock_guard<std::mutex> lock(definitions_mutex);
@@ -736,7 +682,7 @@ int ftc_saved_tensors_hooks_push(int policy, const char *directory, int64_t dire
         p.unpack = unpack;
         p.unpack_data = unpack_data;
         break;
-      default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown saved-tensor policy " + std::to_string(policy));
+      default: ftc::fail_unknown(ftc::ftc_pack_policy_table, policy);
     }
     pack_policies.push_back(std::move(p));
   });

@@ -10,37 +10,44 @@
 #include "internal.hpp"
 
 namespace ftc {
+
+thread_local ThreadState *current_thread_state __attribute__((tls_model("initial-exec"))) = nullptr;
+
 namespace {
 
-// Each thread counts the handles it creates and frees; a thread that ends hands its balance
-// to `retired`. Reading the total locks; counting never does.
-struct CountRegistry {
+// Every thread's state, for the live-handle total; a thread that ends hands its balance to
+// `retired`. Reading the total locks; counting never does.
+struct StateRegistry {
   std::mutex mutex;
-  std::vector<std::atomic<int64_t> *> counters;
+  std::vector<ThreadState *> states;
   int64_t retired = 0;
+  TableFreeList *tables[ThreadState::kMaxTables] = {};
+  size_t n_tables = 0;
 };
 
-CountRegistry &registry() {
-  static CountRegistry *r = new CountRegistry();  // never destroyed (threads may outlive main)
+StateRegistry &registry() {
+  static StateRegistry *r = new StateRegistry();  // never destroyed (threads may outlive main)
   return *r;
 }
 
-struct ThreadCount {
-  std::atomic<int64_t> n{0};
-  ThreadCount() {
+// Owns the calling thread's state; its destructor runs at thread exit.
+struct StateOwner {
+  ThreadState *state = nullptr;
+  ~StateOwner() {
+    if (state == nullptr) return;
     auto &r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
-    r.counters.push_back(&n);
-  }
-  ~ThreadCount() {
-    auto &r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    r.retired += n.load(std::memory_order_relaxed);
-    r.counters.erase(std::remove(r.counters.begin(), r.counters.end(), &n), r.counters.end());
+    r.retired += state->live.load(std::memory_order_relaxed);
+    r.states.erase(std::remove(r.states.begin(), r.states.end(), state), r.states.end());
+    for (size_t t = 0; t < r.n_tables; ++t) {
+      if (state->free[t].n > 0) r.tables[t]->take_back(state->free[t].index, state->free[t].n);
+    }
+    current_thread_state = nullptr;
+    delete state;
   }
 };
 
-thread_local ThreadCount thread_count;
+thread_local StateOwner state_owner;
 
 // The run-time signal of a leak: when this thread's live handles pass a threshold, one warning on
 // standard error, and the threshold doubles (FTORCH_LIVE_HANDLES_WARN sets the first, 0 disables).
@@ -51,12 +58,32 @@ int64_t first_warning_threshold() {
   return v <= 0 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v);
 }
 
-thread_local int64_t warn_at = -1;
+}  // namespace
 
-void warn_growth(int64_t live) noexcept {
-  if (warn_at < 0) {
-    warn_at = first_warning_threshold();
-    if (live <= warn_at) return;
+ThreadState &new_thread_state() {
+  auto *state = new ThreadState();
+  {
+    auto &r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.states.push_back(state);
+  }
+  state_owner.state = state;
+  current_thread_state = state;
+  return *state;
+}
+
+size_t register_table(TableFreeList *table) {
+  auto &r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.n_tables >= ThreadState::kMaxTables) std::abort();  // a table type added without raising kMaxTables
+  r.tables[r.n_tables] = table;
+  return r.n_tables++;
+}
+
+void warn_growth(ThreadState &ts, int64_t live) noexcept {
+  if (ts.warn_at < 0) {
+    ts.warn_at = first_warning_threshold();
+    if (live <= ts.warn_at) return;
   }
   std::fprintf(stderr,
                "FTorch warning: %lld tensor/model handles created on this thread are alive and the number keeps "
@@ -65,34 +92,22 @@ void warn_growth(int64_t live) noexcept {
                "of tensors need torch_delete. (FTORCH_LIVE_HANDLES_WARN=N sets this threshold, 0 silences it.)\n",
                static_cast<long long>(live));
   std::fflush(stderr);
-  warn_at = live > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max() : 2 * live;
-}
-thread_local std::vector<ftc_tensor> consumed_list;
-
-}  // namespace
-
-void count_handles(int64_t delta) noexcept {
-  // Only this thread writes its counter: a relaxed load and store, no read-modify-write.
-  const int64_t live = thread_count.n.load(std::memory_order_relaxed) + delta;
-  thread_count.n.store(live, std::memory_order_relaxed);
-  if (live > warn_at) warn_growth(live);
+  ts.warn_at = live > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max() : 2 * live;
 }
 
 int64_t live_handle_count() noexcept {
-  (void)thread_count;  // register this thread, so that the sum below includes it
+  thread_state();  // register this thread, so that the sum below includes it
   auto &r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   int64_t total = r.retired;
-  for (const auto *c : r.counters) total += c->load(std::memory_order_relaxed);
+  for (const auto *s : r.states) total += s->live.load(std::memory_order_relaxed);
   return total;
 }
 
-std::vector<ftc_tensor> &consumed() { return consumed_list; }
-
-void release_consumed(size_t from) noexcept {
-  auto &list = consumed_list;
+void release_consumed(ThreadState &ts, size_t from) noexcept {
+  auto &list = ts.consumed;
   while (list.size() > from) {
-    ftc_tensor h = list.back();
+    void *h = list.back();
     list.pop_back();
     TensorTable::instance().release(h);
   }
@@ -116,21 +131,28 @@ void bad_handle(const void *handle, const char *kind, const char *what) {
 TensorTable::Slot &tensor_slot(ftc_tensor h, const char *what) {
   auto *s = TensorTable::instance().find(h);
   if (s == nullptr) bad_handle(h, "tensor", what);
-  if ((s->flags & (kTemporary | kResult)) != 0) {
-    auto &list = consumed_list;
-    if (std::find(list.begin(), list.end(), h) == list.end()) list.push_back(h);
-  }
+  if ((s->flags & (kTemporary | kResult)) != 0) consume(thread_state(), h);
   return *s;
 }
 
+
 std::vector<at::Tensor> tensors_of(const ftc_tensor *handles, int64_t n, const char *what) {
-  take_temporaries(handles, n);
   if (n < 0) fail(FTC_ERR_INVALID_ARGUMENT, std::string("negative number of ") + what + "s (" + std::to_string(n) + ")");
   if (n > 0 && handles == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, std::string(what) + " array pointer is null");
+  // One lookup per handle: every temporary is scheduled before any handle is checked.
+  c10::SmallVector<TensorTable::Slot *, 8> slots(static_cast<size_t>(n));
+  auto &table = TensorTable::instance();
+  ThreadState &ts = thread_state();
+  for (int64_t i = 0; i < n; ++i) {
+    auto *s = slots[static_cast<size_t>(i)] = table.find(handles[i]);
+    if (s != nullptr && (s->flags & (kTemporary | kResult)) != 0) consume(ts, handles[i]);
+  }
   std::vector<at::Tensor> out;
   out.reserve(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    out.push_back(tensor_of(handles[i], (std::string(what) + " " + std::to_string(i + 1)).c_str()));
+    auto *s = slots[static_cast<size_t>(i)];
+    if (s == nullptr) bad_handle(handles[i], "tensor", (std::string(what) + " " + std::to_string(i + 1)).c_str());
+    out.push_back(s->value);
   }
   return out;
 }
@@ -138,8 +160,12 @@ std::vector<at::Tensor> tensors_of(const ftc_tensor *handles, int64_t n, const c
 void take_temporaries(const ftc_tensor *handles, int64_t n) {
   if (handles == nullptr) return;
   auto &table = TensorTable::instance();
+  ThreadState *ts = nullptr;
   for (int64_t i = 0; i < n; ++i) {
-    if (table.find(handles[i]) != nullptr) tensor_slot(handles[i]);
+    auto *s = table.find(handles[i]);
+    if (s == nullptr || (s->flags & (kTemporary | kResult)) == 0) continue;
+    if (ts == nullptr) ts = &thread_state();
+    consume(*ts, handles[i]);
   }
 }
 

@@ -15,20 +15,62 @@
 // Free slots are cached per thread; the live count is kept per thread and summed when read.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace ftc {
 
+// ---------------------------------------------------------------------------- per-thread state
+
+// Everything the C layer keeps per thread, in one place, reached through one thread-local pointer
+// (initial-exec: one load from the thread pointer, no __tls_get_addr and no lazy-construction guard
+// on the hot path). Created on a thread's first call; at thread exit its live-handle balance goes
+// to the retired total and its cached free slots back to their tables.
+struct ThreadState {
+  static constexpr size_t kMaxTables = 16;  // handle tables (tensors, models, ...)
+  static constexpr uint32_t kCacheSize = 64;
+  struct FreeSlots {
+    uint32_t n = 0;
+    uint32_t index[kCacheSize];
+  };
+  std::atomic<int64_t> live{0};   // handles this thread created minus those it freed (read by others)
+  int64_t warn_at = -1;           // next live count that prints the leak warning (-1: not read yet)
+  std::vector<void *> consumed;   // temporaries read by the calls in progress, released as they return
+  std::string last_error;         // message of this thread's last failed call
+  FreeSlots free[kMaxTables];     // per table: slots this thread freed, reused first
+};
+
+ThreadState &new_thread_state();
+extern thread_local ThreadState *current_thread_state __attribute__((tls_model("initial-exec")));
+
+inline ThreadState &thread_state() {
+  ThreadState *s = current_thread_state;
+  return s != nullptr ? *s : new_thread_state();
+}
+
 // Handle-count bookkeeping of the calling thread (no shared counter on the hot path).
-void count_handles(int64_t delta) noexcept;
+void warn_growth(ThreadState &ts, int64_t live) noexcept;
+inline void count_handles(ThreadState &ts, int64_t delta) noexcept {
+  // Only this thread writes its counter: a relaxed load and store, no read-modify-write.
+  const int64_t live = ts.live.load(std::memory_order_relaxed) + delta;
+  ts.live.store(live, std::memory_order_relaxed);
+  if (live > ts.warn_at) warn_growth(ts, live);
+}
 // Live handles of every kind, over all threads (past and present).
 int64_t live_handle_count() noexcept;
 
+// A handle table's shared free list, for the slots a thread caches when it exits.
+struct TableFreeList {
+  virtual void take_back(const uint32_t *index, uint32_t n) noexcept = 0;
+};
+// A number for a new table (its FreeSlots in every ThreadState), and the table to return them to.
+size_t register_table(TableFreeList *table);
 enum HandleFlags : uint8_t {
   kTemporary = 1,  // result of an expression: released by the first call that reads it
   kShared = 2,     // bound to a model's or optimizer's parameter: `=` writes in place, always
@@ -43,7 +85,7 @@ enum HandleFlags : uint8_t {
 constexpr uint8_t kExpression = kTemporary | kFinalized | kResult;
 
 template <class T>
-class HandleTable {
+class HandleTable final : public TableFreeList {
  public:
   struct Slot {
     T value{};
@@ -53,17 +95,18 @@ class HandleTable {
   };
 
   static HandleTable &instance() {
-    static HandleTable *table = new HandleTable();  // never destroyed: threads may outlive main
+    static HandleTable *const table = new HandleTable();  // never destroyed: threads may outlive main
     return *table;
   }
 
   void *acquire(T value, uint8_t flags = 0) {
-    const uint32_t index = take_index();
+    ThreadState &ts = thread_state();
+    const uint32_t index = take_index(ts);
     Slot &s = slot(index);
     s.value = std::move(value);
     s.flags = flags;
     s.live = true;
-    count_handles(1);
+    count_handles(ts, 1);
     return reinterpret_cast<void *>((static_cast<uintptr_t>(s.generation) << 32) | (uintptr_t{index} + 1));
   }
 
@@ -87,10 +130,10 @@ class HandleTable {
     s->live = false;
     s->flags = 0;
     if (++s->generation == 0) s->generation = 1;
-    T old = std::move(s->value);
-    s->value = T{};
-    give_back(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(handle) & 0xffffffffu) - 1);
-    count_handles(-1);
+    T old = std::move(s->value);  // leaves the slot's value empty (tensors, shared and intrusive pointers)
+    ThreadState &ts = thread_state();
+    give_back(ts, static_cast<uint32_t>(reinterpret_cast<uintptr_t>(handle) & 0xffffffffu) - 1);
+    count_handles(ts, -1);
     return true;  // `old` (a tensor, a model...) is destroyed here, after the slot is consistent
   }
 
@@ -99,40 +142,24 @@ class HandleTable {
   static constexpr uint32_t kChunkSize = 1u << kChunkBits;
   static constexpr uint32_t kMaxChunks = 1u << 16;
   static constexpr uint32_t kCapacity = kChunkSize * kMaxChunks;
-  static constexpr size_t kCacheSize = 64;
+  HandleTable() : id_(register_table(this)) {}
 
-  struct Cache {
-    HandleTable *table = nullptr;
-    std::vector<uint32_t> free;
-    ~Cache() {
-      if (table == nullptr || free.empty()) return;
-      try {
-        std::lock_guard<std::mutex> lock(table->mutex_);
-        table->free_.insert(table->free_.end(), free.begin(), free.end());
-      } catch (...) {
-      }
+  void take_back(const uint32_t *index, uint32_t n) noexcept override {
+    try {
+      std::lock_guard<std::mutex> lock(mutex_);
+      free_.insert(free_.end(), index, index + n);
+    } catch (...) {
+      // Out of memory for the free list: the slots are not reused (never unsafe).
     }
-  };
-
-  HandleTable() = default;
-
-  Cache &cache() {
-    static thread_local Cache c;
-    c.table = this;
-    return c;
   }
 
   Slot &slot(uint32_t index) const {
     return chunks_[index >> kChunkBits].load(std::memory_order_acquire)[index & (kChunkSize - 1)];
   }
 
-  uint32_t take_index() {
-    Cache &c = cache();
-    if (!c.free.empty()) {
-      const uint32_t i = c.free.back();
-      c.free.pop_back();
-      return i;
-    }
+  uint32_t take_index(ThreadState &ts) {
+    ThreadState::FreeSlots &c = ts.free[id_];
+    if (c.n > 0) return c.index[--c.n];
     std::lock_guard<std::mutex> lock(mutex_);
     if (!free_.empty()) {
       const uint32_t i = free_.back();
@@ -146,20 +173,16 @@ class HandleTable {
     return next_++;
   }
 
-  void give_back(uint32_t index) noexcept {
-    try {
-      Cache &c = cache();
-      if (c.free.size() < kCacheSize) {
-        c.free.push_back(index);
-        return;
-      }
-      std::lock_guard<std::mutex> lock(mutex_);
-      free_.push_back(index);
-    } catch (...) {
-      // Out of memory for the free list: the slot is not reused (never unsafe).
+  void give_back(ThreadState &ts, uint32_t index) noexcept {
+    ThreadState::FreeSlots &c = ts.free[id_];
+    if (c.n < ThreadState::kCacheSize) {
+      c.index[c.n++] = index;
+      return;
     }
+    take_back(&index, 1);
   }
 
+  const size_t id_;
   std::atomic<Slot *> chunks_[kMaxChunks] = {};
   std::mutex mutex_;
   std::vector<uint32_t> free_;  // guarded by mutex_
@@ -181,22 +204,10 @@ using SchedulerTable = HandleTable<std::shared_ptr<Scheduler>>;
 
 // ---------------------------------------------------------------------------- temporaries
 
-// Temporaries read during the current C call of this thread; released when the call returns.
-std::vector<ftc_tensor> &consumed();
-void release_consumed(size_t from) noexcept;
-
-// Marks where the current call's temporaries start (calls nest: an LBFGS closure runs Fortran
-// code that calls back into the C API) and releases them when the call returns.
-class ConsumedMark {
- public:
-  ConsumedMark() noexcept : from_(consumed().size()) {}
-  ~ConsumedMark() { release_consumed(from_); }
-  ConsumedMark(const ConsumedMark &) = delete;
-  ConsumedMark &operator=(const ConsumedMark &) = delete;
-
- private:
-  size_t from_;
-};
+// Temporaries read during the current C calls of this thread (ThreadState::consumed) are
+// released when the call that read them returns: release_consumed(ts, mark) frees those after
+// `mark` (calls nest: an LBFGS closure runs Fortran code that calls back into the C API).
+void release_consumed(ThreadState &ts, size_t from) noexcept;
 
 // ---------------------------------------------------------------------------- access
 
@@ -206,6 +217,33 @@ class ConsumedMark {
 // The slot of a tensor handle; a temporary is scheduled for release at the end of the call.
 TensorTable::Slot &tensor_slot(ftc_tensor h, const char *what = "tensor");
 inline at::Tensor &tensor_of(ftc_tensor h, const char *what = "tensor") { return tensor_slot(h, what).value; }
+// Schedule temporary h for release when the calls in progress on this thread return. Listed once,
+// by the outermost call that reads it: a nested call (user code run by a callback) reading the
+// same temporary must not free it under the outer call (the lists are a few entries long).
+inline void consume(ThreadState &ts, ftc_tensor h) {
+  auto &list = ts.consumed;
+  for (const void *c : list) {
+    if (c == h) return;
+  }
+  list.push_back(h);
+}
+
+// The slots of a call's tensor operands, one lookup each: every temporary among them is scheduled
+// for release first, then the first that does not resolve fails, named by `what`.
+template <size_t N>
+std::array<TensorTable::Slot *, N> operands(const ftc_tensor (&handles)[N], const char *const (&what)[N]) {
+  std::array<TensorTable::Slot *, N> slots;
+  auto &table = TensorTable::instance();
+  for (size_t i = 0; i < N; ++i) {
+    slots[i] = table.find(handles[i]);
+    if (slots[i] != nullptr && (slots[i]->flags & (kTemporary | kResult)) != 0) consume(thread_state(), handles[i]);
+  }
+  for (size_t i = 0; i < N; ++i) {
+    if (slots[i] == nullptr) bad_handle(handles[i], "tensor", what[i]);
+  }
+  return slots;
+}
+
 // Schedule the temporaries among an array of tensor arguments (call it for every array argument
 // before checking any of them, so that each temporary is released whatever fails first).
 void take_temporaries(const ftc_tensor *handles, int64_t n);

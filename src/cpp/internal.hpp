@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "enum_names.hpp"
 #include "ftorch_c.h"
 
 namespace ftc {
@@ -115,9 +116,16 @@ class Error : public std::runtime_error {
 
 [[noreturn]] inline void fail(int status, const std::string &msg) { throw Error(status, msg); }
 
+// An enumerator value none of whose names matches: Error(status) "unknown <noun> <value> (one of:
+// NAME (value), ...)", the names from the generated table (enum_names.hpp).
+[[noreturn]] void fail_unknown(const EnumTable &table, int value, int status = FTC_ERR_INVALID_ARGUMENT);
+// "NAME (value), ..." of a table's enumerators, those `accepted` keeps when given.
+std::string enum_choices(const EnumTable &table, bool (*accepted)(int) = nullptr);
+
 void set_last_error(std::string msg) noexcept;
 void clear_last_error() noexcept;
 std::string last_error_message();
+const std::string &last_error_ref() noexcept;
 // Throws Error(FTC_ERR_VERSION) when the loaded LibTorch is not the one we were built with.
 void require_runtime();
 
@@ -135,31 +143,29 @@ namespace ftc {
 
 // Every temporary tensor the body read (see tensor_of) is released when it returns, whether it
 // succeeded or failed: this is the one place where expressions passed as arguments are freed.
+// The status of the exception being handled, its message made this thread's last error (guard's
+// catch: LibTorch's errors without their C++ backtrace).
+int report_exception() noexcept;
+
 template <class Body>
 int guard(Body &&body) noexcept {
-  const ConsumedMark mark;
+  ThreadState *ts = nullptr;
+  size_t mark = 0;
   try {
+    ts = &thread_state();
+    mark = ts->consumed.size();
     require_runtime();
     body();
-    clear_last_error();
+    if (!ts->last_error.empty()) ts->last_error.clear();
+    if (ts->consumed.size() != mark) release_consumed(*ts, mark);
     return FTC_OK;
-  } catch (const Error &e) {
-    set_last_error(e.what());
-    return e.status();
-  } catch (const c10::Error &e) {
-    set_last_error(e.what_without_backtrace());
-    return FTC_ERR_TORCH;
-  } catch (const std::bad_alloc &) {
-    set_last_error("out of memory");
-    return FTC_ERR_INTERNAL;
-  } catch (const std::exception &e) {
-    set_last_error(e.what());
-    return FTC_ERR_TORCH;
   } catch (...) {
-    set_last_error("unknown C++ exception");
-    return FTC_ERR_INTERNAL;
+    if (ts != nullptr) release_consumed(*ts, mark);
+    return report_exception();
   }
 }
+
+
 
 // *dst = a second handle to the object of src (an unconstructed src makes dst unconstructed too).
 template <class Table, class Handle>
@@ -211,7 +217,8 @@ int device_type_code(c10::DeviceType type);
 
 std::string shape_string(c10::IntArrayRef sizes);
 
-// ---- user callbacks (custom functions, hooks, gradcheck functions, checkpointed segments)
+// ---- user callbacks (custom functions, hooks, gradcheck functions, checkpointed segments;
+// callbacks.cpp)
 
 // A callback's status: Error(FTC_ERR_CALLBACK) naming `what`, with the message it set, if not OK.
 void check_callback(int status, const std::string &what);

@@ -12,7 +12,7 @@ const char *loss_name(int kind) {
     case FTC_LOSS_CROSS_ENTROPY: return "cross entropy";
     case FTC_LOSS_NLL: return "NLL";
     case FTC_LOSS_BCE_WITH_LOGITS: return "BCE with logits";
-    default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown loss kind " + std::to_string(kind));
+    default: ftc::fail_unknown(ftc::ftc_loss_kind_table, kind);
   }
 }
 
@@ -28,9 +28,7 @@ at::Tensor compute_loss(int kind, const at::Tensor &input, const at::Tensor &tar
                         const at::Tensor &pos_weight, int reduction, int64_t ignore_index, double param,
                         double label_smoothing) {
   const char *name = loss_name(kind);
-  if (reduction < 0 || reduction > 2) {
-    fail(FTC_ERR_INVALID_ARGUMENT, "reduction must be torch_kNone (0), torch_kMean (1) or torch_kSum (2)");
-  }
+  if (reduction < FTC_REDUCTION_NONE || reduction > FTC_REDUCTION_SUM) fail_unknown(ftc_reduction_table, reduction);
   const bool elementwise = kind != FTC_LOSS_CROSS_ENTROPY && kind != FTC_LOSS_NLL;
   if (elementwise && input.sizes() != target.sizes()) {
     // PyTorch would broadcast here (with a warning); a silent broadcast of a loss is a bug.

@@ -15,7 +15,7 @@ const char *binary_name(int op) {
     case FTC_DIV: return "/";
     case FTC_POW: return "**";
     case FTC_MATMUL: return "matmul";
-    default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown binary operation " + std::to_string(op));
+    default: ftc::fail_unknown(ftc::ftc_binary_op_table, op);
   }
 }
 
@@ -26,7 +26,7 @@ void finish(at::Tensor result, int temporary, ftc_tensor *out, uint8_t flags = 0
     case FTC_NAMED: break;
     case FTC_TEMPORARY: flags |= ftc::kTemporary; break;
     case FTC_TEMPORARY_FINALIZED: flags |= ftc::kFinalized; break;
-    default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown result kind " + std::to_string(temporary));
+    default: ftc::fail_unknown(ftc::ftc_result_kind_table, temporary);
   }
   ftc::out_arg(out, "out") = ftc::new_tensor_handle(std::move(result), flags);
 }
@@ -115,26 +115,27 @@ void store_result(ftc_tensor *out, const at::Tensor &value, const std::string &w
 }
 
 void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_before) {
-  if (lhs == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "left-hand side handle pointer is null");
   auto &table = TensorTable::instance();
-  if (rhs != nullptr && table.find(rhs) == nullptr) bad_handle(rhs, "tensor", "right-hand side tensor");
+  // The right-hand side first: a temporary is scheduled for release whatever fails next.
+  TensorTable::Slot *right = nullptr;
+  if (rhs != nullptr) right = &tensor_slot(rhs, "right-hand side tensor");
+  if (lhs == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "left-hand side handle pointer is null");
   if (*lhs == rhs && value_before == nullptr) return;  // t = t
   auto *left = table.find(*lhs);
-  if (rhs == nullptr) {
+  if (right == nullptr) {
     // A copy of an unconstructed tensor is unconstructed (tensor components of user types);
     // assigning nothing to a live tensor is a mistake, not a way to delete it.
     if (left != nullptr) fail(FTC_ERR_NULL_HANDLE, "right-hand side tensor is not constructed (null handle)");
     *lhs = nullptr;
     return;
   }
-  auto &right = tensor_slot(rhs, "right-hand side tensor");
-  const at::Tensor &value = value_before != nullptr ? *value_before : right.value;
+  const at::Tensor &value = value_before != nullptr ? *value_before : right->value;
   if (left == nullptr) {
     // Unconstructed (or stale: a compiler finalized it just before assigning) lhs: it becomes
     // the value; a temporary is taken over without copying. `r = torch_result(expr)` makes r a
     // result, released by the first call that reads it.
-    const bool take = value_before != nullptr || (right.flags & kExpression) != 0;
-    const uint8_t flags = (right.flags & kMarkResult) != 0 ? kResult : 0;
+    const bool take = value_before != nullptr || (right->flags & kExpression) != 0;
+    const uint8_t flags = (right->flags & kMarkResult) != 0 ? kResult : 0;
     *lhs = new_tensor_handle(take ? value : value.clone(), flags);
     return;
   }
@@ -146,10 +147,7 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
 extern "C" {
 
 int ftc_tensor_assign(ftc_tensor *lhs, ftc_tensor rhs) {
-  return ftc::guard([&] {
-    ftc::take_temporaries({rhs});
-    ftc::assign_handle(lhs, rhs, nullptr);
-  });
+  return ftc::guard([&] { ftc::assign_handle(lhs, rhs, nullptr); });
 }
 
 int ftc_tensor_assign_many(ftc_tensor *lhs, const ftc_tensor *rhs, int64_t n) {
@@ -196,9 +194,9 @@ int ftc_tensor_fill(ftc_tensor t, int64_t int_value, double real_value, int is_i
 
 int ftc_tensor_binary(int op, ftc_tensor a, ftc_tensor b, int temporary, ftc_tensor *out) {
   return ftc::guard([&] {
-    ftc::take_temporaries({a, b});
-    const at::Tensor &x = ftc::tensor_of(a, "left operand");
-    const at::Tensor &y = ftc::tensor_of(b, "right operand");
+    const auto operand = ftc::operands({a, b}, {"left operand", "right operand"});
+    const at::Tensor &x = operand[0]->value;
+    const at::Tensor &y = operand[1]->value;
     require_same_device(x, y, binary_name(op));
     at::Tensor r;
     switch (op) {
@@ -250,7 +248,7 @@ int ftc_tensor_unary(int op, ftc_tensor a, int temporary, ftc_tensor *out) {
       case FTC_RELU: r = at::relu(x); break;
       case FTC_CLONE: r = x.clone(); break;
       case FTC_DETACH: r = x.detach(); break;
-      default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown unary operation " + std::to_string(op));
+      default: ftc::fail_unknown(ftc::ftc_unary_op_table, op);
     }
     finish(std::move(r), temporary, out);
   });
@@ -267,7 +265,7 @@ int ftc_tensor_reduce(int op, ftc_tensor a, int ndims, const int64_t *dims, int 
     } else if (op == FTC_MEAN) {
       r = d.empty() ? x.mean() : x.mean(d, keepdim != 0);
     } else {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown reduction " + std::to_string(op));
+      ftc::fail_unknown(ftc::ftc_reduce_op_table, op);
     }
     finish(std::move(r), temporary, out);
   });

@@ -86,7 +86,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(int kind, const std::vec
       return std::make_unique<torch::optim::LBFGS>(params, o);
     }
     default:
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown optimizer kind " + std::to_string(kind));
+      ftc::fail_unknown(ftc::ftc_optim_kind_table, kind);
   }
 }
 
@@ -180,7 +180,7 @@ void Scheduler::step(bool has_metric, double metric) {
       break;
     }
     default:
-      fail(FTC_ERR_INVALID_ARGUMENT, "unknown scheduler kind " + std::to_string(kind));
+      fail_unknown(ftc_scheduler_kind_table, kind);
   }
   set_lr(*optim, next);
 }
@@ -261,10 +261,11 @@ int ftc_optim_step_closure(ftc_optim o, ftc_closure closure, void *context, doub
       const double value = ftc::reduced_step(state, [&] {
         at::AutoGradMode grad(true);
         state.opt->zero_grad();
-        ftc_tensor h = closure(context);
-        if (h == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the closure did not produce a loss tensor");
-        l = ftc::tensor_of(h, "the closure's loss");
-        ftc::delete_tensor(h);
+        ftc::CallbackHandles result;  // the closure's loss, freed if not taken
+        result.handles.assign(1, nullptr);
+        ftc::check_callback(closure(context, result.handles.data()), "the closure");
+        l = ftc::take_callback_result(result.handles[0], "the closure's loss");
+        if (!l.defined()) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the closure did not produce a loss tensor");
         if (l.numel() != 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the closure's loss must have one element");
         l.backward();
         l = l.detach();
@@ -323,7 +324,7 @@ int ftc_scheduler_new(ftc_scheduler *out, ftc_optim o, int kind, const double *p
     static constexpr int needed[] = {2, 1, 1, 2, 8, 3};
     if (n_params < 0 || (n_params > 0 && params == nullptr)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "invalid scheduler parameter list");
     if (n_milestones < 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "negative number of milestones");
-    if (kind < 0 || kind > FTC_SCHED_LINEAR) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown scheduler kind");
+    if (kind < 0 || kind > FTC_SCHED_LINEAR) ftc::fail_unknown(ftc::ftc_scheduler_kind_table, kind);
     if (n_params < needed[kind]) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "too few scheduler parameters");
     ftc::Scheduler s;
     s.kind = kind;

@@ -15,8 +15,6 @@
 namespace ftc {
 namespace {
 
-thread_local std::string last_error;
-
 // Open catch scopes of this thread (ftorch_errors' torch_catch_begin/end), innermost last, each
 // with the first failure recorded in it; a callback's scope is a barrier that only the callback's
 // end closes (with whatever the callback left open above it).
@@ -79,21 +77,76 @@ const RuntimeState &runtime_state() {
 
 void set_last_error(std::string msg) noexcept {
   try {
-    last_error = std::move(msg);
+    thread_state().last_error = std::move(msg);
   } catch (...) {
   }
 }
 
-void clear_last_error() noexcept { last_error.clear(); }
-
-std::string last_error_message() { return last_error; }
-
-void require_runtime() {
-  const RuntimeState &s = runtime_state();
-  if (!s.problem.empty()) fail(FTC_ERR_VERSION, s.problem);
+void clear_last_error() noexcept {
+  try {
+    thread_state().last_error.clear();
+  } catch (...) {
+  }
 }
 
-c10::ScalarType scalar_type(int dtype) {
+std::string last_error_message() { return last_error_ref(); }
+
+const std::string &last_error_ref() noexcept {
+  static const std::string none;
+  try {
+    return thread_state().last_error;
+  } catch (...) {
+    return none;  // no memory for this thread's state: it has no error recorded either
+  }
+}
+
+int report_exception() noexcept {
+  try {
+    throw;
+  } catch (const Error &e) {
+    set_last_error(e.what());
+    return e.status();
+  } catch (const c10::Error &e) {
+    set_last_error(e.what_without_backtrace());
+    return FTC_ERR_TORCH;
+  } catch (const std::bad_alloc &) {
+    set_last_error("out of memory");
+    return FTC_ERR_INTERNAL;
+  } catch (const std::exception &e) {
+    set_last_error(e.what());
+    return FTC_ERR_TORCH;
+  } catch (...) {
+    set_last_error("unknown C++ exception");
+    return FTC_ERR_INTERNAL;
+  }
+}
+
+void require_runtime() {
+  // Checked once per process; every call after a successful check reads one flag.
+  static std::atomic<bool> matches{false};
+  if (matches.load(std::memory_order_relaxed)) return;
+  const RuntimeState &s = runtime_state();
+  if (!s.problem.empty()) fail(FTC_ERR_VERSION, s.problem);
+  matches.store(true, std::memory_order_relaxed);
+}
+
+std::string enum_choices(const EnumTable &table, bool (*accepted)(int)) {
+  std::string out;
+  for (std::size_t i = 0; i < table.size; ++i) {
+    const EnumName &e = table.names[i];
+    if (accepted != nullptr && !accepted(e.value)) continue;
+    out += (out.empty() ? "" : ", ") + std::string(e.name) + " (" + std::to_string(e.value) + ")";
+  }
+  return out;
+}
+
+void fail_unknown(const EnumTable &table, int value, int status) {
+  fail(status, std::string("unknown ") + table.noun + " " + std::to_string(value) + " (one of: " + enum_choices(table) + ")");
+}
+
+namespace {
+// The c10 type of an FTorch dtype that tensors support; Undefined for the others.
+c10::ScalarType supported_type(int dtype) noexcept {
   switch (dtype) {
     case FTC_INT8: return c10::ScalarType::Char;
     case FTC_INT16: return c10::ScalarType::Short;
@@ -101,11 +154,19 @@ c10::ScalarType scalar_type(int dtype) {
     case FTC_INT64: return c10::ScalarType::Long;
     case FTC_FLOAT32: return c10::ScalarType::Float;
     case FTC_FLOAT64: return c10::ScalarType::Double;
-    default:
-      fail(FTC_ERR_DTYPE, "unsupported dtype " + std::to_string(dtype) +
-                              " (supported: torch_kInt8=1, torch_kInt16=2, torch_kInt32=3, "
-                              "torch_kInt64=4, torch_kFloat32=6, torch_kFloat64=7)");
+    default: return c10::ScalarType::Undefined;
   }
+}
+bool tensor_dtype(int dtype) { return supported_type(dtype) != c10::ScalarType::Undefined; }
+}  // namespace
+
+c10::ScalarType scalar_type(int dtype) {
+  const c10::ScalarType t = supported_type(dtype);
+  if (t == c10::ScalarType::Undefined) {
+    fail(FTC_ERR_DTYPE, "unsupported dtype " + std::to_string(dtype) + " (supported: " +
+                            enum_choices(ftc_dtype_table, tensor_dtype) + ")");
+  }
+  return t;
 }
 
 c10::Device device(int device_type, int device_index) {
@@ -138,8 +199,7 @@ c10::Device device(int device_type, int device_index) {
       return c10::Device(c10::DeviceType::MPS, 0);
     }
     default:
-      fail(FTC_ERR_DEVICE, "unknown device type " + std::to_string(device_type) +
-                               " (torch_kCPU=0, torch_kCUDA=torch_kHIP=1, torch_kXPU=12, torch_kMPS=13)");
+      fail_unknown(ftc_device_type_table, device_type, FTC_ERR_DEVICE);
   }
 }
 
@@ -166,14 +226,15 @@ std::string shape_string(c10::IntArrayRef sizes) {
 
 extern "C" {
 
-const char *ftc_last_error(void) { return ftc::last_error.c_str(); }
+const char *ftc_last_error(void) { return ftc::last_error_ref().c_str(); }
 
-int64_t ftc_last_error_length(void) { return static_cast<int64_t>(ftc::last_error.size()); }
+int64_t ftc_last_error_length(void) { return static_cast<int64_t>(ftc::last_error_ref().size()); }
 
 void ftc_last_error_copy(char *buf, int64_t buflen) {
   if (buf == nullptr || buflen <= 0) return;
-  const auto n = std::min<int64_t>(buflen, static_cast<int64_t>(ftc::last_error.size()));
-  std::memcpy(buf, ftc::last_error.data(), static_cast<size_t>(n));
+  const std::string &message = ftc::last_error_ref();
+  const auto n = std::min<int64_t>(buflen, static_cast<int64_t>(message.size()));
+  std::memcpy(buf, message.data(), static_cast<size_t>(n));
 }
 
 const char *ftc_version(void) { return FTORCH_VERSION; }
@@ -274,10 +335,5 @@ int ftc_device_available(int device_type, int device_index) {
     return 0;
   }
 }
-
-// The Fortran modules' callback registry (ftorch_callbacks) is changed under this lock.
-static std::mutex callback_registry_mutex;
-void ftc_callback_registry_lock(void) { callback_registry_mutex.lock(); }
-void ftc_callback_registry_unlock(void) { callback_registry_mutex.unlock(); }
 
 }  // extern "C"

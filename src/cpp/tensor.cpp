@@ -149,13 +149,19 @@ at::Tensor wrap_memory(void *data, int ndims, const int64_t *shape, const int32_
   const auto dev = ftc::device(device_type, device_index);
   const auto numel = c10::multiply_integers(sizes);
   if (data == nullptr && numel > 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "data pointer is null");
-  Dims psizes = sizes, pstrides = strides;
+  // The tensor's sizes and strides: those of the memory, or permuted (no copy when not).
+  c10::IntArrayRef psizes = sizes, pstrides = strides;
+  Dims permuted_sizes, permuted_strides;
   if (permute != nullptr) {
     const auto order = checked_permutation(permute, ndims, "permute_dims");
+    permuted_sizes.resize(order.size());
+    permuted_strides.resize(order.size());
     for (size_t i = 0; i < order.size(); ++i) {
-      psizes[i] = sizes[static_cast<size_t>(order[i])];
-      pstrides[i] = strides[static_cast<size_t>(order[i])];
+      permuted_sizes[i] = sizes[static_cast<size_t>(order[i])];
+      permuted_strides[i] = strides[static_cast<size_t>(order[i])];
     }
+    psizes = permuted_sizes;
+    pstrides = permuted_strides;
   }
   const auto options = at::TensorOptions().dtype(type);
   if (!device_memory || dev.is_cpu()) {
@@ -184,7 +190,7 @@ int ftc_tensor_new(ftc_tensor *out, int fill, int ndims, const int64_t *shape, i
       case FTC_FILL_EMPTY: t = torch::empty(sizes, opts); break;
       case FTC_FILL_ZEROS: t = torch::zeros(sizes, opts); break;
       case FTC_FILL_ONES: t = torch::ones(sizes, opts); break;
-      default: ftc::fail(FTC_ERR_INVALID_ARGUMENT, "unknown fill " + std::to_string(fill));
+      default: ftc::fail_unknown(ftc::ftc_fill_table, fill);
     }
     ftc::install(out, std::move(t));
   });

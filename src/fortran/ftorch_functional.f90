@@ -11,7 +11,8 @@ module ftorch_functional
   use ftorch_errors, only: ftorch_check, ftorch_reject, FTORCH_ERR_INVALID_ARGUMENT
   use ftorch_interop, only: c_flag
   use ftorch_tensor_type, only: torch_tensor
-  use ftorch_function, only: torch_tensor_function, tensor_function_trampoline, tensor_function_data
+  use ftorch_function, only: torch_tensor_function, tensor_function_data
+  use ftorch_callbacks, only: callback_tensors_trampoline
   implicit none
   private
 
@@ -273,7 +274,7 @@ contains
     ana = 0
     num = 0
     where = -1
-    call ftorch_check(ftc_gradcheck(c_funloc(tensor_function_trampoline), tensor_function_data(fn), handles, &
+    call ftorch_check(ftc_gradcheck(c_funloc(callback_tensors_trampoline), tensor_function_data(fn), handles, &
                                     size(inputs, kind=c_int), nout, h, a, r, ok, worst, ana, num, where), &
                       "torch_gradcheck", stat, errmsg)
     passed = ok /= 0

@@ -23,6 +23,12 @@ contains
     call torch_loss_mse(loss, out(1), ty)
     call torch_delete(out)
   end subroutine mse_closure
+
+  ! A closure whose FTorch call fails without stat: the step fails with the reason, no stop.
+  subroutine failing_closure(loss)
+    type(torch_tensor), intent(inout) :: loss
+    loss = torch_reshape(tx, [7, 7, 7])
+  end subroutine failing_closure
 end module train_state
 
 program test_train
@@ -483,6 +489,9 @@ contains
     call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "metric") > 0, "reduce-on-plateau without a metric")
     call torch_optim_step_closure(optim, mse_closure, stat=stat)
     call check(stat == 0, "a closure step works for any optimizer")
+    call torch_optim_step_closure(optim, failing_closure, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_CALLBACK .and. index(msg, "the closure failed") > 0 .and. &
+               index(msg, "[torch_reshape]") > 0, "a closure whose FTorch call fails fails the step with its reason")
     call optim%step(stat=stat)
     call check(stat == 0, "the optimizer still works after the errors")
 

@@ -189,7 +189,10 @@ int main(void) {
               strstr(ftc_last_error(), "barrier failed on rank 0") != NULL,
           "C: a failing collective is FTC_ERR_DISTRIBUTED with the caller's message");
     fail_collectives = 0;
-    check(ftc_allreduce(comm, v, 42) == FTC_ERR_INVALID_ARGUMENT, "C: unknown reduction");
+    check(ftc_allreduce(comm, v, 42) == FTC_ERR_INVALID_ARGUMENT &&
+              strstr(ftc_last_error(), "unknown reduction 42 (one of: torch_kReduceSum (0), torch_kReduceMean (1), "
+                                       "torch_kReduceMax (2), torch_kReduceMin (3))") != NULL,
+          "C: an unknown reduction is refused, the accepted names listed from the enumerator table");
     ftc_tensor_delete(&v);
     ftc_tensor_delete(&gathered);
     freed = 0;

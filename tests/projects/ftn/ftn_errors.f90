@@ -1,8 +1,10 @@
-! Where pytorch-fortran would crash, a clean error stop with the reason.
+! Where pytorch-fortran would crash, a clean error stop with the reason; inside a catch scope
+! (case caught_in_scope), the failure is kept like any FTorch failure and the program goes on.
 ! Usage: ftn_errors CASE ARG
 program ftn_errors
   use, intrinsic :: iso_fortran_env, only: real32
   use torch_ftn
+  use ftorch, only: torch_catch_begin, torch_catch_end
   implicit none
   type(torch_module) :: model
   type(torch_pymodule) :: script
@@ -11,6 +13,8 @@ program ftn_errors
   real(real32) :: x(2, 2), loss
   character(len=1024) :: what, arg
   logical :: done
+  integer :: stat
+  character(len=256) :: msg
 
   call get_command_argument(1, what)
   call get_command_argument(2, arg)
@@ -30,5 +34,11 @@ program ftn_errors
   case ("unconstructed_target")
     call script%load(trim(arg))
     done = script%train(inputs, out_tensor, loss)
+  case ("caught_in_scope")
+    call model%load(trim(arg))
+    call torch_catch_begin()
+    call model%train(inputs, out_tensor, loss)
+    call torch_catch_end(stat, msg)
+    print '(a, i0, a, a)', "caught ", stat, ": ", trim(msg)
   end select
 end program ftn_errors

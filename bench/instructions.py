@@ -1,0 +1,125 @@
+"""Instructions per step of FTorch (Fortran, the FTorch idiom) against the same work in C++ LibTorch,
+counted by valgrind: exact and independent of the machine's load, so the ratio is a stable budget
+check on one machine (absolute counts differ between CPUs: the ratio is what is compared).
+
+    python bench/instructions.py            # measure, write bench/results/instructions.{md,json}
+    python bench/instructions.py --check    # also fail (exit 1) on a regression: a ratio more than 5%
+                                            # above max(target, the ratio recorded in results/)
+    python bench/instructions.py --all      # every row of bench/run.py (inference, custom functions,
+                                            # .pt2 packages too: several more minutes)
+
+Each program runs each case at two loop lengths; the difference cancels start-up and set-up, so
+a count is the cost of one step (each run also warms up for a tenth of its length, included in
+the difference: hence the factor 1.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import run as bench  # noqa: E402  (bench/run.py: builds the programs, writes the models)
+
+# case -> (arguments for n steps, target: the most instructions per step FTorch should spend as a
+# multiple of C++'s, issue 21's targets). --check allows 5% over the larger of the target and the
+# ratio last recorded in results/instructions.json (a target not met yet cannot regress either).
+LENGTHS = (200, 1200)
+TOLERANCE = 1.05  # --check fails beyond budget * TOLERANCE
+
+
+def cases(model: Path, package: Path | None):
+    """The checked rows (issue 21's targets), then with a package (--all) the other rows, whose
+    target is the training step's."""
+    table = {
+        "c = a*b + a - b/2, 1 element": (lambda n: ["ops", 1, n], 1.05),
+        "c = a*b + a - b/2, 1000 elements": (lambda n: ["ops", 1000, n], 1.05),
+        "from_array + delete, 10^2 elements": (lambda n: ["from_array", 100, n], 1.05),
+        "training step, batch 1, hidden 32": (lambda n: ["train", model, 1, 16, 16, n], 1.02),
+    }
+    if package is not None:
+        table.update({
+            "inference, batch 1, hidden 32": (lambda n: ["infer", model, 1, 16, 16, n], 1.05),
+            "compiled .pt2 inference, batch 1, hidden 32": (lambda n: ["compiled", package, 1, 16, 16, n], 1.05),
+            "custom function y = x*x + backward, 1 element": (lambda n: ["custom", 1, n], 1.05),
+            "built-in y = x*x + backward, 1 element": (lambda n: ["builtin", 1, n], 1.05),
+        })
+    return table
+
+
+def count(command) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cg.out"
+        proc = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
+                               *map(str, command)], capture_output=True, text=True,
+                              env=dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
+        m = re.search(r"summary: (\d+)", out.read_text()) if out.exists() else None
+        if proc.returncode != 0 or m is None:
+            raise RuntimeError(f"valgrind {' '.join(map(str, command))} failed:\n{proc.stderr[-3000:]}")
+        return int(m.group(1))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a ratio exceeds max(target, recorded ratio) by more than 5%%")
+    parser.add_argument("--all", action="store_true", help="every row of bench/run.py, not only the checked ones")
+    parser.add_argument("--build-dir", type=Path, default=HERE.parent / "build" / "bench")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "instructions")
+    args = parser.parse_args()
+
+    commands = bench.build(args.build_dir)
+    work = Path(tempfile.mkdtemp(prefix="ftorch-instructions-"))
+    model = bench.write_models(work, [(1, 32)])[32]
+    package = bench.write_compiled(work, [(1, 32)])[(1, 32)] if args.all else None
+    table = cases(model, package)
+    jobs = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for name, (make_args, _) in table.items():
+            for program in ("fortran", "cpp"):
+                for n in LENGTHS:
+                    jobs[name, program, n] = pool.submit(count, [*commands[program], *make_args(n)])
+    recorded_file = HERE / "results" / "instructions.json"
+    recorded = json.loads(recorded_file.read_text()) if recorded_file.exists() else {}
+    results = {}
+    for name, (_, budget) in table.items():
+        per_step = {p: (jobs[name, p, LENGTHS[1]].result() - jobs[name, p, LENGTHS[0]].result()) /
+                    (1.1 * (LENGTHS[1] - LENGTHS[0])) for p in ("fortran", "cpp")}
+        results[name] = {**per_step, "ratio": per_step["fortran"] / per_step["cpp"], "budget": budget}
+
+    lines = ["| instructions per step (valgrind) | FTorch (Fortran) | C++ LibTorch | ratio | target |",
+             "|---|---|---|---|---|"]
+    failed = []
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['fortran']:,.0f} | {r['cpp']:,.0f} | {r['ratio']:.3f} | {r['budget']:.2f} |")
+        limit = max(r["budget"], recorded.get(name, {}).get("ratio", r["budget"])) * TOLERANCE
+        if r["ratio"] > limit:
+            failed.append(f"{name}: {r['ratio']:.3f} > {limit:.3f}")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text(text)
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    if args.out == parser.get_default("out"):
+        # The recorded measurement is what the README and the guide show.
+        for doc in (HERE.parent / "README.md", HERE.parent / "docs" / "guide" / "performance.md"):
+            marked = re.sub(r"(<!-- instructions-table: bench/results/instructions.md -->\n).*?(<!-- /instructions-table -->)",
+                            lambda m: m.group(1) + text + m.group(2), doc.read_text(), flags=re.S)
+            doc.write_text(marked)
+    if args.check and failed:
+        print("instructions per step regressed:\n  " + "\n  ".join(failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
