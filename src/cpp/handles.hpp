@@ -94,10 +94,7 @@ class HandleTable final : public TableFreeList {
     uint8_t flags = 0;
   };
 
-  static HandleTable &instance() {
-    static HandleTable *const table = new HandleTable();  // never destroyed: threads may outlive main
-    return *table;
-  }
+  static HandleTable &instance() { return *instance_; }
 
   void *acquire(T value, uint8_t flags = 0) {
     ThreadState &ts = thread_state();
@@ -183,6 +180,9 @@ class HandleTable final : public TableFreeList {
   }
 
   const size_t id_;
+  // Created when the library is loaded (before any call can need it: a plain load on every use,
+  // no initialization guard); never destroyed: threads may outlive main.
+  static inline HandleTable *const instance_ = new HandleTable();
   std::atomic<Slot *> chunks_[kMaxChunks] = {};
   std::mutex mutex_;
   std::vector<uint32_t> free_;  // guarded by mutex_
@@ -231,7 +231,7 @@ inline void consume(ThreadState &ts, ftc_tensor h) {
 // The slots of a call's tensor operands, one lookup each: every temporary among them is scheduled
 // for release first, then the first that does not resolve fails, named by `what`.
 template <size_t N>
-std::array<TensorTable::Slot *, N> operands(const ftc_tensor (&handles)[N], const char *const (&what)[N]) {
+__attribute__((always_inline)) inline std::array<TensorTable::Slot *, N> operands(const ftc_tensor (&handles)[N], const char *const (&what)[N]) {
   std::array<TensorTable::Slot *, N> slots;
   auto &table = TensorTable::instance();
   for (size_t i = 0; i < N; ++i) {
