@@ -20,7 +20,6 @@ import concurrent.futures
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,10 +28,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as bench  # noqa: E402  (bench/run.py: builds the programs, writes the models)
 
+LENGTHS = bench.INSTRUCTION_LENGTHS
 # case -> (arguments for n steps, target: the most instructions per step FTorch should spend as a
 # multiple of C++'s, issue 21's targets). --check allows 5% over the larger of the target and the
 # ratio last recorded in results/instructions.json (a target not met yet cannot regress either).
-LENGTHS = (200, 1200)
 TOLERANCE = 1.05  # --check fails beyond budget * TOLERANCE
 
 
@@ -55,18 +54,6 @@ def cases(model: Path, package: Path | None):
     return table
 
 
-def count(command) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "cg.out"
-        proc = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
-                               *map(str, command)], capture_output=True, text=True,
-                              env=dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
-        m = re.search(r"summary: (\d+)", out.read_text()) if out.exists() else None
-        if proc.returncode != 0 or m is None:
-            raise RuntimeError(f"valgrind {' '.join(map(str, command))} failed:\n{proc.stderr[-3000:]}")
-        return int(m.group(1))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true",
@@ -87,13 +74,14 @@ def main() -> int:
         for name, (make_args, _) in table.items():
             for program in ("fortran", "cpp"):
                 for n in LENGTHS:
-                    jobs[name, program, n] = pool.submit(count, [*commands[program], *make_args(n)])
+                    jobs[name, program, n] = pool.submit(bench.valgrind_instructions,
+                                                         [*commands[program], *make_args(n)])
     recorded_file = HERE / "results" / "instructions.json"
     recorded = json.loads(recorded_file.read_text()) if recorded_file.exists() else {}
     results = {}
     for name, (_, budget) in table.items():
-        per_step = {p: (jobs[name, p, LENGTHS[1]].result() - jobs[name, p, LENGTHS[0]].result()) /
-                    (1.1 * (LENGTHS[1] - LENGTHS[0])) for p in ("fortran", "cpp")}
+        per_step = {p: bench.per_step(jobs[name, p, LENGTHS[0]].result(), jobs[name, p, LENGTHS[1]].result())
+                    for p in ("fortran", "cpp")}
         results[name] = {**per_step, "ratio": per_step["fortran"] / per_step["cpp"], "budget": budget}
 
     lines = ["| instructions per step (valgrind) | FTorch (Fortran) | C++ LibTorch | ratio | target |",

@@ -171,27 +171,38 @@ def embedding_table(e) -> str:
     ]) + "\n"
 
 
-def instructions_per_step(commands, make_args, iterations=(200, 1200)):
-    """valgrind instruction counts per step of the Fortran and C++ programs: the difference between
-    two run lengths cancels start-up. make_args(n) gives the command-line arguments for n steps."""
+INSTRUCTION_LENGTHS = (200, 1200)
+
+
+def valgrind_instructions(command) -> int:
+    """Instructions a program executes (valgrind's cachegrind, one intra-op thread)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cg.out"
+        proc = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
+                               *map(str, command)], capture_output=True, text=True,
+                              env=dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
+        m = re.search(r"summary: (\d+)", out.read_text()) if out.exists() else None
+        if proc.returncode != 0 or m is None:
+            raise RuntimeError(f"valgrind {' '.join(map(str, command))} failed:\n{proc.stderr[-3000:]}")
+        return int(m.group(1))
+
+
+def per_step(short_total: int, long_total: int, lengths=INSTRUCTION_LENGTHS) -> float:
+    """Instructions per step from runs of two lengths (start-up cancels; each run also warms up for
+    a tenth of its length, hence the 1.1)."""
+    return (long_total - short_total) / (1.1 * (lengths[1] - lengths[0]))
+
+
+def instructions_per_step(commands, make_args):
+    """valgrind instruction counts per step of the Fortran and C++ programs. make_args(n) gives the
+    command-line arguments for n steps."""
     if shutil.which("valgrind") is None:
         return None
-    counts = {}
-    for p in ("fortran", "cpp"):
-        totals = []
-        for n in iterations:
-            with tempfile.TemporaryDirectory() as tmp:
-                out = Path(tmp) / "cg.out"
-                proc = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
-                                       f"--cachegrind-out-file={out}", *map(str, commands[p]),
-                                       *map(str, make_args(n))], capture_output=True, text=True,
-                                      env=dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
-                m = re.search(r"summary: (\d+)", out.read_text()) if out.exists() else None
-                if proc.returncode != 0 or m is None:
-                    return None
-                totals.append(int(m.group(1)))
-        # each run also does its own warm-up of n/10 steps
-        counts[p] = (totals[1] - totals[0]) / (1.1 * (iterations[1] - iterations[0]))
+    try:
+        counts = {p: per_step(*(valgrind_instructions([*commands[p], *make_args(n)]) for n in INSTRUCTION_LENGTHS))
+                  for p in ("fortran", "cpp")}
+    except RuntimeError:
+        return None
     counts["fortran_over_cpp"] = counts["fortran"] / counts["cpp"]
     return counts
 

@@ -129,24 +129,17 @@ void bad_handle(const void *handle, const char *kind, const char *what) {
 }
 
 TensorTable::Slot &tensor_slot(ftc_tensor h, const char *what) {
-  auto *s = TensorTable::instance().find(h);
+  auto *s = find_scheduled(h);
   if (s == nullptr) bad_handle(h, "tensor", what);
-  if ((s->flags & (kTemporary | kResult)) != 0) consume(thread_state(), h);
   return *s;
 }
-
 
 std::vector<at::Tensor> tensors_of(const ftc_tensor *handles, int64_t n, const char *what) {
   if (n < 0) fail(FTC_ERR_INVALID_ARGUMENT, std::string("negative number of ") + what + "s (" + std::to_string(n) + ")");
   if (n > 0 && handles == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, std::string(what) + " array pointer is null");
   // One lookup per handle: every temporary is scheduled before any handle is checked.
   c10::SmallVector<TensorTable::Slot *, 8> slots(static_cast<size_t>(n));
-  auto &table = TensorTable::instance();
-  ThreadState &ts = thread_state();
-  for (int64_t i = 0; i < n; ++i) {
-    auto *s = slots[static_cast<size_t>(i)] = table.find(handles[i]);
-    if (s != nullptr && (s->flags & (kTemporary | kResult)) != 0) consume(ts, handles[i]);
-  }
+  for (int64_t i = 0; i < n; ++i) slots[static_cast<size_t>(i)] = find_scheduled(handles[i]);
   std::vector<at::Tensor> out;
   out.reserve(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -159,14 +152,7 @@ std::vector<at::Tensor> tensors_of(const ftc_tensor *handles, int64_t n, const c
 
 void take_temporaries(const ftc_tensor *handles, int64_t n) {
   if (handles == nullptr) return;
-  auto &table = TensorTable::instance();
-  ThreadState *ts = nullptr;
-  for (int64_t i = 0; i < n; ++i) {
-    auto *s = table.find(handles[i]);
-    if (s == nullptr || (s->flags & (kTemporary | kResult)) == 0) continue;
-    if (ts == nullptr) ts = &thread_state();
-    consume(*ts, handles[i]);
-  }
+  for (int64_t i = 0; i < n; ++i) find_scheduled(handles[i]);
 }
 
 void take_temporaries(std::initializer_list<ftc_tensor> handles) {

@@ -230,14 +230,18 @@ inline void consume(ThreadState &ts, ftc_tensor h) {
 
 // The slots of a call's tensor operands, one lookup each: every temporary among them is scheduled
 // for release first, then the first that does not resolve fails, named by `what`.
+// The live slot of a tensor handle (nullptr if it does not resolve), a temporary scheduled for
+// release: the one lookup every way of reading tensor arguments goes through.
+inline TensorTable::Slot *find_scheduled(ftc_tensor h) {
+  auto *s = TensorTable::instance().find(h);
+  if (s != nullptr && (s->flags & (kTemporary | kResult)) != 0) consume(thread_state(), h);
+  return s;
+}
+
 template <size_t N>
 __attribute__((always_inline)) inline std::array<TensorTable::Slot *, N> operands(const ftc_tensor (&handles)[N], const char *const (&what)[N]) {
   std::array<TensorTable::Slot *, N> slots;
-  auto &table = TensorTable::instance();
-  for (size_t i = 0; i < N; ++i) {
-    slots[i] = table.find(handles[i]);
-    if (slots[i] != nullptr && (slots[i]->flags & (kTemporary | kResult)) != 0) consume(thread_state(), handles[i]);
-  }
+  for (size_t i = 0; i < N; ++i) slots[i] = find_scheduled(handles[i]);
   for (size_t i = 0; i < N; ++i) {
     if (slots[i] == nullptr) bad_handle(handles[i], "tensor", what[i]);
   }

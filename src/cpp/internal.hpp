@@ -123,7 +123,6 @@ class Error : public std::runtime_error {
 std::string enum_choices(const EnumTable &table, bool (*accepted)(int) = nullptr);
 
 void set_last_error(std::string msg) noexcept;
-void clear_last_error() noexcept;
 std::string last_error_message();
 const std::string &last_error_ref() noexcept;
 // Throws Error(FTC_ERR_VERSION) when the loaded LibTorch is not the one we were built with.

@@ -82,13 +82,6 @@ void set_last_error(std::string msg) noexcept {
   }
 }
 
-void clear_last_error() noexcept {
-  try {
-    thread_state().last_error.clear();
-  } catch (...) {
-  }
-}
-
 std::string last_error_message() { return last_error_ref(); }
 
 const std::string &last_error_ref() noexcept {
