@@ -43,8 +43,10 @@ def sanitized_consumer(tmp_path_factory, data_dir, wheel):
     fc = require_compiler("gfortran")
     build = tmp_path_factory.mktemp("sanitize-build")
     prefix = tmp_path_factory.mktemp("sanitize-prefix")
+    # -O1 -g1: the optimization level the sanitizers' documentation recommends, and line tables
+    # for the reports' stack traces; compiles the LibTorch-heavy sources markedly faster than -O2 -g.
     run(["cmake", "-S", REPO, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
-         "-DFTORCH_SANITIZE=ON", f"-DPython_EXECUTABLE={sys.executable}", f"-DCMAKE_INSTALL_PREFIX={prefix}"],
+         "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1", "-DFTORCH_SANITIZE=ON", f"-DPython_EXECUTABLE={sys.executable}", f"-DCMAKE_INSTALL_PREFIX={prefix}"],
         env=tool_env())
     run(["cmake", "--build", build], env=tool_env())
     run(["cmake", "--install", build], env=tool_env())

@@ -1,6 +1,7 @@
 """The Python side of the embedded-Python benchmark: the training step of bench.py's 'train' case
 (same TorchScript model, Adam, MSE), called per step from Fortran (torch_pymodule) or from Python."""
 
+import gc
 import time
 
 import torch
@@ -24,6 +25,12 @@ def setup(path):
     model = torch.jit.load(path)
     model.train()
     optim = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=False)
+    # The objects that exist now (torch, the model; in the Python caller also numpy and the
+    # benchmark script) are left out of later garbage collections: otherwise each collection's cost
+    # depends on what else the calling process imported, and lands inside or outside the timed
+    # function by chance, which the Fortran and Python callers would not share.
+    gc.collect()
+    gc.freeze()
 
 
 def step(x, y):

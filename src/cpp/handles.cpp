@@ -11,8 +11,6 @@
 
 namespace ftc {
 
-thread_local ThreadState *current_thread_state __attribute__((tls_model("initial-exec"))) = nullptr;
-
 namespace {
 
 // Every thread's state, for the live-handle total; a thread that ends hands its balance to
@@ -157,10 +155,6 @@ void take_temporaries(const ftc_tensor *handles, int64_t n) {
 
 void take_temporaries(std::initializer_list<ftc_tensor> handles) {
   take_temporaries(handles.begin(), static_cast<int64_t>(handles.size()));
-}
-
-ftc_tensor new_tensor_handle(at::Tensor t, uint8_t flags) {
-  return static_cast<ftc_tensor>(TensorTable::instance().acquire(std::move(t), flags));
 }
 
 bool delete_tensor(ftc_tensor h) noexcept { return TensorTable::instance().release(h); }

@@ -47,7 +47,10 @@ struct ThreadState {
 };
 
 ThreadState &new_thread_state();
-extern thread_local ThreadState *current_thread_state __attribute__((tls_model("initial-exec")));
+// An inline variable with a constant initializer: every translation unit sees that it needs no
+// dynamic initialization, so reading it is one load (an `extern thread_local` would be read through
+// a call to its TLS wrapper function).
+inline thread_local ThreadState *current_thread_state __attribute__((tls_model("initial-exec"))) = nullptr;
 
 inline ThreadState &thread_state() {
   ThreadState *s = current_thread_state;
@@ -96,11 +99,13 @@ class HandleTable final : public TableFreeList {
 
   static HandleTable &instance() { return *instance_; }
 
-  void *acquire(T value, uint8_t flags = 0) {
+  // The value is moved (or copied, for an lvalue) straight into the slot: no intermediate copy.
+  template <class V>
+  void *acquire(V &&value, uint8_t flags = 0) {
     ThreadState &ts = thread_state();
     const uint32_t index = take_index(ts);
     Slot &s = slot(index);
-    s.value = std::move(value);
+    s.value = std::forward<V>(value);
     s.flags = flags;
     s.live = true;
     count_handles(ts, 1);
@@ -262,7 +267,13 @@ inline const void *unconstructed_handle() { return reinterpret_cast<const void *
 // when checking an earlier argument fails.
 void take_temporaries(std::initializer_list<ftc_tensor> handles);
 
-ftc_tensor new_tensor_handle(at::Tensor t, uint8_t flags = 0);
+// A new handle holding a tensor (moved in from an rvalue, shared from an lvalue).
+inline ftc_tensor new_tensor_handle(at::Tensor &&t, uint8_t flags = 0) {
+  return static_cast<ftc_tensor>(TensorTable::instance().acquire(std::move(t), flags));
+}
+inline ftc_tensor new_tensor_handle(const at::Tensor &t, uint8_t flags = 0) {
+  return static_cast<ftc_tensor>(TensorTable::instance().acquire(t, flags));
+}
 bool delete_tensor(ftc_tensor h) noexcept;
 
 // The model of a handle, either kind.
@@ -277,18 +288,21 @@ inline Scheduler &scheduler_of(ftc_scheduler h) { return *scheduler_ptr(h); }
 
 // *out = a new handle holding value; the previous handle of *out (if live) is freed only after.
 template <class Table, class Handle, class Value>
-void replace_handle(Handle *out, Value value, uint8_t flags = 0) {
+void replace_handle(Handle *out, Value &&value, uint8_t flags = 0) {
   if (out == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
   auto &table = Table::instance();
-  Handle fresh = static_cast<Handle>(table.acquire(std::move(value), flags));
+  Handle fresh = static_cast<Handle>(table.acquire(std::forward<Value>(value), flags));
   Handle old = *out;
   *out = fresh;
   table.release(old);
 }
 
 // *out = a new tensor handle holding t (replace_handle for tensors).
-inline void install(ftc_tensor *out, at::Tensor t, uint8_t flags = 0) {
+inline void install(ftc_tensor *out, at::Tensor &&t, uint8_t flags = 0) {
   replace_handle<TensorTable>(out, std::move(t), flags);
+}
+inline void install(ftc_tensor *out, const at::Tensor &t, uint8_t flags = 0) {
+  replace_handle<TensorTable>(out, t, flags);
 }
 
 template <class Table, class Handle>

@@ -21,7 +21,7 @@ const char *binary_name(int op) {
 
 // The result of an operation into *out: a new handle, flagged as the kind of temporary the
 // caller asks for (Fortran does for every operator and function result).
-void finish(at::Tensor result, int temporary, ftc_tensor *out, uint8_t flags = 0) {
+void finish(at::Tensor &&result, int temporary, ftc_tensor *out, uint8_t flags = 0) {
   switch (temporary) {
     case FTC_NAMED: break;
     case FTC_TEMPORARY: flags |= ftc::kTemporary; break;
@@ -75,27 +75,31 @@ void assign_into(TensorTable::Slot &slot, const at::Tensor &r) {
   at::Tensor &l = slot.value;
   // Across devices too: the lhs keeps its device and memory and receives a copy (FTorch's idiom:
   // a model on the GPU writes into outputs that wrap CPU arrays).
-  at::NoGradGuard no_grad;
+  const bool grad_mode = at::GradMode::is_enabled();
   if ((slot.flags & kShared) == 0 && is_shared(l)) {
+    at::NoGradGuard no_grad;
     const bool leaf_requires_grad = l.is_leaf() && l.requires_grad();
     l = relocate(l);
     if (leaf_requires_grad) l.requires_grad_(true);
   }
-  const bool record = r.requires_grad() && no_grad.prev_mode;
-  if (!record) {
+  if (!grad_mode || !r.requires_grad()) {
     // No history to carry: a plain copy. A leaf stays a leaf (and keeps requires_grad); a
-    // result of earlier operations drops that history.
+    // result of earlier operations drops that history. Autograd records nothing when neither
+    // side requires grad, so grad mode is switched off (two calls into LibTorch) only for a
+    // leaf that requires grad, whose in-place copy it would otherwise refuse.
     if (!l.is_leaf()) l = l.detach();
-    l.copy_(r);
+    if (grad_mode && l.requires_grad()) {
+      at::NoGradGuard no_grad;
+      l.copy_(r);
+    } else {
+      l.copy_(r);
+    }
     return;
   }
   // lhs takes rhs's history: a fresh tensor over the same memory, whose copy_ is recorded (the
   // old TensorImpl, which a model or an optimizer may hold as a leaf, is left untouched).
   at::Tensor fresh = l.detach();
-  {
-    at::AutoGradMode enable(true);
-    fresh.copy_(r);
-  }
+  fresh.copy_(r);
   l = std::move(fresh);
 }
 

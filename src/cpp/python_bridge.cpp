@@ -255,7 +255,13 @@ int bridge_initialize(const char *program, const char *site_dir, const char *tor
           status = python_failure("the embedded Python cannot use the torch FTorch was built with");
         } else {
           state.load = PyObject_GetAttrString(embed.get(), "load");
-          state.from_dlpack = import_attr("torch.utils.dlpack", "from_dlpack");
+          // The converter itself for capsules (torch.utils.dlpack.from_dlpack is a Python function
+          // that inspects its argument first and then calls it).
+          state.from_dlpack = import_attr("torch._C", "_from_dlpack");
+          if (state.from_dlpack == nullptr) {
+            PyErr_Clear();
+            state.from_dlpack = import_attr("torch.utils.dlpack", "from_dlpack");
+          }
           state.to_dlpack = import_attr("torch.utils.dlpack", "to_dlpack");
           state.tensor_type = import_attr("torch", "Tensor");
           if (state.load == nullptr || state.from_dlpack == nullptr || state.to_dlpack == nullptr ||
@@ -287,6 +293,11 @@ void bridge_release(void *module) {
   Py_DECREF(static_cast<PyObject *>(module));
 }
 
+// How many of the values after a FTC_BRIDGE_LIST value at `at` it groups (clipped to those there).
+int64_t group_size(const ftc_bridge_value &v, int64_t at, int64_t n_args) {
+  return std::max<int64_t>(0, std::min<int64_t>(v.integer, n_args - at - 1));
+}
+
 int bridge_call(void *module, const char *function, const ftc_bridge_value *args, int64_t n_args,
                 ftc_bridge_sink sink, void *ctx) {
   Gil gil;
@@ -298,30 +309,39 @@ int bridge_call(void *module, const char *function, const ftc_bridge_value *args
     return fail("the Python interpreter has been finalized");
   }
   // Every tensor argument is handed to a capsule (which frees it if the call never takes it).
-  // Positional arguments: the values, where a FTC_BRIDGE_LIST value makes the next n one list.
-  Ref positional(PyList_New(0));
-  int64_t converted = 0;
-  bool ok = positional.get() != nullptr;
-  while (ok && converted < n_args) {
-    const ftc_bridge_value &v = args[converted];
-    if (v.kind == FTC_BRIDGE_LIST) {
-      const int64_t n = std::max<int64_t>(0, std::min<int64_t>(v.integer, n_args - converted - 1));
-      Ref list(PyList_New(0));
-      ++converted;
-      ok = list.get() != nullptr;
-      for (int64_t k = 0; ok && k < n; ++k, ++converted) {
-        Ref o(to_python(args[converted]));
-        if (!o || PyList_Append(list.get(), o.get()) != 0) ok = false;
-      }
-      if (ok && PyList_Append(positional.get(), list.get()) != 0) ok = false;
-      continue;
-    }
-    Ref o(to_python(v));
-    ++converted;
-    if (!o || PyList_Append(positional.get(), o.get()) != 0) ok = false;
+  // Positional arguments: the values, where a FTC_BRIDGE_LIST value makes the next n one list;
+  // built in place in the call's tuple (no intermediate list).
+  Py_ssize_t n_positional = 0;
+  for (int64_t i = 0; i < n_args; ++i, ++n_positional) {
+    if (args[i].kind == FTC_BRIDGE_LIST) i += group_size(args[i], i, n_args);
   }
-  Ref tuple(ok ? PyList_AsTuple(positional.get()) : nullptr);
-  if (!ok || !tuple) {
+  Ref tuple(PyTuple_New(n_positional));
+  int64_t converted = 0;
+  bool ok = tuple.get() != nullptr;
+  for (Py_ssize_t k = 0; ok && k < n_positional; ++k) {
+    const ftc_bridge_value &v = args[converted];
+    PyObject *item = nullptr;
+    if (v.kind == FTC_BRIDGE_LIST) {
+      const int64_t n = group_size(v, converted, n_args);
+      ++converted;
+      item = PyList_New(static_cast<Py_ssize_t>(n));
+      for (int64_t j = 0; item != nullptr && j < n; ++j, ++converted) {
+        PyObject *o = to_python(args[converted]);
+        if (o == nullptr) {
+          ++converted;  // handed to to_python, which freed it
+          Py_CLEAR(item);
+          break;
+        }
+        PyList_SetItem(item, static_cast<Py_ssize_t>(j), o);  // steals o (the index is in range)
+      }
+    } else {
+      item = to_python(v);
+      ++converted;
+    }
+    // PyTuple_SetItem steals item (the index is in range).
+    ok = item != nullptr && PyTuple_SetItem(tuple.get(), k, item) == 0;
+  }
+  if (!ok) {
     for (int64_t i = converted; i < n_args; ++i) {
       if (args[i].kind == FTC_ARG_TENSOR) state.dlpack_delete(args[i].dlpack);
     }

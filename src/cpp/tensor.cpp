@@ -164,13 +164,17 @@ at::Tensor wrap_memory(void *data, int ndims, const int64_t *shape, const int32_
     pstrides = permuted_strides;
   }
   const auto options = at::TensorOptions().dtype(type);
+  // at::from_blob, not torch::from_blob: the latter passes its result to make_variable by copy,
+  // which then makes a second TensorImpl (shallow_copy_and_detach) and frees the first, about a
+  // third of the cost of wrapping. Both give a tensor without autograd metadata; requires_grad is
+  // set by the caller.
   if (!device_memory || dev.is_cpu()) {
-    auto t = torch::from_blob(data, psizes, pstrides, options);
+    auto t = at::from_blob(data, psizes, pstrides, options);
     return dev.is_cpu() ? t : t.to(dev);
   }
   // Nothing to wrap without elements (the address may be any placeholder).
   if (numel == 0) return at::empty_strided(psizes, pstrides, options.device(dev));
-  return torch::from_blob(data, psizes, pstrides, options.device(memory_device(data, dev, device_index)));
+  return at::from_blob(data, psizes, pstrides, options.device(memory_device(data, dev, device_index)));
 }
 
 }  // namespace
@@ -291,8 +295,8 @@ int ftc_tensor_copy_to_blob(ftc_tensor t, void *data, int dtype, int ndims, cons
     const auto sizes = checked_shape(ndims, shape);
     require_shape(x, sizes, "the Fortran array");
     if (data == nullptr && x.numel() > 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "data pointer is null");
-    at::Tensor dst = torch::from_blob(data, sizes, layout_strides(sizes, nullptr),
-                                      at::TensorOptions().dtype(ftc::scalar_type(dtype)));
+    at::Tensor dst = at::from_blob(data, sizes, layout_strides(sizes, nullptr),
+                                   at::TensorOptions().dtype(ftc::scalar_type(dtype)));
     torch::NoGradGuard no_grad;
     dst.copy_(x);
   });
