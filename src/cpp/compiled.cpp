@@ -198,14 +198,21 @@ void enable_input_checks() {
 at::Tensor exported_layout(const at::Tensor &t) {
   at::Tensor c = t.contiguous();
   const auto sizes = c.sizes();
-  std::vector<int64_t> strides(sizes.size());
+  c10::SmallVector<int64_t, 8> strides(sizes.size());
   int64_t stride = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
     strides[i] = stride;
     stride *= std::max<int64_t>(sizes[i], 1);
   }
   if (c.strides() == c10::IntArrayRef(strides)) return c;
-  return c.as_strided(sizes, strides, c.storage_offset());
+  // c is contiguous, so only strides of size-1 dimensions differ: the same memory described by a
+  // new TensorImpl with the exported strides, made directly as LibTorch's as_strided kernel makes
+  // one (through the dispatcher, as_strided cost about as much as the rest of a batch-1 forward's
+  // overhead). The package only reads it, under no_grad: no view tracking is needed.
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(c.storage()), c.key_set(),
+                                                   c.dtype());
+  impl->set_sizes_and_strides(sizes, strides, c.storage_offset());
+  return at::Tensor(std::move(impl));
 }
 
 }  // namespace
