@@ -12,7 +12,9 @@ foreach(_name IN ITEMS ftorch_kinds ftorch_types ftorch_devices ftorch_errors ft
   if(EXISTS "${_src}/${_name}.fypp")
     add_custom_command(
       OUTPUT "${_gen}/${_name}.f90"
-      COMMAND "${Python_EXECUTABLE}" -m fypp -I "${_src}" "${_src}/${_name}.fypp" "${_gen}/${_name}.f90"
+      # Written only when the text changes (see the C headers in CMakeLists.txt).
+      COMMAND "${Python_EXECUTABLE}" -m fypp -I "${_src}" "${_src}/${_name}.fypp" "${_gen}/${_name}.f90.new"
+      COMMAND "${CMAKE_COMMAND}" -E copy_if_different "${_gen}/${_name}.f90.new" "${_gen}/${_name}.f90"
       DEPENDS "${_src}/${_name}.fypp" "${_src}/ftorch_common.fypp" "${_src}/ftorch_enums.fypp" "${_src}/ftorch_handles.fypp"
               "${_src}/ftorch_callback_kinds.fypp"
       COMMENT "fypp ${_name}.fypp"
