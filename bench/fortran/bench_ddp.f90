@@ -1,6 +1,7 @@
 !> Data-parallel training step time (bench/distributed.py): every rank trains the same MLP on its
 !> own local batch; gradients are averaged with torch_ddp. Rank 0 prints
 !>   RESULT <ms per step> <ms compute (forward+backward)> <ms gradient averaging> <ms update>
+!>          <ms of a plain MPI_Allreduce (sum, in place) of as many float32 values as the gradients>
 !> Usage: mpirun -np N bench_ddp <model.pt> <features> <batch> <warm-up steps> <timed steps>
 program bench_ddp
   use, intrinsic :: iso_fortran_env, only: real32, real64
@@ -16,7 +17,9 @@ program bench_ddp
   type(torch_tensor) :: tx, ty, out(1), loss
   real(real32), allocatable, target :: x(:, :), y(:, :), pred(:, :)
   real(real32), target :: loss_value(1)
-  real(real64) :: t0, t1, t2, t3, compute, comm_time, update, total, start
+  real(real64) :: t0, t1, t2, t3, compute, comm_time, update, total, start, plain
+  real(real32), allocatable :: wire(:)
+  integer :: n_values
   character(len=4096) :: arg, file
   integer :: features, batch, warmup, steps, step, ierr, rank, i, j
 
@@ -71,8 +74,22 @@ program bench_ddp
     update = update + (t3 - t2)
   end do
   total = MPI_Wtime() - start
-  if (rank == 0) print '(a,4(1x,f0.4))', "RESULT", 1d3 * total / steps, 1d3 * compute / steps, &
-                                           1d3 * comm_time / steps, 1d3 * update / steps
+  ! The floor of the averaging: MPI alone, on the same number of bytes, in the same run.
+  n_values = 0
+  do i = 1, size(params)
+    n_values = n_values + product(params(i)%get_shape())
+  end do
+  allocate(wire(n_values))
+  wire = 1
+  call MPI_Allreduce(MPI_IN_PLACE, wire, n_values, MPI_REAL, MPI_SUM, MPI_COMM_WORLD, ierr)
+  call torch_barrier(comm)
+  t0 = MPI_Wtime()
+  do step = 1, steps
+    call MPI_Allreduce(MPI_IN_PLACE, wire, n_values, MPI_REAL, MPI_SUM, MPI_COMM_WORLD, ierr)
+  end do
+  plain = MPI_Wtime() - t0
+  if (rank == 0) print '(a,5(1x,f0.4))', "RESULT", 1d3 * total / steps, 1d3 * compute / steps, &
+                                           1d3 * comm_time / steps, 1d3 * update / steps, 1d3 * plain / steps
   call torch_delete(ddp)
   call torch_delete(tx)
   call torch_delete(ty)

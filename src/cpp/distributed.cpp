@@ -209,9 +209,12 @@ struct DataParallel final : GradientSync {
                                              " rank(s) failed before averaging the gradients of this step (see "
                                              "their errors); the gradients were left unchanged");
     }
-    // Each rank's gradients enter the sum weighted by w_r (a plain copy for the default 1); the
-    // sum is divided by sum_s w_s while it is copied back: two passes over the gradients.
-    const double inverse_total = 1.0 / control[1];
+    // Each rank's gradients enter the bucket already scaled by its share w_r / sum_s w_s (a plain
+    // copy for one rank), so the all-reduce's sum is the average. After it, a gradient whose
+    // parameter lives where the bucket does becomes its place in the bucket (no copy back): backward
+    // accumulates into that view until zero_grad drops it, and a gradient that is still the view
+    // next time is scaled in place instead of copied (DDP's gradient_as_bucket_view).
+    const double share = weight / control[1];
     for (size_t b = 0; b < buckets.size(); ++b) {
       if (!flat[b].defined()) {
         int64_t total = 0;
@@ -224,10 +227,15 @@ struct DataParallel final : GradientSync {
         at::Tensor slice = buf.narrow(0, offset[i], params[i].numel());
         if (!has_gradient(i)) {
           slice.zero_();
-        } else if (weight == 1) {
-          slice.copy_(params[i].grad().reshape({-1}));
+          continue;
+        }
+        const at::Tensor &grad = params[i].grad();
+        if (is_bucket_view(grad, slice)) {
+          if (share != 1) slice.mul_(share);
+        } else if (share == 1) {
+          slice.copy_(grad.reshape({-1}));
         } else {
-          at::mul_out(slice, params[i].grad().reshape({-1}), weight);
+          at::mul_out(slice, grad.reshape({-1}), share);
         }
       }
       settle(buf);
@@ -237,8 +245,16 @@ struct DataParallel final : GradientSync {
         // Frozen here, or no rank produced a gradient: left as it is (undefined stays undefined).
         if (!p.requires_grad() || control[3 + i] == 0) continue;
         at::Tensor values = buf.narrow(0, offset[i], p.numel()).view(p.sizes());
-        if (!p.grad().defined()) p.mutable_grad() = at::empty_like(p);
-        at::mul_out(p.mutable_grad(), values, inverse_total);
+        if (is_bucket_view(p.grad(), values)) continue;
+        if (p.device() == buf.device() && p.is_contiguous()) {
+          // The same memory as a tensor of its own, not an autograd view (the optimizers'
+          // zero_grad detaches gradients in place, which a view refuses).
+          p.mutable_grad() = at::empty({0}, values.options()).set_(values.storage(), values.storage_offset(),
+                                                                   values.sizes(), values.strides());
+        } else {
+          if (!p.grad().defined()) p.mutable_grad() = at::empty_like(p);
+          p.mutable_grad().copy_(values);
+        }
       }
     }
     fresh = true;
@@ -246,6 +262,11 @@ struct DataParallel final : GradientSync {
   }
 
   bool has_gradient(size_t i) const { return params[i].requires_grad() && params[i].grad().defined(); }
+  // Whether a gradient is (still) the view of its place in a bucket.
+  static bool is_bucket_view(const at::Tensor &grad, const at::Tensor &place) {
+    return grad.defined() && grad.data_ptr() == place.data_ptr() && grad.is_contiguous() &&
+           grad.numel() == place.numel() && grad.device() == place.device();
+  }
 
   // Parameters and buffers of rank 0 to every rank, in buckets of flat buffers.
   void broadcast_parameters() {

@@ -29,9 +29,16 @@ extern "C" {
  * An unconstructed lhs takes a temporary rhs itself, a copy of a named one otherwise; an
  * unconstructed rhs makes lhs unconstructed. */
 FTC_API int ftc_tensor_assign(ftc_tensor *lhs, ftc_tensor rhs);
+/* One element of a Fortran elemental `=`: ftc_tensor_assign, and a constructed *lhs gets a new
+ * write stamp (a value that names the same tensor for every call). An rhs whose stamp is older
+ * than its tensor's -- a copy of the handle taken before an `=` wrote that tensor, as in the
+ * element-by-element assignment of overlapping array sections by gfortran <= 12 -- is refused
+ * (FTC_ERR_NULL_HANDLE) instead of silently reading the new values. */
+FTC_API int ftc_tensor_assign_element(ftc_tensor *lhs, ftc_tensor rhs);
 /* lhs[i] = rhs[i] for i = 0..n-1 in order, as one Fortran array assignment: every rhs element is
  * read as it was before the first element was assigned, also where rhs elements are lhs elements
- * (overlapping sections, permutations). */
+ * (overlapping sections, permutations). Constructed lhs[i] get new write stamps, as with
+ * ftc_tensor_assign_element. */
 FTC_API int ftc_tensor_assign_many(ftc_tensor *lhs, const ftc_tensor *rhs, int64_t n);
 /* *out = t marked as a user function's result (Fortran's torch_result): an unconstructed tensor
  * that takes it over with `=` is released by the first call that reads it. `temporary` as for

@@ -1,12 +1,19 @@
 // handles.hpp - the lifetime of every handle the C API gives out (tensors, models, optimizers,
 // schedulers), in one place.
 //
-// A handle is not a pointer but a (slot, generation) pair packed into a pointer-sized value:
+// A handle is not a pointer but a (slot, generation) pair packed into a pointer-sized value
+// (generation in the high 32 bits; the slot's index + 1 in bits 0-27; a write stamp in bits 28-31):
 //  - deleting a handle frees its slot and bumps the slot's generation, so every copy of the old
 //    value (Fortran's intrinsic assignment, sourced allocation, a compiler that finalizes a copy)
 //    becomes *stale*: using it is a clear error, deleting it again is a no-op, and it can never
 //    reach whatever object later reuses the slot;
 //  - a value that was never a handle (an uninitialised c_ptr) is rejected the same way;
+//  - Fortran's `=` into a tensor bumps the slot's write stamp and stores it in the handle it was
+//    given (the left-hand side), so a copy of the handle taken before that write (the bitwise
+//    temporary through which gfortran <= 12 reads the right-hand side of an array `=` between
+//    overlapping sections) is told apart from the current one as the right-hand side of a later
+//    `=` (see stamped_assign). Every other lookup ignores the stamp: such a copy still names the
+//    same tensor everywhere else (argument lists, deletes);
 //  - results of expressions are temporaries. Where the Fortran compiler finalizes function
 //    results (flang, gfortran >= 13) the finalizer deletes them at the end of the statement;
 //    where it does not (gfortran 12), they are released by the first C call that reads them,
@@ -95,7 +102,24 @@ class HandleTable final : public TableFreeList {
     uint32_t generation = 1;
     bool live = false;
     uint8_t flags = 0;
+    uint8_t stamp = 0;  // write stamp (bits 28-31 of the current handle)
   };
+
+  static constexpr uint32_t kStampShift = 28;
+  static constexpr uintptr_t kStampMask = uintptr_t{0xf} << kStampShift;
+  static uint8_t stamp_of(const void *handle) noexcept {
+    return static_cast<uint8_t>((reinterpret_cast<uintptr_t>(handle) & kStampMask) >> kStampShift);
+  }
+  // The same handle without its write stamp: equal for every copy of a handle to one slot.
+  static const void *unstamped(const void *handle) noexcept {
+    return reinterpret_cast<const void *>(reinterpret_cast<uintptr_t>(handle) & ~kStampMask);
+  }
+  // The handle of slot `s` after a write: the next stamp, stored in the slot and returned.
+  static void *restamp(const void *handle, Slot &s) noexcept {
+    s.stamp = static_cast<uint8_t>((s.stamp + 1) & 0xf);
+    return reinterpret_cast<void *>((reinterpret_cast<uintptr_t>(handle) & ~kStampMask) |
+                                    (static_cast<uintptr_t>(s.stamp) << kStampShift));
+  }
 
   static HandleTable &instance() { return *instance_; }
 
@@ -107,6 +131,7 @@ class HandleTable final : public TableFreeList {
     Slot &s = slot(index);
     s.value = std::forward<V>(value);
     s.flags = flags;
+    s.stamp = 0;
     s.live = true;
     count_handles(ts, 1);
     return reinterpret_cast<void *>((static_cast<uintptr_t>(s.generation) << 32) | (uintptr_t{index} + 1));
@@ -115,7 +140,7 @@ class HandleTable final : public TableFreeList {
   // The live slot of `handle`, or nullptr for null, stale or foreign values.
   Slot *find(const void *handle) const noexcept {
     const auto bits = reinterpret_cast<uintptr_t>(handle);
-    const auto low = static_cast<uint32_t>(bits & 0xffffffffu);
+    const auto low = static_cast<uint32_t>(bits & kIndexMask);
     if (low == 0 || low > kCapacity) return nullptr;
     const uint32_t index = low - 1;
     Slot *chunk = chunks_[index >> kChunkBits].load(std::memory_order_acquire);
@@ -134,7 +159,7 @@ class HandleTable final : public TableFreeList {
     if (++s->generation == 0) s->generation = 1;
     T old = std::move(s->value);  // leaves the slot's value empty (tensors, shared and intrusive pointers)
     ThreadState &ts = thread_state();
-    give_back(ts, static_cast<uint32_t>(reinterpret_cast<uintptr_t>(handle) & 0xffffffffu) - 1);
+    give_back(ts, static_cast<uint32_t>(reinterpret_cast<uintptr_t>(handle) & kIndexMask) - 1);
     count_handles(ts, -1);
     return true;  // `old` (a tensor, a model...) is destroyed here, after the slot is consistent
   }
@@ -142,8 +167,9 @@ class HandleTable final : public TableFreeList {
  private:
   static constexpr uint32_t kChunkBits = 12;
   static constexpr uint32_t kChunkSize = 1u << kChunkBits;
-  static constexpr uint32_t kMaxChunks = 1u << 16;
+  static constexpr uint32_t kMaxChunks = (1u << 16) - 1;  // index + 1 < 2^28: bits 28-31 are the stamp
   static constexpr uint32_t kCapacity = kChunkSize * kMaxChunks;
+  static constexpr uintptr_t kIndexMask = (uintptr_t{1} << kStampShift) - 1;
   HandleTable() : id_(register_table(this)) {}
 
   void take_back(const uint32_t *index, uint32_t n) noexcept override {

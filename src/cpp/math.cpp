@@ -118,13 +118,20 @@ void store_result(ftc_tensor *out, const at::Tensor &value, const std::string &w
   assign_into(*slot, value);
 }
 
-void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_before) {
+void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_before, Stamping stamping) {
   auto &table = TensorTable::instance();
   // The right-hand side first: a temporary is scheduled for release whatever fails next.
   TensorTable::Slot *right = nullptr;
   if (rhs != nullptr) right = &tensor_slot(rhs, "right-hand side tensor");
   if (lhs == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "left-hand side handle pointer is null");
   if (*lhs == rhs && value_before == nullptr) return;  // t = t
+  if (stamping == Stamping::check && right != nullptr && TensorTable::stamp_of(rhs) != right->stamp) {
+    // A copy of the handle taken before an `=` wrote this tensor: what it stood for is gone.
+    fail(FTC_ERR_NULL_HANDLE,
+         "the right-hand side is a stale copy of a tensor that = has written since the copy was taken: the two "
+         "sides of an array = overlap and the compiler assigns element by element (gfortran 11 and 12); "
+         "use call torch_assign(lhs, rhs), which reads the right-hand side as it was");
+  }
   auto *left = table.find(*lhs);
   if (right == nullptr) {
     // A copy of an unconstructed tensor is unconstructed (tensor components of user types);
@@ -144,6 +151,7 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
     return;
   }
   assign_into(*left, value);
+  if (stamping != Stamping::none) *lhs = static_cast<ftc_tensor>(TensorTable::restamp(*lhs, *left));
 }
 
 }  // namespace ftc
@@ -151,7 +159,11 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
 extern "C" {
 
 int ftc_tensor_assign(ftc_tensor *lhs, ftc_tensor rhs) {
-  return ftc::guard([&] { ftc::assign_handle(lhs, rhs, nullptr); });
+  return ftc::guard([&] { ftc::assign_handle(lhs, rhs, nullptr, ftc::Stamping::none); });
+}
+
+int ftc_tensor_assign_element(ftc_tensor *lhs, ftc_tensor rhs) {
+  return ftc::guard([&] { ftc::assign_handle(lhs, rhs, nullptr, ftc::Stamping::check); });
 }
 
 int ftc_tensor_assign_many(ftc_tensor *lhs, const ftc_tensor *rhs, int64_t n) {
@@ -162,20 +174,23 @@ int ftc_tensor_assign_many(ftc_tensor *lhs, const ftc_tensor *rhs, int64_t n) {
     }
     // Fortran evaluates the right-hand side before assigning any element: a right-hand element
     // that is also a left-hand element written earlier (ts(2:3) = ts(1:2)) is read as it was.
-    std::unordered_map<ftc_tensor, int64_t> written;  // lhs handle -> its position
+    // Handles are compared without their write stamps (copies of one handle taken at different
+    // times name the same tensor).
+    using Table = ftc::TensorTable;
+    std::unordered_map<const void *, int64_t> written;  // lhs handle -> its position
     for (int64_t i = 0; i < n; ++i) {
-      if (lhs[i] != nullptr) written.emplace(lhs[i], i);
+      if (lhs[i] != nullptr) written.emplace(Table::unstamped(lhs[i]), i);
     }
     std::vector<at::Tensor> before(static_cast<size_t>(n));
-    auto &table = ftc::TensorTable::instance();
+    auto &table = Table::instance();
     for (int64_t i = 0; i < n; ++i) {
-      const auto it = written.find(rhs[i]);
+      const auto it = written.find(Table::unstamped(rhs[i]));
       if (it == written.end() || it->second >= i) continue;
       if (auto *slot = table.find(rhs[i])) before[static_cast<size_t>(i)] = slot->value.clone();
     }
     for (int64_t i = 0; i < n; ++i) {
       const at::Tensor &old = before[static_cast<size_t>(i)];
-      ftc::assign_handle(&lhs[i], rhs[i], old.defined() ? &old : nullptr);
+      ftc::assign_handle(&lhs[i], rhs[i], old.defined() ? &old : nullptr, ftc::Stamping::bump);
     }
   });
 }

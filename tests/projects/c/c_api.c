@@ -112,6 +112,32 @@ int main(void) {
           "a value that was never a handle is rejected");
   }
   {
+    /* Write stamps: Fortran's elemental = stamps the handle it writes; an older copy of it names
+     * the same tensor everywhere except as the right-hand side of that =. */
+    ftc_tensor a = NULL, b = NULL, c = NULL, old;
+    double av[6] = {0}, bv[6] = {7, 7, 7, 7, 7, 7};
+    int64_t before = ftc_live_handles();
+    ftc_tensor_from_blob(&a, av, 2, shape, NULL, NULL, FTC_FLOAT64, FTC_CPU, -1, 0);
+    ftc_tensor_from_blob(&b, bv, 2, shape, NULL, NULL, FTC_FLOAT64, FTC_CPU, -1, 0);
+    old = a;
+    check(ftc_tensor_assign_element(&a, b) == FTC_OK && a != old && av[3] == 7.0,
+          "= as a Fortran element writes into the lhs and gives it a new stamp");
+    check(ftc_tensor_rank(old, &ndims) == FTC_OK && ndims == 2, "an older copy still names the tensor");
+    status = ftc_tensor_assign_element(&c, old);
+    check(status == FTC_ERR_NULL_HANDLE && c == NULL && strstr(ftc_last_error(), "stale copy") != NULL &&
+              strstr(ftc_last_error(), "torch_assign") != NULL,
+          "an older copy as the rhs of an element = is refused, naming torch_assign");
+    check(ftc_tensor_assign(&c, old) == FTC_OK && c != NULL, "C's assign ignores stamps");
+    check(ftc_tensor_assign_element(&b, a) == FTC_OK && ftc_tensor_assign_element(&a, a) == FTC_OK,
+          "the current handle is accepted (also t = t)");
+    ftc_tensor_delete(&old);
+    check(ftc_tensor_rank(a, &ndims) == FTC_ERR_NULL_HANDLE, "deleting through an older copy deletes the tensor");
+    ftc_tensor_delete(&a);
+    ftc_tensor_delete(&b);
+    ftc_tensor_delete(&c);
+    check(ftc_live_handles() == before, "no handle left by the stamp checks");
+  }
+  {
     ftc_tensor a = NULL, tmp = NULL, out = NULL;
     int64_t before;
     ftc_tensor_new(&a, FTC_FILL_ONES, 2, shape, FTC_FLOAT64, FTC_CPU, -1, 0);
