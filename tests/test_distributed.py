@@ -78,9 +78,9 @@ def mpi_program(installed, mpi_data, tmp_path_factory) -> Path:
     return bdir / "test_distributed"
 
 
-def mpirun(np_: int, program: Path, *args, check=True, timeout=600):
+def mpirun(np_: int, program: Path, *args, check=True, timeout=600, env_extra=None):
     return run([require_mpi(), "--oversubscribe", "--bind-to", "none", "-np", str(np_), program, *args],
-               env=mpi_env(), check=check, timeout=timeout)
+               env={**mpi_env(), **(env_extra or {})}, check=check, timeout=timeout)
 
 
 def assert_every_rank_passed(proc, np_: int) -> None:
@@ -116,14 +116,17 @@ def torch_reference(model_file: Path, optimizer: str, sizes: list[int], steps: i
     return torch.cat([p.detach().reshape(-1) for p in params]).numpy()
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_data_parallel_equals_single_process(mpi_program, mpi_data, np_, tmp_path):
+@pytest.mark.parametrize("np_,direct", [(2, "default"), (3, "default"), (3, "all")])
+def test_data_parallel_equals_single_process(mpi_program, mpi_data, np_, direct, tmp_path):
     """SGD with momentum, Adam, accumulation, frozen/unused parameters, uneven batches,
     torch_train_step, LBFGS and small buckets: 20 steps, loss and parameters within 1e-12 of
     single-process training (in the Fortran program); the final parameters also against
-    torch.optim in Python, 1e-12 relative."""
+    torch.optim in Python, 1e-12 relative. The test models' gradients are small, so they are
+    packed into buckets; direct="all" (FTORCH_DDP_DIRECT_BYTES=1) reduces every gradient in its
+    own memory instead, as large gradients are by default."""
     dump = tmp_path / "parity.txt"
-    assert_every_rank_passed(mpirun(np_, mpi_program, mpi_data, "parity", dump), np_)
+    env_extra = {"FTORCH_DDP_DIRECT_BYTES": "1"} if direct == "all" else None
+    assert_every_rank_passed(mpirun(np_, mpi_program, mpi_data, "parity", dump, env_extra=env_extra), np_)
     got = {line.split()[0]: np.array(line.split()[1:], dtype=float) for line in dump.read_text().splitlines()}
     for name, optimizer, sizes in [("sgd_momentum", "sgd", [4] * np_), ("adam", "adam", [4] * np_),
                                    ("uneven", "adam", [2 + 2 * r for r in range(np_)]),
@@ -139,6 +142,14 @@ def test_sub_communicator(mpi_program, mpi_data):
 
 def test_bucketing(mpi_program, mpi_data):
     assert_every_rank_passed(mpirun(2, mpi_program, mpi_data, "bucketing"), 2)
+
+
+def test_direct_size_setting_is_checked(mpi_program, mpi_data):
+    """A malformed FTORCH_DDP_DIRECT_BYTES is a clear error of torch_ddp_init, not a default."""
+    proc = mpirun(1, mpi_program, mpi_data, "parity", "/dev/null", check=False,
+                  env_extra={"FTORCH_DDP_DIRECT_BYTES": "1MB"})
+    assert proc.returncode != 0
+    assert "FTORCH_DDP_DIRECT_BYTES must be a positive number of bytes, not '1MB'" in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("np_", [2, 3])

@@ -1,7 +1,11 @@
 !> Data-parallel training step time (bench/distributed.py): every rank trains the same MLP on its
-!> own local batch; gradients are averaged with torch_ddp. Rank 0 prints
+!> own local batch; gradients are averaged with torch_ddp. Then the same loop again with the
+!> data-parallel wrapper deleted and the averaging replaced by a plain MPI_Allreduce (sum, in
+!> place) of as many float32 values as the gradients hold, in the same place of the step: the
+!> floor of the averaging, measured in the same context (after backward, caches as cold). Rank 0
+!> prints
 !>   RESULT <ms per step> <ms compute (forward+backward)> <ms gradient averaging> <ms update>
-!>          <ms of a plain MPI_Allreduce (sum, in place) of as many float32 values as the gradients>
+!>          <ms per step with the plain all-reduce> <ms of that plain all-reduce>
 !> Usage: mpirun -np N bench_ddp <model.pt> <features> <batch> <warm-up steps> <timed steps>
 program bench_ddp
   use, intrinsic :: iso_fortran_env, only: real32, real64
@@ -16,12 +20,11 @@ program bench_ddp
   type(torch_tensor), allocatable :: params(:)
   type(torch_tensor) :: tx, ty, out(1), loss
   real(real32), allocatable, target :: x(:, :), y(:, :), pred(:, :)
-  real(real32), target :: loss_value(1)
-  real(real64) :: t0, t1, t2, t3, compute, comm_time, update, total, start, plain
   real(real32), allocatable :: wire(:)
-  integer :: n_values
+  real(real32), target :: loss_value(1)
+  real(real64) :: ddp_times(4), plain_times(4)
   character(len=4096) :: arg, file
-  integer :: features, batch, warmup, steps, step, ierr, rank, i, j
+  integer :: features, batch, warmup, steps, ierr, rank, i, j, n_values
 
   call MPI_Init(ierr)
   call get_command_argument(1, file)
@@ -41,6 +44,12 @@ program bench_ddp
   call torch_model_load(model, trim(file), torch_kCPU, is_training=.true.)
   allocate(params(torch_model_parameter_count(model)))
   call torch_model_parameters(model, params)
+  n_values = 0
+  do i = 1, size(params)
+    n_values = n_values + product(params(i)%get_shape())
+  end do
+  allocate(wire(n_values))
+  wire = 1
   call torch_optim_SGD(optim, params, learning_rate=1d-3, momentum=0.9d0)
   call torch_ddp_init(ddp, comm, model, optim)
   call torch_tensor_from_array(tx, x, torch_kCPU)
@@ -48,49 +57,10 @@ program bench_ddp
   call torch_tensor_from_array(out(1), pred, torch_kCPU)
   call torch_tensor_from_array(loss, loss_value, torch_kCPU)
 
-  compute = 0
-  comm_time = 0
-  update = 0
-  do step = 1, warmup + steps
-    if (step == warmup + 1) then
-      call torch_barrier(comm)
-      compute = 0
-      comm_time = 0
-      update = 0
-      start = MPI_Wtime()
-    end if
-    t0 = MPI_Wtime()
-    call torch_optim_zero_grad(optim)
-    call torch_model_forward(model, [tx], out, requires_grad=.true.)
-    call torch_loss_mse(loss, out(1), ty)
-    call torch_tensor_backward(loss)
-    t1 = MPI_Wtime()
-    call torch_ddp_sync_gradients(ddp)
-    t2 = MPI_Wtime()
-    call torch_optim_step(optim)
-    t3 = MPI_Wtime()
-    compute = compute + (t1 - t0)
-    comm_time = comm_time + (t2 - t1)
-    update = update + (t3 - t2)
-  end do
-  total = MPI_Wtime() - start
-  ! The floor of the averaging: MPI alone, on the same number of bytes, in the same run.
-  n_values = 0
-  do i = 1, size(params)
-    n_values = n_values + product(params(i)%get_shape())
-  end do
-  allocate(wire(n_values))
-  wire = 1
-  call MPI_Allreduce(MPI_IN_PLACE, wire, n_values, MPI_REAL, MPI_SUM, MPI_COMM_WORLD, ierr)
-  call torch_barrier(comm)
-  t0 = MPI_Wtime()
-  do step = 1, steps
-    call MPI_Allreduce(MPI_IN_PLACE, wire, n_values, MPI_REAL, MPI_SUM, MPI_COMM_WORLD, ierr)
-  end do
-  plain = MPI_Wtime() - t0
-  if (rank == 0) print '(a,5(1x,f0.4))', "RESULT", 1d3 * total / steps, 1d3 * compute / steps, &
-                                           1d3 * comm_time / steps, 1d3 * update / steps, 1d3 * plain / steps
-  call torch_delete(ddp)
+  ddp_times = timed_steps(.true.)
+  call torch_delete(ddp)  ! the optimizer no longer averages
+  plain_times = timed_steps(.false.)
+  if (rank == 0) print '(a,6(1x,f0.4))', "RESULT", ddp_times, plain_times(1), plain_times(3)
   call torch_delete(tx)
   call torch_delete(ty)
   call torch_delete(loss)
@@ -100,4 +70,45 @@ program bench_ddp
   call torch_delete(model)
   call torch_delete(comm)
   call MPI_Finalize(ierr)
+
+contains
+
+  !> Milliseconds per step: total, compute, averaging (torch_ddp, or the plain all-reduce), update.
+  function timed_steps(data_parallel) result(ms)
+    logical, intent(in) :: data_parallel
+    real(real64) :: ms(4)
+    real(real64) :: t0, t1, t2, t3, compute, comm_time, update, start
+    integer :: step
+    compute = 0
+    comm_time = 0
+    update = 0
+    start = 0
+    do step = 1, warmup + steps
+      if (step == warmup + 1) then
+        call torch_barrier(comm)
+        compute = 0
+        comm_time = 0
+        update = 0
+        start = MPI_Wtime()
+      end if
+      t0 = MPI_Wtime()
+      call torch_optim_zero_grad(optim)
+      call torch_model_forward(model, [tx], out, requires_grad=.true.)
+      call torch_loss_mse(loss, out(1), ty)
+      call torch_tensor_backward(loss)
+      t1 = MPI_Wtime()
+      if (data_parallel) then
+        call torch_ddp_sync_gradients(ddp)
+      else
+        call MPI_Allreduce(MPI_IN_PLACE, wire, n_values, MPI_REAL, MPI_SUM, MPI_COMM_WORLD, ierr)
+      end if
+      t2 = MPI_Wtime()
+      call torch_optim_step(optim)
+      t3 = MPI_Wtime()
+      compute = compute + (t1 - t0)
+      comm_time = comm_time + (t2 - t1)
+      update = update + (t3 - t2)
+    end do
+    ms = 1d3 * [MPI_Wtime() - start, compute, comm_time, update] / steps
+  end function timed_steps
 end program bench_ddp

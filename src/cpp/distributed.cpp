@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <sstream>
@@ -164,6 +165,20 @@ void require_agreement(Comm &c, const at::Tensor &t, int64_t option, const char 
 
 // ---------------------------------------------------------------------------- data parallelism
 
+// FTORCH_DDP_DIRECT_BYTES: gradients of at least this many bytes are all-reduced in their own
+// memory instead of packed into a bucket (default 1 MiB; a positive integer).
+int64_t direct_bytes_setting() {
+  const char *env = std::getenv("FTORCH_DDP_DIRECT_BYTES");
+  if (env == nullptr || *env == '\0') return int64_t{1} << 20;
+  char *end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  if (*end != '\0' || v < 1) {
+    fail(FTC_ERR_INVALID_ARGUMENT, std::string("FTORCH_DDP_DIRECT_BYTES must be a positive number of bytes, not '") +
+                                       env + "'");
+  }
+  return static_cast<int64_t>(v);
+}
+
 struct DataParallel final : GradientSync {
   std::shared_ptr<Comm> comm;
   std::shared_ptr<torch::jit::Module> module;  // keeps the parameters' owner alive
@@ -171,7 +186,9 @@ struct DataParallel final : GradientSync {
   std::vector<std::string> names;
   std::vector<std::vector<size_t>> buckets;  // parameter indices, by c10d's bucket assignment
   std::vector<at::Tensor> flat;              // one flat buffer per bucket, made on first use
-  std::vector<int64_t> offset;               // of each parameter in its bucket's buffer
+  std::vector<int64_t> offset;               // of each packed parameter in its bucket's buffer
+  std::vector<int64_t> flat_numel;           // elements of each bucket's buffer (its packed parameters)
+  std::vector<bool> direct;                  // reduced in its own memory, not packed (see average)
   int64_t bucket_bytes = 0;
   double weight = 1;
   std::weak_ptr<Optim> optim;
@@ -209,21 +226,34 @@ struct DataParallel final : GradientSync {
                                              " rank(s) failed before averaging the gradients of this step (see "
                                              "their errors); the gradients were left unchanged");
     }
-    // Each rank's gradients enter the bucket already scaled by its share w_r / sum_s w_s (a plain
-    // copy for one rank), so the all-reduce's sum is the average. After it, a gradient whose
-    // parameter lives where the bucket does becomes its place in the bucket (no copy back): backward
-    // accumulates into that view until zero_grad drops it, and a gradient that is still the view
-    // next time is scaled in place instead of copied (DDP's gradient_as_bucket_view).
+    // Every gradient enters the sum already scaled by its rank's share w_r / sum_s w_s, so the
+    // all-reduce's sum is the average: one pass over each gradient besides the all-reduce.
+    //  - A large gradient (direct[i]: at least direct_bytes) is reduced in its own memory, one
+    //    all-reduce each: no copy, and the pass is made while backward's output is still warm.
+    //  - Small ones are packed into their bucket's flat buffer (one all-reduce per bucket); each
+    //    then becomes its place in the buffer (no copy back): backward accumulates into it until
+    //    zero_grad drops it, and a gradient still there next time is scaled in place (DDP's
+    //    gradient_as_bucket_view).
+    // Which collectives run depends only on the shapes and dtypes, which every rank has checked.
+    // On one rank the gradients already are the average: nothing to do.
+    if (comm->size == 1) {
+      fresh = true;
+      return local_loss;
+    }
     const double share = weight / control[1];
     for (size_t b = 0; b < buckets.size(); ++b) {
+      for (const size_t i : buckets[b]) {
+        if (direct[i]) reduce_in_place(i, control[3 + i] > 0, share);
+      }
+      if (flat_numel[b] == 0) continue;
       if (!flat[b].defined()) {
-        int64_t total = 0;
-        for (const size_t i : buckets[b]) total += params[i].numel();
         const auto &p = params[buckets[b].front()];
-        flat[b] = at::empty({total}, p.options().device(comm->device_aware ? p.device() : c10::Device(c10::kCPU)));
+        flat[b] = at::empty({flat_numel[b]},
+                            p.options().device(comm->device_aware ? p.device() : c10::Device(c10::kCPU)));
       }
       at::Tensor &buf = flat[b];
       for (const size_t i : buckets[b]) {
+        if (direct[i]) continue;
         at::Tensor slice = buf.narrow(0, offset[i], params[i].numel());
         if (!has_gradient(i)) {
           slice.zero_();
@@ -243,7 +273,7 @@ struct DataParallel final : GradientSync {
       for (const size_t i : buckets[b]) {
         auto &p = params[i];
         // Frozen here, or no rank produced a gradient: left as it is (undefined stays undefined).
-        if (!p.requires_grad() || control[3 + i] == 0) continue;
+        if (direct[i] || !p.requires_grad() || control[3 + i] == 0) continue;
         at::Tensor values = buf.narrow(0, offset[i], p.numel()).view(p.sizes());
         if (is_bucket_view(p.grad(), values)) continue;
         if (p.device() == buf.device() && p.is_contiguous()) {
@@ -262,6 +292,40 @@ struct DataParallel final : GradientSync {
   }
 
   bool has_gradient(size_t i) const { return params[i].requires_grad() && params[i].grad().defined(); }
+
+  // All-reduce of parameter i's gradient in its own memory (scaled by share first). A rank
+  // without a gradient contributes zeros (and keeps them as its gradient, as every rank then has
+  // the average) when another rank has one (any_rank); a gradient that the caller's collectives
+  // cannot reach in place (not contiguous, or on a device of a communicator that is not
+  // device-aware) goes through a contiguous reachable copy.
+  void reduce_in_place(size_t i, bool any_rank, double share) {
+    if (!any_rank) return;  // no rank has a gradient: every rank skips it alike
+    auto &p = params[i];
+    if (!has_gradient(i)) {
+      at::Tensor zeros = at::zeros_like(p, at::MemoryFormat::Contiguous);
+      at::Tensor wire = comm->device_aware || zeros.is_cpu() ? zeros : zeros.cpu();
+      settle(wire);
+      comm->allreduce(wire.data_ptr(), wire.numel(), wire_dtype(wire.scalar_type()), wire.element_size(), FTC_OP_SUM);
+      if (!p.requires_grad()) return;  // frozen here: left alone
+      if (!wire.is_same(zeros)) zeros.copy_(wire);
+      p.mutable_grad() = zeros;
+      return;
+    }
+    at::Tensor &grad = p.mutable_grad();
+    const bool reachable = grad.is_cpu() || comm->device_aware;
+    if (reachable && grad.is_contiguous()) {
+      if (share != 1) grad.mul_(share);
+      settle(grad);
+      comm->allreduce(grad.data_ptr(), grad.numel(), wire_dtype(grad.scalar_type()), grad.element_size(), FTC_OP_SUM);
+      return;
+    }
+    at::Tensor wire = grad.to(reachable ? grad.device() : c10::Device(c10::kCPU), grad.scalar_type(), false, true,
+                              at::MemoryFormat::Contiguous);
+    if (share != 1) wire.mul_(share);
+    settle(wire);
+    comm->allreduce(wire.data_ptr(), wire.numel(), wire_dtype(wire.scalar_type()), wire.element_size(), FTC_OP_SUM);
+    grad.copy_(wire);
+  }
   // Whether a gradient is (still) the view of its place in a bucket.
   static bool is_bucket_view(const at::Tensor &grad, const at::Tensor &place) {
     return grad.defined() && grad.data_ptr() == place.data_ptr() && grad.is_contiguous() &&
@@ -494,13 +558,21 @@ int ftc_ddp_new(ftc_ddp *out, ftc_comm c, ftc_model m, ftc_optim o, int64_t buck
       ddp->buckets = std::get<0>(
           c10d::compute_bucket_assignment_by_size(ddp->params, {static_cast<size_t>(bucket_bytes)}));
     }
+    // Large gradients are reduced in their own memory: copying one costs more than the latency
+    // of one more all-reduce (FTORCH_DDP_DIRECT_BYTES sets the size, default 1 MiB).
+    const int64_t direct_bytes = ftc::direct_bytes_setting();
     ddp->offset.assign(ddp->params.size(), 0);
+    ddp->direct.assign(ddp->params.size(), false);
     for (const auto &bucket : ddp->buckets) {
       int64_t at_ = 0;
       for (const size_t i : bucket) {
+        const auto &p = ddp->params[i];
+        ddp->direct[i] = p.numel() * static_cast<int64_t>(p.element_size()) >= direct_bytes;
+        if (ddp->direct[i]) continue;
         ddp->offset[i] = at_;
-        at_ += ddp->params[i].numel();
+        at_ += p.numel();
       }
+      ddp->flat_numel.push_back(at_);
     }
     ddp->flat.resize(ddp->buckets.size());
     ddp->broadcast_parameters();
