@@ -55,6 +55,21 @@ def test_distributed_benchmark_smoke_run(installed, tmp_path):
     assert "| ranks | FTorch (torch_ddp over MPI) | Python DDP (Gloo) | FTorch/Python |" in (out / "distributed.md").read_text()
 
 
+def test_gpu_benchmark_smoke_run(installed, tmp_path):
+    """bench/gpu.py --device cpu --quick: the GPU benchmark's programs on the CPU (the Fortran graph
+    rows run the captured work uncaptured, FTORCH_CUDA_GRAPHS=eager); the table and the JSON are
+    written. On a GPU, tools/gpu_check.sh runs the real benchmark."""
+    out = tmp_path / "results"
+    run([sys.executable, REPO / "bench" / "gpu.py", "--device", "cpu", "--quick", "--out", out, "--build-dir",
+         tmp_path / "build"], env=tool_env())
+    results = json.loads((out / "gpu.json").read_text())
+    assert len(results["rows"]) == 2
+    for row in results["rows"]:
+        assert set(row["median_us"]) == {"fortran_eager", "fortran_graph", "python_eager"}
+        assert all(v > 0 for v in row["median_us"].values())
+    assert "| MLP, batch | Fortran eager | Fortran graph | Python eager |" in (out / "gpu.md").read_text()
+
+
 def test_documented_instruction_counts_are_the_recorded_measurement():
     """The README's and the guide's instruction tables show bench/results/instructions.json (what
     bench/instructions.py measured last and what CI's --check compares against), number for number."""

@@ -25,7 +25,10 @@ STEPS = 25
 #   history_size, strong_wolfe); scheduler: -1 none 0 step(step_size, gamma) 1 multistep(gamma,
 #   m1, m2, m3) 2 exponential(gamma) 3 cosine(T_max, eta_min) 4 plateau(factor, patience,
 #   threshold, cooldown, min_lr) 5 linear(start, end, total); mode: 0 building blocks,
-#   1 torch_train_step with max_grad_norm 1, 2 clip norm 0.5, 3 clip value 0.05, 4 lr set at step 10
+#   1 torch_train_step with max_grad_norm 1, 2 clip norm 0.5, 3 clip value 0.05, 4 lr set at step 10,
+#   5 as 1 with cuda_graph=.true. under FTORCH_CUDA_GRAPHS=eager: 3 warm-up steps of LibTorch's
+#   optimizer, then the work a CUDA graph captures (FTorch's graph-safe update, clipping on the
+#   device), run uncaptured on the CPU, against torch.optim
 CASES = {
     "sgd": (0, [0.1, 0, 0, 0, 0], -1, [], 0),
     "sgd_momentum": (0, [0.05, 0.9, 0, 0, 0], -1, [], 0),
@@ -52,6 +55,12 @@ CASES = {
     "set_lr": (0, [0.1, 0.9, 0, 0, 0], -1, [], 4),
     "train_step": (1, [0.01, 0.9, 0.999, 1e-8, 0, 0], 3, [10, 0.0], 1),
     "train_step_adamw": (2, [0.01, 0.9, 0.999, 1e-8, 0.01, 0], -1, [], 1),
+    "graph_sgd": (0, [0.1, 0, 0, 0, 0], -1, [], 5),
+    "graph_sgd_momentum_decay": (0, [0.05, 0.9, 0.01, 0.1, 0], 0, [5, 0.5], 5),
+    "graph_sgd_nesterov": (0, [0.05, 0.9, 0, 0, 1], -1, [], 5),
+    "graph_adam": (1, [0.01, 0.9, 0.999, 1e-8, 0, 0], 3, [10, 0.0], 5),
+    "graph_adam_options": (1, [0.01, 0.8, 0.95, 1e-6, 0.1, 1], -1, [], 5),
+    "graph_adamw_amsgrad": (2, [0.01, 0.85, 0.99, 1e-7, 0.05, 1], 2, [0.9], 5),
 }
 
 
@@ -126,7 +135,7 @@ def _python_run(data_dir, name):
             out = F.mse_loss(model(x), y)
             out.backward()
             loss = out.item()
-            if mode == 1:
+            if mode in (1, 5):
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
             if mode == 2:
                 torch.nn.utils.clip_grad_norm_(params, 0.5)
@@ -176,7 +185,8 @@ LBFGS_TIGHT_STEPS = 9
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_training_matches_torch_optim(train_binary, data_dir, name):
-    assert_all_passed(run([train_binary, data_dir, "parity", case_line(name)], check=False))
+    env = dict(os.environ, FTORCH_CUDA_GRAPHS="eager") if CASES[name][4] == 5 else None
+    assert_all_passed(run([train_binary, data_dir, "parity", case_line(name)], check=False, env=env))
     got_loss, got_lr, got_params = read_run(data_dir / f"train_{name}.txt")
     want_loss, want_lr, want_params = python_run(data_dir, name)
     assert len(got_loss) == STEPS >= 20

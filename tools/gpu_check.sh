@@ -12,7 +12,9 @@
 # exercise devices -- the C device-path program on cuda (tensors, models, device memory without a
 # copy, FTorch's GPU idiom, a train step, a GPU checkpoint loaded on the CPU), the Fortran program
 # on cudaMalloc'd memory (tests/projects/gpu), the examples (which pick the GPU when there is one),
-# training and the consumers -- each against the installed package.
+# training and the consumers -- each against the installed package; then the GPU benchmark
+# (bench/gpu.py: training steps with and without CUDA graphs, FTorch against PyTorch), written to
+# bench/results/gpu.{md,json}.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 py="${PYTHON:-python3}"
@@ -44,3 +46,5 @@ echo "==> GPU checks"
 FTORCH_TEST_USE_INSTALLED=1 "$py" -m pytest -q -rs ${PYTEST_ARGS:-} \
   tests/test_gpu.py tests/test_other_consumers.py tests/test_examples.py tests/test_train.py \
   tests/test_cmake_consumer.py tests/test_lifetime.py
+echo "==> GPU benchmark (bench/gpu.py)"
+"$py" bench/gpu.py --out bench/results

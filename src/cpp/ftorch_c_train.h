@@ -19,6 +19,19 @@ FTC_API int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_
                            ftc_tensor target, int loss_kind, int reduction, double max_grad_norm, double *loss,
                            double *seconds);
 
+/* ftc_train_step as a CUDA graph (model, optimizer, inputs and target on one CUDA device): the
+ * first 3 steps run as ftc_train_step (warm-up), the next is captured -- forward, loss, backward,
+ * clipping and the update -- and that step and every later one replays the capture on the same
+ * buffers (write new data into the inputs' and target's memory between steps). Another input or
+ * target buffer, shape, loss or clipping, or an optimizer state replaced by a checkpoint, warms up
+ * and captures again. The optimizer: SGD, Adam or AdamW, one parameter group, not data-parallel;
+ * its learning rate (schedulers) and step counts are read at each step. Needs a CUDA build of
+ * torch (FTC_ERR_DEVICE otherwise). With the environment variable FTORCH_CUDA_GRAPHS=eager the
+ * same steps run without capturing (any device), to compare with and without graphs. */
+FTC_API int ftc_train_step_cuda_graph(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *inputs,
+                                      int n_inputs, ftc_tensor target, int loss_kind, int reduction,
+                                      double max_grad_norm, double *loss, double *seconds);
+
 /* Write model parameters and buffers, optimizer state, scheduler state and a step counter to
  * one file, atomically (a temporary file renamed over the target, named after the host, process
  * and thread). Any of m, o, s may be NULL (absent). A binding whose caller passed an object that

@@ -7,6 +7,7 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -32,6 +33,8 @@ struct GradientSync {
   virtual void report_failure() noexcept = 0;
 };
 
+struct TrainGraph;  // graph_step.cpp
+
 // An optimizer and the parameters it updates; shared with the schedulers that drive it.
 struct Optim {
   int kind = 0;
@@ -39,6 +42,7 @@ struct Optim {
   std::vector<at::Tensor> params;
   int64_t steps = 0;  // optimizer steps taken (also counted by train steps)
   std::shared_ptr<GradientSync> sync;  // set while the optimizer is data-parallel
+  std::shared_ptr<TrainGraph> graph;   // the training step captured as a CUDA graph, once warmed up
 };
 
 // One training step's forward, loss and backward (body returns the local loss value), then, for a
@@ -206,6 +210,28 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
 // error) written into an output tensor as `=` does: into its memory (an aliased Fortran array
 // receives it), carrying the graph when one was recorded. The shapes must match.
 void store_result(ftc_tensor out, int index, const at::Tensor &result, const char *source);
+
+// A training step's arguments, resolved and checked (train.cpp); its parts are shared by the
+// eager step and its CUDA-graph form (graph_step.cpp).
+struct TrainStep {
+  std::vector<at::Tensor> inputs;
+  torch::jit::Module *module = nullptr;
+  Optim *opt = nullptr;
+  Scheduler *sched = nullptr;
+  at::Tensor target;
+  int loss_kind = 0, reduction = 0;
+  double max_grad_norm = 0;
+};
+TrainStep train_step_of(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *inputs, int n_inputs,
+                        ftc_tensor target, int loss_kind, int reduction, double max_grad_norm);
+// Forward (autograd on), the loss against the target, backward; the loss value (detached).
+at::Tensor step_loss(TrainStep &step);
+// zero_grad, step_loss (averaged across ranks for a data-parallel optimizer), clipping, the
+// optimizer's update; the (global) loss value.
+double eager_train_step(TrainStep &step);
+// After either form of the step: the step count, the scheduler (fed the loss), the outputs.
+void finish_train_step(TrainStep &step, double value, std::chrono::steady_clock::time_point start, double *loss,
+                       double *seconds);
 
 // A LibTorch loss computed by kind (ftorch_c_loss.h), shared by ftc_loss and the train step.
 at::Tensor compute_loss(int kind, const at::Tensor &input, const at::Tensor &target, const at::Tensor &weight,

@@ -230,6 +230,71 @@ std::shared_ptr<CheckpointUndo> apply_checkpoint(StagedCheckpoint &st) {
   return undo;
 }
 
+TrainStep train_step_of(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *inputs, int n_inputs,
+                        ftc_tensor target, int loss_kind, int reduction, double max_grad_norm) {
+  take_temporaries({target});
+  TrainStep step;
+  step.inputs = tensors_of(inputs, n_inputs, "input tensor");
+  step.module = &model_of(m);
+  step.opt = &optim_of(o);
+  step.sched = s != nullptr ? &scheduler_of(s) : nullptr;
+  step.target = tensor_of(target, "target tensor");
+  if (reduction == 0) fail(FTC_ERR_INVALID_ARGUMENT, "a training step needs a reduced loss (mean or sum)");
+  step.loss_kind = loss_kind;
+  step.reduction = reduction;
+  step.max_grad_norm = max_grad_norm;
+  return step;
+}
+
+at::Tensor step_loss(TrainStep &step) {
+  torch::jit::GraphOptimizerEnabledGuard optimize(jit_optimize());
+  at::AutoGradMode grad(true);
+  std::vector<c10::IValue> args(step.inputs.begin(), step.inputs.end());
+  c10::IValue result;
+  try {
+    result = step.module->forward(std::move(args));
+  } catch (const c10::Error &e) {
+    fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what_without_backtrace());
+  }
+  at::Tensor output;
+  if (result.isTensor()) {
+    output = result.toTensor();
+  } else if (result.isTuple() && !result.toTupleRef().elements().empty() &&
+             result.toTupleRef().elements()[0].isTensor()) {
+    output = result.toTupleRef().elements()[0].toTensor();  // the first output is the prediction
+  } else {
+    fail(FTC_ERR_INVALID_ARGUMENT, std::string("the model returned a ") + result.tagKind() +
+                                       "; a training step needs a Tensor (or a tuple starting with one)");
+  }
+  at::Tensor l = compute_loss(step.loss_kind, output, step.target, {}, {}, step.reduction, -100, 1.0, 0.0);
+  l.backward();
+  return l.detach();
+}
+
+double eager_train_step(TrainStep &step) {
+  Optim &opt = *step.opt;
+  // Data-parallel: gradients and the loss are averaged across ranks before clipping and the
+  // update, and the (global) loss feeds the scheduler, so every rank takes the same step.
+  const double value = reduced_step(opt, [&] {
+    opt.opt->zero_grad();
+    return step_loss(step).item<double>();
+  });
+  if (step.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(opt.params, step.max_grad_norm);
+  opt.opt->step();
+  after_update(opt);
+  return value;
+}
+
+void finish_train_step(TrainStep &step, double value, std::chrono::steady_clock::time_point start, double *loss,
+                       double *seconds) {
+  ++step.opt->steps;
+  if (step.sched != nullptr) step.sched->step(true, value);
+  if (loss != nullptr) *loss = value;  // optional outputs: null means "not wanted"
+  if (seconds != nullptr) {
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+}
+
 }  // namespace ftc
 
 extern "C" {
@@ -238,49 +303,8 @@ int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *
                    int loss_kind, int reduction, double max_grad_norm, double *loss, double *seconds) {
   return ftc::guard([&] {
     const auto start = std::chrono::steady_clock::now();
-    ftc::take_temporaries({target});
-    const auto input_values = ftc::tensors_of(inputs, n_inputs, "input tensor");
-    auto &module = ftc::model_of(m);
-    auto &opt = ftc::optim_of(o);
-    ftc::Scheduler *sched = s != nullptr ? &ftc::scheduler_of(s) : nullptr;
-    const at::Tensor &y = ftc::tensor_of(target, "target tensor");
-    if (reduction == 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a training step needs a reduced loss (mean or sum)");
-    std::vector<c10::IValue> args(input_values.begin(), input_values.end());
-    torch::jit::GraphOptimizerEnabledGuard optimize(ftc::jit_optimize());
-    // Data-parallel: gradients and the loss are averaged across ranks before clipping and the
-    // update, and the (global) loss feeds the scheduler, so every rank takes the same step.
-    const double value = ftc::reduced_step(opt, [&] {
-      at::AutoGradMode grad(true);
-      opt.opt->zero_grad();
-      c10::IValue result;
-      try {
-        result = module.forward(std::move(args));
-      } catch (const c10::Error &e) {
-        ftc::fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what_without_backtrace());
-      }
-      at::Tensor output;
-      if (result.isTensor()) {
-        output = result.toTensor();
-      } else if (result.isTuple() && !result.toTupleRef().elements().empty() &&
-                 result.toTupleRef().elements()[0].isTensor()) {
-        output = result.toTupleRef().elements()[0].toTensor();  // the first output is the prediction
-      } else {
-        ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("the model returned a ") + result.tagKind() +
-                                                "; a training step needs a Tensor (or a tuple starting with one)");
-      }
-      at::Tensor l = ftc::compute_loss(loss_kind, output, y, {}, {}, reduction, -100, 1.0, 0.0);
-      l.backward();
-      return l.item<double>();
-    });
-    if (max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(opt.params, max_grad_norm);
-    opt.opt->step();
-    ftc::after_update(opt);
-    ++opt.steps;
-    if (sched != nullptr) sched->step(true, value);
-    if (loss != nullptr) *loss = value;  // optional outputs: null means "not wanted"
-    if (seconds != nullptr) {
-      *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    }
+    ftc::TrainStep step = ftc::train_step_of(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm);
+    ftc::finish_train_step(step, ftc::eager_train_step(step), start, loss, seconds);
   });
 }
 

@@ -33,6 +33,16 @@ module ftorch_train
       real(c_double), intent(out) :: loss, seconds
       integer(c_int) :: status
     end function ftc_train_step
+    function ftc_train_step_cuda_graph(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm, loss, &
+                                       seconds) result(status) bind(c, name="ftc_train_step_cuda_graph")
+      import :: c_ptr, c_int, c_double
+      type(c_ptr), value :: m, o, s, target
+      type(c_ptr), intent(in) :: inputs(*)
+      integer(c_int), value :: n_inputs, loss_kind, reduction
+      real(c_double), value :: max_grad_norm
+      real(c_double), intent(out) :: loss, seconds
+      integer(c_int) :: status
+    end function ftc_train_step_cuda_graph
     function ftc_checkpoint_save(filename, m, o, s, step) result(status) bind(c, name="ftc_checkpoint_save")
       import :: c_ptr, c_int, c_int64_t, c_char
       character(kind=c_char), intent(in) :: filename(*)
@@ -73,8 +83,11 @@ contains
   !> gradient clipping (max_grad_norm), optimizer step, optional scheduler step (fed the loss for
   !> reduce-on-plateau). With log_every = N, every N-th optimizer step writes
   !> "step <n>  loss <value>  lr <rate>  <ms> ms/step" to log_unit (default: standard output).
+  !> With cuda_graph = .true. (everything on one CUDA device; SGD, Adam or AdamW), the step is
+  !> captured as a CUDA graph after 3 warm-up steps and replayed from then on, on the same input
+  !> and target buffers: write the next data into their memory between steps.
   subroutine torch_train_step(model, optim, input_tensors, target_tensor, loss, loss_type, reduction_type, &
-                              scheduler, max_grad_norm, log_every, log_unit, stat, errmsg)
+                              scheduler, max_grad_norm, log_every, log_unit, stat, errmsg, cuda_graph)
     !> The model to train (a loaded TorchScript model).
     type(torch_model), intent(in) :: model
     !> An optimizer over the model’s parameters.
@@ -97,6 +110,8 @@ contains
     integer, intent(out), optional :: stat
     !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
     character(len=*), intent(inout), optional :: errmsg
+    !> Capture the step as a CUDA graph and replay it (default: .false.); see above.
+    logical, intent(in), optional :: cuda_graph
     type(c_ptr) :: handles(size(input_tensors)), sched
     real(c_double) :: value, seconds, clip
     integer(c_int) :: kind, reduction, status
@@ -113,8 +128,18 @@ contains
     if (present(max_grad_norm)) clip = max_grad_norm
     value = 0
     seconds = 0
-    status = ftc_train_step(model%p, optim%p, sched, handles, size(handles, kind=c_int), target_tensor%p, kind, &
-                            reduction, clip, value, seconds)
+    if (present(cuda_graph)) then
+      if (cuda_graph) then
+        status = ftc_train_step_cuda_graph(model%p, optim%p, sched, handles, size(handles, kind=c_int), &
+                                           target_tensor%p, kind, reduction, clip, value, seconds)
+      else
+        status = ftc_train_step(model%p, optim%p, sched, handles, size(handles, kind=c_int), target_tensor%p, kind, &
+                                reduction, clip, value, seconds)
+      end if
+    else
+      status = ftc_train_step(model%p, optim%p, sched, handles, size(handles, kind=c_int), target_tensor%p, kind, &
+                              reduction, clip, value, seconds)
+    end if
     if (present(loss)) loss = value
     call ftorch_check(status, "torch_train_step", stat, errmsg)
     if (status /= 0 .or. .not. present(log_every)) return

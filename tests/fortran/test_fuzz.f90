@@ -118,6 +118,7 @@ program test_fuzz
   integer(int64) :: mshape(MAXR, NP + 1) = 0
   logical :: mrg(NP + 1) = .false., mleaf(NP + 1) = .true.
   logical, allocatable :: obj_grad(:), obj_inf(:)   ! per tensor handle: may have a .grad; made in inference mode
+  integer, allocatable :: obj_stamp(:)   ! per tensor: write stamp of its newest handle (see same_handle)
   integer :: n_obj = 0
   integer :: mst(NM) = S_NULL, mobj(NM) = 0, mkind(NM) = 0
   logical :: minf(NM) = .false.   ! loaded in inference mode: its parameters are inference tensors
@@ -163,7 +164,8 @@ program test_fuzz
     rng_state = next_u()
   end do
   if (rng_state == 0) rng_state = 1
-  allocate(obj_grad(1024), obj_inf(1024))
+  allocate(obj_grad(1024), obj_inf(1024), obj_stamp(1024))
+  obj_stamp = 0
   obj_grad = .false.
   obj_inf = .false.
 
@@ -449,15 +451,30 @@ contains
     pick_from = rnd(1, n)
   end function pick_from
 
+  !> Whether two handle values name the same object. A tensor's `=` gives its handle a new write
+  !> stamp (bits 28-31: see src/cpp/handles.hpp); every copy of the handle still names the tensor,
+  !> so the stamp is left out of the comparison.
   logical function same_handle(a, b)
     type(c_ptr), intent(in) :: a, b
-    same_handle = transfer(a, 0_int64) == transfer(b, 0_int64)
+    integer(int64), parameter :: stamp_bits = ishft(15_int64, 28)
+    same_handle = iand(transfer(a, 0_int64), not(stamp_bits)) == iand(transfer(b, 0_int64), not(stamp_bits))
   end function same_handle
+
+  !> The write stamp of a handle value.
+  integer function stamp_of(p)
+    type(c_ptr), intent(in) :: p
+    stamp_of = int(ibits(transfer(p, 0_int64), 28, 4))
+  end function stamp_of
 
   integer function new_obj()
     logical, allocatable :: grown(:)
+    integer, allocatable :: grown_stamps(:)
     n_obj = n_obj + 1
     if (n_obj > size(obj_grad)) then
+      allocate(grown_stamps(2 * size(obj_stamp)))
+      grown_stamps = 0
+      grown_stamps(1:size(obj_stamp)) = obj_stamp
+      call move_alloc(grown_stamps, obj_stamp)
       allocate(grown(2 * size(obj_grad)))
       grown = .false.
       grown(1:size(obj_grad)) = obj_grad
@@ -469,6 +486,7 @@ contains
     end if
     obj_grad(n_obj) = .false.
     obj_inf(n_obj) = inference_active()
+    obj_stamp(n_obj) = 0
     new_obj = n_obj
   end function new_obj
 
@@ -568,6 +586,8 @@ contains
         st(k) = S_LIVE
         obj(k) = new_obj()
       end if
+      ! `=` stamps the handle it writes (a failed one leaves it, and the tensor's stamp, alone)
+      if (transfer(t%p, 0_int64) /= transfer(before, 0_int64)) obj_stamp(obj(k)) = stamp_of(t%p)
       call changed(obj(k))
     else if (same_handle(t%p, before)) then
       continue
@@ -1737,6 +1757,11 @@ contains
         else
           expect = E_OK
         end if
+      else if (transfer(ta%p, 0_int64) == transfer(before, 0_int64)) then
+        expect = E_OK     ! t = t
+      else if (stamp_of(ta%p) /= obj_stamp(obj(a))) then
+        expect = E_FAIL   ! a copy of the handle older than the last `=` into its tensor
+        code = FTORCH_ERR_NULL_HANDLE
       else if (.not. was_live) then
         expect = E_OK
       else if (same_handle(ta%p, before)) then

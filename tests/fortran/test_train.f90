@@ -171,7 +171,14 @@ contains
     open(newunit=unit, file=data_path("train_" // trim(name) // ".txt"), status="replace", action="write")
     do step = 1, nsteps
       lr = torch_optim_get_learning_rate(optim)
-      if (run_mode == 1) then
+      if (run_mode == 5) then
+        ! The CUDA-graph form of the step (run with FTORCH_CUDA_GRAPHS=eager: the captured work, uncaptured)
+        if (sched_kind >= 0) then
+          call torch_train_step(model, optim, [tx], ty, loss, scheduler=sched, max_grad_norm=1.0d0, cuda_graph=.true.)
+        else
+          call torch_train_step(model, optim, [tx], ty, loss, max_grad_norm=1.0d0, cuda_graph=.true.)
+        end if
+      else if (run_mode == 1) then
         if (sched_kind >= 0) then
           call torch_train_step(model, optim, [tx], ty, loss, scheduler=sched, max_grad_norm=1.0d0)
         else
@@ -446,7 +453,7 @@ contains
     end subroutine out
 
   subroutine errors()
-    type(torch_optim) :: optim
+    type(torch_optim) :: optim, other_optim
     type(torch_scheduler) :: sched
     type(torch_model) :: other
     type(torch_tensor), allocatable :: params(:)
@@ -494,6 +501,16 @@ contains
                index(msg, "[torch_reshape]") > 0, "a closure whose FTorch call fails fails the step with its reason")
     call optim%step(stat=stat)
     call check(stat == 0, "the optimizer still works after the errors")
+    ! The CUDA-graph step: CPU tensors are a device error, other optimizers are refused by name.
+    call torch_train_step(model, optim, [tx], ty, cuda_graph=.true., stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_DEVICE .and. index(msg, "[torch_train_step]") == 1 .and. &
+               index(msg, "CUDA graphs need every tensor of the step on a CUDA device") > 0, &
+               "a CUDA-graph step on CPU tensors is a device error")
+    call torch_optim_RMSprop(other_optim, params, learning_rate=0.01d0)
+    call torch_train_step(model, other_optim, [tx], ty, cuda_graph=.true., stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "SGD, Adam and AdamW optimizers, not RMSPROP") > 0, &
+               "a CUDA-graph step refuses an optimizer it cannot capture")
+    call torch_delete(other_optim)
 
     ! checkpoints
     call torch_checkpoint_save(data_path("errors.ckpt"), model, optim, step=3)

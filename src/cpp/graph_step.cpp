@@ -1,0 +1,395 @@
+// graph_step.cpp - the training step as a CUDA graph (ftc_train_step_cuda_graph): after a few
+// eager warm-up steps, forward, loss, backward, clipping and the optimizer's update are captured
+// once and then replayed on the same device buffers, one launch per step instead of hundreds.
+//
+// A replayed graph repeats its kernels with the arguments they were captured with, so nothing
+// that changes from step to step may be a host number inside it: the update reads the learning
+// rate and Adam's bias corrections from a small device tensor that the host fills before each
+// replay (graph_update). LibTorch's own optimizers compute those on the host, which is why the
+// update here is FTorch's, written to give the same values (tested against them on the CPU with
+// FTORCH_CUDA_GRAPHS=eager, which runs these same steps without capturing them).
+#include "internal.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#ifdef FTORCH_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace ftc {
+
+struct TrainGraph {
+  std::vector<int64_t> key;   // what the capture depends on (see key_of): another key starts over
+  int64_t calls = 0;          // steps taken with this key
+  std::vector<size_t> updated;  // parameters the update changes (those with a gradient)
+  at::Tensor scalars;         // [parameters, 3] float64 where the parameters are: read by the update
+  at::Tensor host_scalars;    // the same on the host (pinned for a CUDA device), filled each step
+  at::Tensor loss;            // the loss of the captured step, where the parameters are
+#ifdef FTORCH_WITH_CUDA
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+#endif
+};
+
+namespace {
+
+constexpr int kWarmupSteps = 3;  // eager steps before the capture (PyTorch's recipe warms up 3)
+
+// FTORCH_CUDA_GRAPHS=eager: run the steps a graph would replay without capturing them (any device).
+bool eager_graphs() {
+  const char *v = std::getenv("FTORCH_CUDA_GRAPHS");
+  return v != nullptr && std::strcmp(v, "eager") == 0;
+}
+
+void check_graphable(const TrainStep &step, bool eager) {
+  const Optim &opt = *step.opt;
+  if (opt.sync) {
+    fail(FTC_ERR_INVALID_ARGUMENT, "a data-parallel optimizer cannot be captured in a CUDA graph (its all-reduces "
+                                   "are calls into MPI): take data-parallel steps without cuda_graph");
+  }
+  if (opt.kind != FTC_OPTIM_SGD && opt.kind != FTC_OPTIM_ADAM && opt.kind != FTC_OPTIM_ADAMW) {
+    std::string name = std::to_string(opt.kind);
+    for (std::size_t i = 0; i < ftc_optim_kind_table.size; ++i) {
+      if (ftc_optim_kind_table.names[i].value == opt.kind) name = ftc_optim_kind_table.names[i].name;
+    }
+    if (name.rfind("FTC_OPTIM_", 0) == 0) name.erase(0, std::strlen("FTC_OPTIM_"));
+    fail(FTC_ERR_INVALID_ARGUMENT, "CUDA graph steps support the SGD, Adam and AdamW optimizers, not " + name);
+  }
+  if (opt.opt->param_groups().size() != 1) {
+    fail(FTC_ERR_INVALID_ARGUMENT, "CUDA graph steps need an optimizer with one parameter group");
+  }
+  if (eager) return;
+  auto require_cuda = [](const at::Tensor &t, const std::string &what) {
+    if (!t.is_cuda()) {
+      fail(FTC_ERR_DEVICE, "CUDA graphs need every tensor of the step on a CUDA device, but the " + what + " is on " +
+                               t.device().str());
+    }
+  };
+  for (size_t i = 0; i < step.inputs.size(); ++i) require_cuda(step.inputs[i], "input " + std::to_string(i + 1));
+  require_cuda(step.target, "target");
+  for (size_t i = 0; i < opt.params.size(); ++i) require_cuda(opt.params[i], "parameter " + std::to_string(i + 1));
+#ifndef FTORCH_WITH_CUDA
+  fail(FTC_ERR_DEVICE, "this FTorch was built against a torch without CUDA (" FTORCH_TORCH_VERSION
+                       "): CUDA graphs need a CUDA build of torch");
+#endif
+}
+
+// The optimizer's state of parameter p (null if it has none yet).
+torch::optim::OptimizerParamState *state_of(const Optim &opt, const at::Tensor &p) {
+  auto &state = opt.opt->state();
+  const auto it = state.find(p.unsafeGetTensorImpl());
+  return it == state.end() ? nullptr : it->second.get();
+}
+
+// Adam's and AdamW's state (two classes with the same members).
+struct AdamState {
+  at::Tensor exp_avg, exp_avg_sq, max_exp_avg_sq;
+};
+template <class State>
+AdamState adam_state_as(torch::optim::OptimizerParamState &s) {
+  auto &st = static_cast<State &>(s);
+  return {st.exp_avg(), st.exp_avg_sq(), st.max_exp_avg_sq()};
+}
+AdamState adam_state(const Optim &opt, torch::optim::OptimizerParamState &s) {
+  return opt.kind == FTC_OPTIM_ADAM ? adam_state_as<torch::optim::AdamParamState>(s)
+                                    : adam_state_as<torch::optim::AdamWParamState>(s);
+}
+// Adam's step count t of a parameter, advanced as LibTorch's step advances it; the new value.
+template <class State>
+int64_t advance_as(torch::optim::OptimizerParamState &s) {
+  auto &st = static_cast<State &>(s);
+  st.step(st.step() + 1);
+  return st.step();
+}
+
+// Whether the update of parameter p reads optimizer state (SGD with momentum, Adam, AdamW).
+bool needs_state(const Optim &opt) {
+  if (opt.kind != FTC_OPTIM_SGD) return true;
+  return static_cast<torch::optim::SGDOptions &>(opt.opt->param_groups().at(0).options()).momentum() != 0;
+}
+
+// The state tensors of p the update reads and writes.
+std::vector<at::Tensor> state_tensors(const Optim &opt, const at::Tensor &p) {
+  auto *s = state_of(opt, p);
+  if (s == nullptr) return {};
+  if (opt.kind == FTC_OPTIM_SGD) return {static_cast<torch::optim::SGDParamState &>(*s).momentum_buffer()};
+  const AdamState a = adam_state(opt, *s);
+  return {a.exp_avg, a.exp_avg_sq, a.max_exp_avg_sq};
+}
+
+void push_tensor(std::vector<int64_t> &key, const at::Tensor &t) {
+  key.push_back(t.defined() ? reinterpret_cast<int64_t>(t.data_ptr()) : 0);
+  if (!t.defined()) return;
+  key.push_back(static_cast<int64_t>(t.scalar_type()));
+  key.push_back(t.dim());
+  key.insert(key.end(), t.sizes().begin(), t.sizes().end());
+  key.insert(key.end(), t.strides().begin(), t.strides().end());
+}
+
+// Everything the captured kernels read or write by address, and the settings baked into them:
+// a step whose key differs (other input buffers, a checkpoint that replaced the optimizer's state,
+// another loss) warms up and captures again.
+std::vector<int64_t> key_of(const TrainStep &step) {
+  std::vector<int64_t> key{reinterpret_cast<int64_t>(step.module->_ivalue().get()),
+                           reinterpret_cast<int64_t>(step.opt->opt.get()), step.loss_kind, step.reduction};
+  int64_t clip_bits = 0;
+  std::memcpy(&clip_bits, &step.max_grad_norm, sizeof clip_bits);
+  key.push_back(clip_bits);
+  for (const auto &t : step.inputs) push_tensor(key, t);
+  push_tensor(key, step.target);
+  for (const auto &p : step.opt->params) {
+    push_tensor(key, p);
+    for (const auto &t : state_tensors(*step.opt, p)) push_tensor(key, t);
+  }
+  return key;
+}
+
+// clip_grad_norm_ without reading the norm on the host (LibTorch's returns it, a device sync):
+// the same operations, the coefficient left on the device.
+void clip_on_device(const std::vector<at::Tensor> &params, double max_norm) {
+  std::vector<at::Tensor> norms;
+  for (const auto &p : params) {
+    if (p.grad().defined()) norms.push_back(p.grad().norm(2));
+  }
+  if (norms.empty()) return;
+  const at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
+  const at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
+  for (const auto &p : params) {
+    if (p.grad().defined()) p.grad().mul_(coef);
+  }
+}
+
+// The host's part of an update: this step's numbers for every updated parameter, row i of
+// g.host_scalars: SGD [-lr, 0, 0]; Adam and AdamW [-lr / (1 - beta1^t), 1 / sqrt(1 - beta2^t),
+// 1 - lr * weight_decay (AdamW; 1 for Adam)], t the parameter's step count, advanced here as
+// LibTorch's step advances it.
+void fill_scalars(Optim &opt, TrainGraph &g) {
+  auto &group = opt.opt->param_groups().at(0);
+  double *row = g.host_scalars.data_ptr<double>();
+  for (const size_t i : g.updated) {
+    double *r = row + 3 * i;
+    if (opt.kind == FTC_OPTIM_SGD) {
+      r[0] = -static_cast<torch::optim::SGDOptions &>(group.options()).lr();
+      continue;
+    }
+    auto &s = *state_of(opt, opt.params[i]);
+    double lr, beta1, beta2, wd = 0;
+    int64_t t;
+    if (opt.kind == FTC_OPTIM_ADAM) {
+      auto &o = static_cast<torch::optim::AdamOptions &>(group.options());
+      lr = o.lr();
+      std::tie(beta1, beta2) = o.betas();
+      t = advance_as<torch::optim::AdamParamState>(s);
+    } else {
+      auto &o = static_cast<torch::optim::AdamWOptions &>(group.options());
+      lr = o.lr();
+      std::tie(beta1, beta2) = o.betas();
+      wd = o.weight_decay();
+      t = advance_as<torch::optim::AdamWParamState>(s);
+    }
+    r[0] = -lr / (1 - std::pow(beta1, static_cast<double>(t)));
+    r[1] = 1 / std::sqrt(1 - std::pow(beta2, static_cast<double>(t)));
+    r[2] = 1 - lr * wd;
+  }
+}
+
+// The device's part of an update: LibTorch's SGD, Adam and AdamW step with every per-step number
+// read from g.scalars (tensor operations only: nothing the host reads, nothing it decides per step).
+void graph_update(Optim &opt, TrainGraph &g) {
+  at::NoGradGuard no_grad;
+  auto &group = opt.opt->param_groups().at(0);
+  for (const size_t i : g.updated) {
+    at::Tensor &p = opt.params[i];
+    const at::Tensor s = g.scalars.select(0, static_cast<int64_t>(i)).to(p.scalar_type());
+    const at::Tensor a = s.select(0, 0), b = s.select(0, 1), c = s.select(0, 2);
+    at::Tensor grad = p.grad();
+    if (opt.kind == FTC_OPTIM_SGD) {
+      auto &o = static_cast<torch::optim::SGDOptions &>(group.options());
+      if (o.weight_decay() != 0) grad = grad.add(p, o.weight_decay());
+      if (o.momentum() != 0) {
+        at::Tensor buf = static_cast<torch::optim::SGDParamState &>(*state_of(opt, p)).momentum_buffer();
+        buf.mul_(o.momentum()).add_(grad, 1 - o.dampening());
+        grad = o.nesterov() ? grad.add(buf, o.momentum()) : buf;
+      }
+      p.add_(grad * a);
+      continue;
+    }
+    double beta1, beta2, eps;
+    bool amsgrad;
+    if (opt.kind == FTC_OPTIM_ADAM) {
+      auto &o = static_cast<torch::optim::AdamOptions &>(group.options());
+      std::tie(beta1, beta2) = o.betas();
+      eps = o.eps();
+      amsgrad = o.amsgrad();
+      if (o.weight_decay() != 0) grad = grad.add(p, o.weight_decay());
+    } else {
+      auto &o = static_cast<torch::optim::AdamWOptions &>(group.options());
+      std::tie(beta1, beta2) = o.betas();
+      eps = o.eps();
+      amsgrad = o.amsgrad();
+      if (o.weight_decay() != 0) p.mul_(c);
+    }
+    AdamState st = adam_state(opt, *state_of(opt, p));
+    st.exp_avg.mul_(beta1).add_(grad, 1 - beta1);
+    st.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+    at::Tensor second = st.exp_avg_sq;
+    if (amsgrad) {
+      at::maximum_out(st.max_exp_avg_sq, st.max_exp_avg_sq, st.exp_avg_sq);
+      second = st.max_exp_avg_sq;
+    }
+    const at::Tensor denom = second.sqrt().mul_(b).add_(eps);
+    p.add_(st.exp_avg.div(denom).mul_(a));
+  }
+}
+
+// Forward, loss, backward and clipping of a step whose gradients were set to none before; which
+// parameters the update then changes (g.updated). The loss value stays on the device.
+at::Tensor loss_and_gradients(TrainStep &step, TrainGraph &g) {
+  Optim &opt = *step.opt;
+  at::Tensor loss = step_loss(step);
+  if (step.max_grad_norm > 0) clip_on_device(opt.params, step.max_grad_norm);
+  g.updated.clear();
+  const bool stateful = needs_state(opt);
+  for (size_t i = 0; i < opt.params.size(); ++i) {
+    if (!opt.params[i].grad().defined()) continue;
+    if (stateful && state_of(opt, opt.params[i]) == nullptr) {
+      fail(FTC_ERR_INVALID_ARGUMENT, "parameter " + std::to_string(i + 1) +
+                                         " had no gradient during the warm-up steps, so the optimizer has no state "
+                                         "for it yet");
+    }
+    g.updated.push_back(i);
+  }
+  return loss;
+}
+
+// Scalars for every parameter, where they are and (pinned) on the host.
+void make_scalars(const Optim &opt, TrainGraph &g) {
+  const auto n = static_cast<int64_t>(opt.params.size());
+  const c10::Device device = opt.params.empty() ? c10::Device(c10::kCPU) : opt.params.front().device();
+  g.scalars = at::zeros({n, 3}, at::TensorOptions().dtype(at::kDouble).device(device));
+  g.host_scalars = device.is_cpu() ? g.scalars
+                                   : at::zeros({n, 3}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+}
+
+// FTORCH_CUDA_GRAPHS=eager after the warm-up: what a replay does, run as it is.
+double eager_graph_step(TrainStep &step, TrainGraph &g) {
+  Optim &opt = *step.opt;
+  if (!g.scalars.defined()) make_scalars(opt, g);
+  opt.opt->zero_grad(true);
+  const at::Tensor loss = loss_and_gradients(step, g);
+  fill_scalars(opt, g);
+  if (!g.host_scalars.is_same(g.scalars)) g.scalars.copy_(g.host_scalars);
+  graph_update(opt, g);
+  return loss.item<double>();
+}
+
+#ifdef FTORCH_WITH_CUDA
+// One step on the CUDA device of the parameters: warm-up, capture, replay.
+double cuda_graph_step(TrainStep &step, TrainGraph &g) {
+  Optim &opt = *step.opt;
+  const c10::Device device = opt.params.front().device();
+  c10::cuda::CUDAGuard device_guard(device);
+  const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(device.index());
+  if (!g.graph) {
+    // Warm-up and capture run on a side stream (capture cannot use the default stream), ordered
+    // after the work already queued on the caller's stream and before what it queues next.
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
+    at::cuda::CUDAEvent queued;
+    queued.record(main);
+    queued.block(side);
+    if (g.calls < kWarmupSteps) {
+      double value = 0;
+      {
+        c10::cuda::CUDAStreamGuard on_side(side);
+        value = eager_train_step(step);
+      }
+      at::cuda::CUDAEvent done;
+      done.record(side);
+      done.block(main);
+      return value;
+    }
+    if (!g.scalars.defined()) make_scalars(opt, g);
+    opt.opt->zero_grad(true);  // backward in the capture then writes gradients of the graph's own
+    {
+      c10::cuda::CUDAStreamGuard on_side(side);
+      auto graph = std::make_unique<at::cuda::CUDAGraph>();
+      graph->capture_begin();
+      try {
+        g.loss = loss_and_gradients(step, g);
+        graph_update(opt, g);
+      } catch (const std::exception &e) {
+        std::string reason = e.what();
+        try {
+          graph->capture_end();
+        } catch (...) {
+          // The capture is invalid already; the first error is the one to report.
+        }
+        fail(FTC_ERR_TORCH, "the training step cannot be captured as a CUDA graph: " + reason);
+      }
+      try {
+        graph->capture_end();
+      } catch (const c10::Error &e) {
+        fail(FTC_ERR_TORCH, std::string("the training step cannot be captured as a CUDA graph (an operation of the "
+                                        "model or loss synchronizes with the host?): ") +
+                                e.what_without_backtrace());
+      }
+      g.graph = std::move(graph);
+    }
+    at::cuda::CUDAEvent captured;
+    captured.record(side);
+    captured.block(main);
+  }
+  // The capture ran nothing: every step, the first included, is a replay.
+  fill_scalars(opt, g);
+  g.scalars.copy_(g.host_scalars, /*non_blocking=*/true);
+  g.graph->replay();
+  return g.loss.item<double>();  // waits for the step (and so for the copy of the scalars above)
+}
+#endif
+
+}  // namespace
+
+}  // namespace ftc
+
+extern "C" {
+
+int ftc_train_step_cuda_graph(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *inputs, int n_inputs,
+                              ftc_tensor target, int loss_kind, int reduction, double max_grad_norm, double *loss,
+                              double *seconds) {
+  return ftc::guard([&] {
+    const auto start = std::chrono::steady_clock::now();
+    ftc::TrainStep step = ftc::train_step_of(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm);
+    const bool eager = ftc::eager_graphs();
+    ftc::check_graphable(step, eager);
+    ftc::Optim &opt = *step.opt;
+    if (!opt.graph) opt.graph = std::make_shared<ftc::TrainGraph>();
+    ftc::TrainGraph &g = *opt.graph;
+    auto key = ftc::key_of(step);
+    if (key != g.key) {
+      g = ftc::TrainGraph();  // releases a previous capture and its memory
+      g.key = std::move(key);
+    }
+    double value;
+    if (g.calls < ftc::kWarmupSteps && eager) {
+      value = ftc::eager_train_step(step);
+    } else if (eager) {
+      value = ftc::eager_graph_step(step, g);
+    } else {
+#ifdef FTORCH_WITH_CUDA
+      value = ftc::cuda_graph_step(step, g);
+#else
+      value = 0;  // check_graphable failed already
+#endif
+    }
+    ++g.calls;
+    // The warm-up steps create the optimizer's state, which the key of the captured step includes.
+    if (g.calls <= ftc::kWarmupSteps) g.key = ftc::key_of(step);
+    ftc::finish_train_step(step, value, start, loss, seconds);
+  });
+}
+
+}  // extern "C"
