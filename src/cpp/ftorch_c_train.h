@@ -20,11 +20,12 @@ FTC_API int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_
                            double *seconds);
 
 /* ftc_train_step as a CUDA graph (model, optimizer, inputs and target on one CUDA device): the
- * first 3 steps run as ftc_train_step (warm-up), the next is captured -- forward, loss, backward,
- * clipping and the update -- and that step and every later one replays the capture on the same
- * buffers (write new data into the inputs' and target's memory between steps). Another input or
- * target buffer, shape, loss or clipping, or an optimizer state replaced by a checkpoint, warms up
- * and captures again. The optimizer: SGD, Adam or AdamW, one parameter group, not data-parallel;
+ * first 3 steps are a warm-up (more if TorchScript's profiled runs were raised; the last runs the
+ * work to capture, uncaptured), the next is captured -- forward, loss, backward, clipping and the
+ * update -- and that step and every later one replays the capture on the same buffers (write new
+ * data into the inputs' and target's memory between steps). Another input or target buffer,
+ * shape, loss, clipping or optimizer setting, or an optimizer state replaced by a checkpoint, warms
+ * up and captures again; a failed capture fails the later steps of the same key at once. The optimizer: SGD, Adam or AdamW, one parameter group, not data-parallel;
  * its learning rate (schedulers) and step counts are read at each step. Needs a CUDA build of
  * torch (FTC_ERR_DEVICE otherwise). With the environment variable FTORCH_CUDA_GRAPHS=eager the
  * same steps run without capturing (any device), to compare with and without graphs. */

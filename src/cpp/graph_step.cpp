@@ -10,9 +10,11 @@
 // FTORCH_CUDA_GRAPHS=eager, which runs these same steps without capturing them).
 #include "internal.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #ifdef FTORCH_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -30,14 +32,20 @@ struct TrainGraph {
   at::Tensor scalars;         // [parameters, 3] float64 where the parameters are: read by the update
   at::Tensor host_scalars;    // the same on the host (pinned for a CUDA device), filled each step
   at::Tensor loss;            // the loss of the captured step, where the parameters are
+  std::string capture_error;   // why capturing this key failed (later steps fail at once with it)
 #ifdef FTORCH_WITH_CUDA
   std::unique_ptr<at::cuda::CUDAGraph> graph;
+  std::optional<c10::cuda::CUDAStream> side;  // warm-up and capture: one stream for both
 #endif
 };
 
 namespace {
 
-constexpr int kWarmupSteps = 3;  // eager steps before the capture (PyTorch's recipe warms up 3)
+// Eager steps before the capture: PyTorch's recipe warms up 3; TorchScript's profiling executor
+// must also have settled (it optimizes forward after its profiled runs and backward one call later).
+int64_t warmup_steps() {
+  return std::max<int64_t>(3, static_cast<int64_t>(torch::jit::getNumProfiledRuns().load()) + 2);
+}
 
 // FTORCH_CUDA_GRAPHS=eager: run the steps a graph would replay without capturing them (any device).
 bool eager_graphs() {
@@ -69,9 +77,20 @@ void check_graphable(const TrainStep &step, bool eager) {
                                t.device().str());
     }
   };
+  for (size_t i = 0; i < opt.params.size(); ++i) require_cuda(opt.params[i], "parameter " + std::to_string(i + 1));
   for (size_t i = 0; i < step.inputs.size(); ++i) require_cuda(step.inputs[i], "input " + std::to_string(i + 1));
   require_cuda(step.target, "target");
-  for (size_t i = 0; i < opt.params.size(); ++i) require_cuda(opt.params[i], "parameter " + std::to_string(i + 1));
+  // A capture runs on one device.
+  const c10::Device device = opt.params.front().device();
+  auto require_device = [&](const at::Tensor &t, const std::string &what) {
+    if (t.device() != device) {
+      fail(FTC_ERR_DEVICE, "a CUDA graph runs on one device, but the " + what + " is on " + t.device().str() +
+                               " and the parameters on " + device.str());
+    }
+  };
+  for (size_t i = 0; i < opt.params.size(); ++i) require_device(opt.params[i], "parameter " + std::to_string(i + 1));
+  for (size_t i = 0; i < step.inputs.size(); ++i) require_device(step.inputs[i], "input " + std::to_string(i + 1));
+  require_device(step.target, "target");
 #ifndef FTORCH_WITH_CUDA
   fail(FTC_ERR_DEVICE, "this FTorch was built against a torch without CUDA (" FTORCH_TORCH_VERSION
                        "): CUDA graphs need a CUDA build of torch");
@@ -136,9 +155,31 @@ void push_tensor(std::vector<int64_t> &key, const at::Tensor &t) {
 std::vector<int64_t> key_of(const TrainStep &step) {
   std::vector<int64_t> key{reinterpret_cast<int64_t>(step.module->_ivalue().get()),
                            reinterpret_cast<int64_t>(step.opt->opt.get()), step.loss_kind, step.reduction};
-  int64_t clip_bits = 0;
-  std::memcpy(&clip_bits, &step.max_grad_norm, sizeof clip_bits);
-  key.push_back(clip_bits);
+  auto push_number = [&key](double v) {
+    int64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    key.push_back(bits);
+  };
+  push_number(step.max_grad_norm);
+  key.push_back(jit_optimize().load() ? 1 : 0);
+  // The optimizer's settings baked into the update (the learning rate is read at each step).
+  auto &options = step.opt->opt->param_groups().at(0).options();
+  if (step.opt->kind == FTC_OPTIM_SGD) {
+    auto &o = static_cast<torch::optim::SGDOptions &>(options);
+    for (const double v : {o.momentum(), o.dampening(), o.weight_decay(), o.nesterov() ? 1.0 : 0.0}) push_number(v);
+  } else if (step.opt->kind == FTC_OPTIM_ADAM) {
+    auto &o = static_cast<torch::optim::AdamOptions &>(options);
+    for (const double v : {std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+                           o.amsgrad() ? 1.0 : 0.0}) {
+      push_number(v);
+    }
+  } else {
+    auto &o = static_cast<torch::optim::AdamWOptions &>(options);
+    for (const double v : {std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+                           o.amsgrad() ? 1.0 : 0.0}) {
+      push_number(v);
+    }
+  }
   for (const auto &t : step.inputs) push_tensor(key, t);
   push_tensor(key, step.target);
   for (const auto &p : step.opt->params) {
@@ -288,28 +329,39 @@ double eager_graph_step(TrainStep &step, TrainGraph &g) {
 }
 
 #ifdef FTORCH_WITH_CUDA
+// Work queued on stream `from` before this point comes before what `to` queues next.
+void join(const c10::cuda::CUDAStream &from, const c10::cuda::CUDAStream &to) {
+  at::cuda::CUDAEvent event;
+  event.record(from);
+  event.block(to);
+}
+
 // One step on the CUDA device of the parameters: warm-up, capture, replay.
 double cuda_graph_step(TrainStep &step, TrainGraph &g) {
   Optim &opt = *step.opt;
   const c10::Device device = opt.params.front().device();
   c10::cuda::CUDAGuard device_guard(device);
   const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(device.index());
+  if (!g.capture_error.empty()) fail(FTC_ERR_TORCH, g.capture_error);
   if (!g.graph) {
-    // Warm-up and capture run on a side stream (capture cannot use the default stream), ordered
+    // Warm-up and capture run on one side stream of the graph's (capture cannot use the default
+    // stream; per-stream resources, cuBLAS's workspace say, are made during the warm-up), ordered
     // after the work already queued on the caller's stream and before what it queues next.
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
-    at::cuda::CUDAEvent queued;
-    queued.record(main);
-    queued.block(side);
-    if (g.calls < kWarmupSteps) {
+    if (!g.side) g.side = c10::cuda::getStreamFromPool(false, device.index());
+    const c10::cuda::CUDAStream side = *g.side;
+    join(main, side);
+    if (g.calls < warmup_steps()) {
       double value = 0;
-      {
+      try {
         c10::cuda::CUDAStreamGuard on_side(side);
-        value = eager_train_step(step);
+        // The last warm-up runs the work the capture records, uncaptured (its kernels loaded, its
+        // allocations made once); the earlier ones LibTorch's step, which creates the state.
+        value = g.calls + 1 == warmup_steps() ? eager_graph_step(step, g) : eager_train_step(step);
+      } catch (...) {
+        join(side, main);
+        throw;
       }
-      at::cuda::CUDAEvent done;
-      done.record(side);
-      done.block(main);
+      join(side, main);
       return value;
     }
     if (!g.scalars.defined()) make_scalars(opt, g);
@@ -318,30 +370,42 @@ double cuda_graph_step(TrainStep &step, TrainGraph &g) {
       c10::cuda::CUDAStreamGuard on_side(side);
       auto graph = std::make_unique<at::cuda::CUDAGraph>();
       graph->capture_begin();
-      try {
-        g.loss = loss_and_gradients(step, g);
-        graph_update(opt, g);
-      } catch (const std::exception &e) {
-        std::string reason = e.what();
+      // A capture that fails leaves its graph registered with LibTorch's allocator, which keeps a
+      // pointer to it: the graph object is then kept (released from its owner, never deleted), and
+      // this key's later steps fail with the same reason instead of capturing again.
+      auto abandon = [&](const std::string &reason) {
         try {
           graph->capture_end();
         } catch (...) {
-          // The capture is invalid already; the first error is the one to report.
+          // The capture is invalid already; the first reason is the one to report.
         }
-        fail(FTC_ERR_TORCH, "the training step cannot be captured as a CUDA graph: " + reason);
+        static_cast<void>(graph.release());
+        g.capture_error = "the training step cannot be captured as a CUDA graph: " + reason;
+      };
+      try {
+        g.loss = loss_and_gradients(step, g);
+        graph_update(opt, g);
+      } catch (const Error &e) {
+        abandon(e.what());
+        join(side, main);
+        throw;  // FTorch's own error (a parameter without state, say), as it is
+      } catch (const std::exception &e) {
+        abandon(e.what());
+        join(side, main);
+        fail(FTC_ERR_TORCH, g.capture_error);
       }
       try {
         graph->capture_end();
-      } catch (const c10::Error &e) {
-        fail(FTC_ERR_TORCH, std::string("the training step cannot be captured as a CUDA graph (an operation of the "
-                                        "model or loss synchronizes with the host?): ") +
-                                e.what_without_backtrace());
+      } catch (const std::exception &e) {
+        static_cast<void>(graph.release());
+        g.capture_error = std::string("the training step cannot be captured as a CUDA graph (an operation of the "
+                                      "model or loss synchronizes with the host?): ") + e.what();
+        join(side, main);
+        fail(FTC_ERR_TORCH, g.capture_error);
       }
       g.graph = std::move(graph);
     }
-    at::cuda::CUDAEvent captured;
-    captured.record(side);
-    captured.block(main);
+    join(side, main);
   }
   // The capture ran nothing: every step, the first included, is a replay.
   fill_scalars(opt, g);
@@ -373,11 +437,11 @@ int ftc_train_step_cuda_graph(ftc_model m, ftc_optim o, ftc_scheduler s, const f
       g = ftc::TrainGraph();  // releases a previous capture and its memory
       g.key = std::move(key);
     }
+    const int64_t warmup = ftc::warmup_steps();
     double value;
-    if (g.calls < ftc::kWarmupSteps && eager) {
-      value = ftc::eager_train_step(step);
-    } else if (eager) {
-      value = ftc::eager_graph_step(step, g);
+    if (eager) {
+      // As on a GPU: LibTorch's steps first, then (from the last warm-up on) the captured work.
+      value = g.calls + 1 < warmup ? ftc::eager_train_step(step) : ftc::eager_graph_step(step, g);
     } else {
 #ifdef FTORCH_WITH_CUDA
       value = ftc::cuda_graph_step(step, g);
@@ -387,7 +451,7 @@ int ftc_train_step_cuda_graph(ftc_model m, ftc_optim o, ftc_scheduler s, const f
     }
     ++g.calls;
     // The warm-up steps create the optimizer's state, which the key of the captured step includes.
-    if (g.calls <= ftc::kWarmupSteps) g.key = ftc::key_of(step);
+    if (g.calls <= warmup) g.key = ftc::key_of(step);
     ftc::finish_train_step(step, value, start, loss, seconds);
   });
 }

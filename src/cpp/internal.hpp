@@ -197,14 +197,6 @@ T &out_arg(T *p, const char *what) {
 // saved it, a view), the old contents move to new memory first, so nothing saved changes;
 // tensors flagged kShared (model and optimizer parameters) are always written in place.
 void assign_into(TensorTable::Slot &slot, const at::Tensor &r);
-// What `=` does with write stamps (handles.hpp): C's assignment ignores them; Fortran's array
-// assignment (ftc_tensor_assign_many) bumps the stamp of each constructed lhs it writes; Fortran's
-// elemental `=` also refuses an rhs whose stamp is older than its tensor's (a copy taken before an
-// earlier element of the same statement wrote that tensor).
-enum class Stamping { none, bump, check };
-// `*lhs = rhs` with Fortran's value semantics (see ftc_tensor_assign); value_before, when given,
-// is the value rhs had before the statement began (overlapping array assignment).
-void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_before, Stamping stamping);
 
 // Result `index` (0-based) of a model or a Python function (`source` says which, for the shape
 // error) written into an output tensor as `=` does: into its memory (an aliased Fortran array

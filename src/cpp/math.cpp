@@ -118,19 +118,34 @@ void store_result(ftc_tensor *out, const at::Tensor &value, const std::string &w
   assign_into(*slot, value);
 }
 
-void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_before, Stamping stamping) {
+// A copy of the handle taken before an `=` wrote its tensor, as the right-hand side of an element
+// `=`: what it stood for is gone (out of line: the hot path only tests).
+[[noreturn]] __attribute__((cold, noinline)) void stale_right_hand_side() {
+  fail(FTC_ERR_NULL_HANDLE,
+       "the right-hand side is a stale copy of a tensor that = has written since the copy was taken: the two "
+       "sides of an array = overlap and the compiler assigns element by element (gfortran 11 and 12); "
+       "use call torch_assign(lhs, rhs), which reads the right-hand side as it was");
+}
+
+// What `=` does with write stamps (handles.hpp): C's assignment ignores them; Fortran's array
+// assignment (ftc_tensor_assign_many) bumps the stamp of each constructed lhs it writes; Fortran's
+// elemental `=` also refuses an rhs whose stamp is older than its tensor's (a copy taken before an
+// earlier element of the same statement wrote that tensor).
+enum class Stamping { none, bump, check };
+
+// `*lhs = rhs` with Fortran's value semantics (see ftc_tensor_assign); value_before, when given,
+// is the value rhs had before the statement began (overlapping array assignment). A template on
+// the stamping, so that the hot element `=` carries no test for the others.
+template <Stamping stamping>
+void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_before) {
   auto &table = TensorTable::instance();
   // The right-hand side first: a temporary is scheduled for release whatever fails next.
   TensorTable::Slot *right = nullptr;
   if (rhs != nullptr) right = &tensor_slot(rhs, "right-hand side tensor");
   if (lhs == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "left-hand side handle pointer is null");
   if (*lhs == rhs && value_before == nullptr) return;  // t = t
-  if (stamping == Stamping::check && right != nullptr && TensorTable::stamp_of(rhs) != right->stamp) {
-    // A copy of the handle taken before an `=` wrote this tensor: what it stood for is gone.
-    fail(FTC_ERR_NULL_HANDLE,
-         "the right-hand side is a stale copy of a tensor that = has written since the copy was taken: the two "
-         "sides of an array = overlap and the compiler assigns element by element (gfortran 11 and 12); "
-         "use call torch_assign(lhs, rhs), which reads the right-hand side as it was");
+  if constexpr (stamping == Stamping::check) {
+    if (right != nullptr && TensorTable::stamp_of(rhs) != right->stamp) stale_right_hand_side();
   }
   auto *left = table.find(*lhs);
   if (right == nullptr) {
@@ -151,7 +166,7 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
     return;
   }
   assign_into(*left, value);
-  if (stamping != Stamping::none) *lhs = static_cast<ftc_tensor>(TensorTable::restamp(*lhs, *left));
+  if constexpr (stamping != Stamping::none) *lhs = static_cast<ftc_tensor>(TensorTable::restamp(*lhs, *left));
 }
 
 }  // namespace ftc
@@ -159,11 +174,11 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
 extern "C" {
 
 int ftc_tensor_assign(ftc_tensor *lhs, ftc_tensor rhs) {
-  return ftc::guard([&] { ftc::assign_handle(lhs, rhs, nullptr, ftc::Stamping::none); });
+  return ftc::guard([&] { ftc::assign_handle<ftc::Stamping::none>(lhs, rhs, nullptr); });
 }
 
 int ftc_tensor_assign_element(ftc_tensor *lhs, ftc_tensor rhs) {
-  return ftc::guard([&] { ftc::assign_handle(lhs, rhs, nullptr, ftc::Stamping::check); });
+  return ftc::guard([&] { ftc::assign_handle<ftc::Stamping::check>(lhs, rhs, nullptr); });
 }
 
 int ftc_tensor_assign_many(ftc_tensor *lhs, const ftc_tensor *rhs, int64_t n) {
@@ -190,7 +205,7 @@ int ftc_tensor_assign_many(ftc_tensor *lhs, const ftc_tensor *rhs, int64_t n) {
     }
     for (int64_t i = 0; i < n; ++i) {
       const at::Tensor &old = before[static_cast<size_t>(i)];
-      ftc::assign_handle(&lhs[i], rhs[i], old.defined() ? &old : nullptr, ftc::Stamping::bump);
+      ftc::assign_handle<ftc::Stamping::bump>(&lhs[i], rhs[i], old.defined() ? &old : nullptr);
     }
   });
 }
