@@ -11,7 +11,8 @@
 # What runs: the build against the machine's torch, `python -m ftorch doctor`, then the tests that
 # exercise devices -- the C device-path program on cuda (tensors, models, device memory without a
 # copy, FTorch's GPU idiom, a train step, a GPU checkpoint loaded on the CPU), the Fortran program
-# on cudaMalloc'd memory (tests/projects/gpu), the examples (which pick the GPU when there is one),
+# on cudaMalloc'd memory (tests/projects/gpu; also CUDA-graph training steps), the OpenACC program
+# (tests/projects/openacc: on the GPU where the gfortran can offload to nvptx), the examples (which pick the GPU when there is one),
 # training and the consumers -- each against the installed package; then the GPU benchmark
 # (bench/gpu.py: training steps with and without CUDA graphs, FTorch against PyTorch), written to
 # bench/results/gpu.{md,json}.
@@ -45,6 +46,6 @@ echo "==> GPU checks"
 # shellcheck disable=SC2086
 FTORCH_TEST_USE_INSTALLED=1 "$py" -m pytest -q -rs ${PYTEST_ARGS:-} \
   tests/test_gpu.py tests/test_other_consumers.py tests/test_examples.py tests/test_train.py \
-  tests/test_cmake_consumer.py tests/test_lifetime.py
+  tests/test_cmake_consumer.py tests/test_lifetime.py tests/test_openacc.py
 echo "==> GPU benchmark (bench/gpu.py)"
 "$py" bench/gpu.py --out bench/results
