@@ -8,7 +8,7 @@
 program openacc_ftorch
   use, intrinsic :: iso_c_binding, only: c_int, c_int64_t, c_loc
   use, intrinsic :: iso_fortran_env, only: real64
-  use openacc, only: acc_device_nvidia, acc_get_num_devices
+  use openacc, only: acc_device_host, acc_on_device
   use ftorch
   implicit none
   integer, parameter :: n = 5
@@ -20,11 +20,18 @@ program openacc_ftorch
   type(torch_tensor) :: tx, ty, tt, rx, ry, rt
   integer(c_int) :: device
   integer :: i, failures
+  logical :: on_gpu
 
   call get_command_argument(1, dir)
   failures = 0
+  ! Where OpenACC's kernels (and so its copies of the arrays) run: on the GPU only where the code
+  ! was compiled for it and a device is there; otherwise on the host.
+  on_gpu = .false.
+  !$acc parallel num_gangs(1) copy(on_gpu)
+  on_gpu = .not. acc_on_device(acc_device_host)
+  !$acc end parallel
   device = torch_kCPU
-  if (acc_get_num_devices(acc_device_nvidia) > 0 .and. torch_device_available(torch_kCUDA)) device = torch_kCUDA
+  if (on_gpu) device = torch_kCUDA
   if (device == torch_kCUDA) then
     print '(a)', "OpenACC on an NVIDIA GPU: CUDA tensors"
   else
