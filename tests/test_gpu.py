@@ -20,7 +20,8 @@ def test_device_memory_program_compiles(cmake_consumer, tmp_path):
     """Compiled against the installed modules on any machine (linking needs libcudart)."""
     fc = require_compiler("gfortran")
     modules = cmake_consumer("gfortran") / "ftorch_modules"
-    run([fc, "-c", PROJECT / "device_memory.f90", f"-I{modules}", "-J", tmp_path, "-o", tmp_path / "dm.o"])
+    run([fc, "-c", PROJECT.parent / "device_checks.f90", f"-I{modules}", "-J", tmp_path, "-o", tmp_path / "dc.o"])
+    run([fc, "-c", PROJECT / "device_memory.f90", f"-I{modules}", f"-I{tmp_path}", "-J", tmp_path, "-o", tmp_path / "dm.o"])
     assert (tmp_path / "dm.o").is_file()
 
 

@@ -132,6 +132,12 @@ at::Tensor wire_buffer(const Comm &c, const at::Tensor &t) {
   return t.to(device, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true, c10::MemoryFormat::Contiguous);
 }
 
+// buf summed over the ranks, in place (buf: a wire_buffer).
+void sum_across(Comm &c, const at::Tensor &buf) {
+  settle(buf);
+  c.allreduce(buf.data_ptr(), buf.numel(), wire_dtype(buf.scalar_type()), buf.element_size(), FTC_OP_SUM);
+}
+
 // The values of `buffer` into t (nothing to do when the buffer is t's own memory). Tensors
 // changed behind autograd's back get a new version, so that a graph that saved them notices.
 void land(const at::Tensor &t, const at::Tensor &buffer) {
@@ -260,7 +266,7 @@ struct DataParallel final : GradientSync {
           continue;
         }
         const at::Tensor &grad = params[i].grad();
-        if (is_bucket_view(grad, slice)) {
+        if (in_bucket(grad, slice)) {
           if (share != 1) slice.mul_(share);
         } else if (share == 1) {
           slice.copy_(grad.reshape({-1}));
@@ -268,14 +274,13 @@ struct DataParallel final : GradientSync {
           at::mul_out(slice, grad.reshape({-1}), share);
         }
       }
-      settle(buf);
-      comm->allreduce(buf.data_ptr(), buf.numel(), wire_dtype(buf.scalar_type()), buf.element_size(), FTC_OP_SUM);
+      sum_across(*comm, buf);
       for (const size_t i : buckets[b]) {
         auto &p = params[i];
         // Frozen here, or no rank produced a gradient: left as it is (undefined stays undefined).
         if (direct[i] || !p.requires_grad() || control[3 + i] == 0) continue;
         at::Tensor values = buf.narrow(0, offset[i], p.numel()).view(p.sizes());
-        if (is_bucket_view(p.grad(), values)) continue;
+        if (in_bucket(p.grad(), values)) continue;
         if (p.device() == buf.device() && p.is_contiguous()) {
           // The same memory as a tensor of its own, not an autograd view (the optimizers'
           // zero_grad detaches gradients in place, which a view refuses).
@@ -293,41 +298,24 @@ struct DataParallel final : GradientSync {
 
   bool has_gradient(size_t i) const { return params[i].requires_grad() && params[i].grad().defined(); }
 
-  // All-reduce of parameter i's gradient in its own memory (scaled by share first). A rank
-  // without a gradient contributes zeros (and keeps them as its gradient, as every rank then has
-  // the average) when another rank has one (any_rank); a gradient that the caller's collectives
-  // cannot reach in place (not contiguous, or on a device of a communicator that is not
-  // device-aware) goes through a contiguous reachable copy.
+  // All-reduce of parameter i's gradient in its own memory (scaled by share first), or through
+  // wire_buffer's copy where the caller's collectives cannot reach it in place. A rank without a
+  // gradient contributes zeros when another rank has one (any_rank), and keeps the average as its
+  // gradient unless its parameter is frozen here.
   void reduce_in_place(size_t i, bool any_rank, double share) {
     if (!any_rank) return;  // no rank has a gradient: every rank skips it alike
     auto &p = params[i];
-    if (!has_gradient(i)) {
-      at::Tensor zeros = at::zeros_like(p, at::MemoryFormat::Contiguous);
-      at::Tensor wire = comm->device_aware || zeros.is_cpu() ? zeros : zeros.cpu();
-      settle(wire);
-      comm->allreduce(wire.data_ptr(), wire.numel(), wire_dtype(wire.scalar_type()), wire.element_size(), FTC_OP_SUM);
-      if (!p.requires_grad()) return;  // frozen here: left alone
-      if (!wire.is_same(zeros)) zeros.copy_(wire);
-      p.mutable_grad() = zeros;
-      return;
-    }
-    at::Tensor &grad = p.mutable_grad();
-    const bool reachable = grad.is_cpu() || comm->device_aware;
-    if (reachable && grad.is_contiguous()) {
-      if (share != 1) grad.mul_(share);
-      settle(grad);
-      comm->allreduce(grad.data_ptr(), grad.numel(), wire_dtype(grad.scalar_type()), grad.element_size(), FTC_OP_SUM);
-      return;
-    }
-    at::Tensor wire = grad.to(reachable ? grad.device() : c10::Device(c10::kCPU), grad.scalar_type(), false, true,
-                              at::MemoryFormat::Contiguous);
-    if (share != 1) wire.mul_(share);
-    settle(wire);
-    comm->allreduce(wire.data_ptr(), wire.numel(), wire_dtype(wire.scalar_type()), wire.element_size(), FTC_OP_SUM);
-    grad.copy_(wire);
+    const bool own = has_gradient(i);
+    const at::Tensor grad = own ? p.grad() : at::zeros_like(p, at::MemoryFormat::Contiguous);
+    const at::Tensor buf = wire_buffer(*comm, grad);
+    if (own && share != 1) buf.mul_(share);
+    sum_across(*comm, buf);
+    land(grad, buf);
+    if (!own && p.requires_grad()) p.mutable_grad() = grad;
   }
-  // Whether a gradient is (still) the view of its place in a bucket.
-  static bool is_bucket_view(const at::Tensor &grad, const at::Tensor &place) {
+
+  // Whether a gradient is (still) its place in a bucket.
+  static bool in_bucket(const at::Tensor &grad, const at::Tensor &place) {
     return grad.defined() && grad.data_ptr() == place.data_ptr() && grad.is_contiguous() &&
            grad.numel() == place.numel() && grad.device() == place.device();
   }

@@ -117,7 +117,6 @@ AdamState adam_state(const Optim &opt, torch::optim::OptimizerParamState &s) {
   return opt.kind == FTC_OPTIM_ADAM ? adam_state_as<torch::optim::AdamParamState>(s)
                                     : adam_state_as<torch::optim::AdamWParamState>(s);
 }
-// Adam's step count t of a parameter, advanced as LibTorch's step advances it; the new value.
 template <class State>
 int64_t advance_as(torch::optim::OptimizerParamState &s) {
   auto &st = static_cast<State &>(s);
@@ -125,11 +124,44 @@ int64_t advance_as(torch::optim::OptimizerParamState &s) {
   return st.step();
 }
 
-// Whether the update of parameter p reads optimizer state (SGD with momentum, Adam, AdamW).
-bool needs_state(const Optim &opt) {
-  if (opt.kind != FTC_OPTIM_SGD) return true;
-  return static_cast<torch::optim::SGDOptions &>(opt.opt->param_groups().at(0).options()).momentum() != 0;
+// Adam's step count t of a parameter, advanced as LibTorch's step advances it; the new value.
+int64_t advance_step(const Optim &opt, torch::optim::OptimizerParamState &s) {
+  return opt.kind == FTC_OPTIM_ADAM ? advance_as<torch::optim::AdamParamState>(s)
+                                    : advance_as<torch::optim::AdamWParamState>(s);
 }
+
+// The settings of the optimizer's one parameter group that the update uses, read in one place
+// (SGDOptions, AdamOptions and AdamWOptions are unrelated classes). Unused ones are 0.
+struct Settings {
+  double lr = 0, weight_decay = 0, momentum = 0, dampening = 0, beta1 = 0, beta2 = 0, eps = 0;
+  bool nesterov = false, amsgrad = false;
+};
+template <class Options>
+Settings adam_settings(Options &o) {
+  Settings st;
+  st.lr = o.lr();
+  std::tie(st.beta1, st.beta2) = o.betas();
+  st.eps = o.eps();
+  st.weight_decay = o.weight_decay();
+  st.amsgrad = o.amsgrad();
+  return st;
+}
+Settings settings_of(const Optim &opt) {
+  auto &options = opt.opt->param_groups().at(0).options();
+  if (opt.kind == FTC_OPTIM_ADAM) return adam_settings(static_cast<torch::optim::AdamOptions &>(options));
+  if (opt.kind == FTC_OPTIM_ADAMW) return adam_settings(static_cast<torch::optim::AdamWOptions &>(options));
+  auto &o = static_cast<torch::optim::SGDOptions &>(options);
+  Settings st;
+  st.lr = o.lr();
+  st.weight_decay = o.weight_decay();
+  st.momentum = o.momentum();
+  st.dampening = o.dampening();
+  st.nesterov = o.nesterov();
+  return st;
+}
+
+// Whether the update reads optimizer state (SGD with momentum, Adam, AdamW).
+bool needs_state(const Optim &opt) { return opt.kind != FTC_OPTIM_SGD || settings_of(opt).momentum != 0; }
 
 // The state tensors of p the update reads and writes.
 std::vector<at::Tensor> state_tensors(const Optim &opt, const at::Tensor &p) {
@@ -163,22 +195,10 @@ std::vector<int64_t> key_of(const TrainStep &step) {
   push_number(step.max_grad_norm);
   key.push_back(jit_optimize().load() ? 1 : 0);
   // The optimizer's settings baked into the update (the learning rate is read at each step).
-  auto &options = step.opt->opt->param_groups().at(0).options();
-  if (step.opt->kind == FTC_OPTIM_SGD) {
-    auto &o = static_cast<torch::optim::SGDOptions &>(options);
-    for (const double v : {o.momentum(), o.dampening(), o.weight_decay(), o.nesterov() ? 1.0 : 0.0}) push_number(v);
-  } else if (step.opt->kind == FTC_OPTIM_ADAM) {
-    auto &o = static_cast<torch::optim::AdamOptions &>(options);
-    for (const double v : {std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
-                           o.amsgrad() ? 1.0 : 0.0}) {
-      push_number(v);
-    }
-  } else {
-    auto &o = static_cast<torch::optim::AdamWOptions &>(options);
-    for (const double v : {std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
-                           o.amsgrad() ? 1.0 : 0.0}) {
-      push_number(v);
-    }
+  const Settings st = settings_of(*step.opt);
+  for (const double v : {st.weight_decay, st.momentum, st.dampening, st.beta1, st.beta2, st.eps,
+                         st.nesterov ? 1.0 : 0.0, st.amsgrad ? 1.0 : 0.0}) {
+    push_number(v);
   }
   for (const auto &t : step.inputs) push_tensor(key, t);
   push_tensor(key, step.target);
@@ -209,32 +229,16 @@ void clip_on_device(const std::vector<at::Tensor> &params, double max_norm) {
 // 1 - lr * weight_decay (AdamW; 1 for Adam)], t the parameter's step count, advanced here as
 // LibTorch's step advances it.
 void fill_scalars(Optim &opt, TrainGraph &g) {
-  auto &group = opt.opt->param_groups().at(0);
+  const Settings st = settings_of(opt);
   double *row = g.host_scalars.data_ptr<double>();
   for (const size_t i : g.updated) {
     double *r = row + 3 * i;
-    if (opt.kind == FTC_OPTIM_SGD) {
-      r[0] = -static_cast<torch::optim::SGDOptions &>(group.options()).lr();
-      continue;
-    }
-    auto &s = *state_of(opt, opt.params[i]);
-    double lr, beta1, beta2, wd = 0;
-    int64_t t;
-    if (opt.kind == FTC_OPTIM_ADAM) {
-      auto &o = static_cast<torch::optim::AdamOptions &>(group.options());
-      lr = o.lr();
-      std::tie(beta1, beta2) = o.betas();
-      t = advance_as<torch::optim::AdamParamState>(s);
-    } else {
-      auto &o = static_cast<torch::optim::AdamWOptions &>(group.options());
-      lr = o.lr();
-      std::tie(beta1, beta2) = o.betas();
-      wd = o.weight_decay();
-      t = advance_as<torch::optim::AdamWParamState>(s);
-    }
-    r[0] = -lr / (1 - std::pow(beta1, static_cast<double>(t)));
-    r[1] = 1 / std::sqrt(1 - std::pow(beta2, static_cast<double>(t)));
-    r[2] = 1 - lr * wd;
+    r[0] = -st.lr;
+    if (opt.kind == FTC_OPTIM_SGD) continue;
+    const auto t = static_cast<double>(advance_step(opt, *state_of(opt, opt.params[i])));
+    r[0] = -st.lr / (1 - std::pow(st.beta1, t));
+    r[1] = 1 / std::sqrt(1 - std::pow(st.beta2, t));
+    r[2] = opt.kind == FTC_OPTIM_ADAMW ? 1 - st.lr * st.weight_decay : 1;
   }
 }
 
@@ -242,48 +246,39 @@ void fill_scalars(Optim &opt, TrainGraph &g) {
 // read from g.scalars (tensor operations only: nothing the host reads, nothing it decides per step).
 void graph_update(Optim &opt, TrainGraph &g) {
   at::NoGradGuard no_grad;
-  auto &group = opt.opt->param_groups().at(0);
+  const Settings st = settings_of(opt);
   for (const size_t i : g.updated) {
     at::Tensor &p = opt.params[i];
     const at::Tensor s = g.scalars.select(0, static_cast<int64_t>(i)).to(p.scalar_type());
     const at::Tensor a = s.select(0, 0), b = s.select(0, 1), c = s.select(0, 2);
     at::Tensor grad = p.grad();
     if (opt.kind == FTC_OPTIM_SGD) {
-      auto &o = static_cast<torch::optim::SGDOptions &>(group.options());
-      if (o.weight_decay() != 0) grad = grad.add(p, o.weight_decay());
-      if (o.momentum() != 0) {
+      if (st.weight_decay != 0) grad = grad.add(p, st.weight_decay);
+      if (st.momentum != 0) {
         at::Tensor buf = static_cast<torch::optim::SGDParamState &>(*state_of(opt, p)).momentum_buffer();
-        buf.mul_(o.momentum()).add_(grad, 1 - o.dampening());
-        grad = o.nesterov() ? grad.add(buf, o.momentum()) : buf;
+        buf.mul_(st.momentum).add_(grad, 1 - st.dampening);
+        grad = st.nesterov ? grad.add(buf, st.momentum) : buf;
       }
       p.add_(grad * a);
       continue;
     }
-    double beta1, beta2, eps;
-    bool amsgrad;
-    if (opt.kind == FTC_OPTIM_ADAM) {
-      auto &o = static_cast<torch::optim::AdamOptions &>(group.options());
-      std::tie(beta1, beta2) = o.betas();
-      eps = o.eps();
-      amsgrad = o.amsgrad();
-      if (o.weight_decay() != 0) grad = grad.add(p, o.weight_decay());
-    } else {
-      auto &o = static_cast<torch::optim::AdamWOptions &>(group.options());
-      std::tie(beta1, beta2) = o.betas();
-      eps = o.eps();
-      amsgrad = o.amsgrad();
-      if (o.weight_decay() != 0) p.mul_(c);
+    if (st.weight_decay != 0) {
+      if (opt.kind == FTC_OPTIM_ADAM) {
+        grad = grad.add(p, st.weight_decay);
+      } else {
+        p.mul_(c);  // AdamW: decoupled decay, 1 - lr * weight_decay
+      }
     }
-    AdamState st = adam_state(opt, *state_of(opt, p));
-    st.exp_avg.mul_(beta1).add_(grad, 1 - beta1);
-    st.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
-    at::Tensor second = st.exp_avg_sq;
-    if (amsgrad) {
-      at::maximum_out(st.max_exp_avg_sq, st.max_exp_avg_sq, st.exp_avg_sq);
-      second = st.max_exp_avg_sq;
+    AdamState m = adam_state(opt, *state_of(opt, p));
+    m.exp_avg.mul_(st.beta1).add_(grad, 1 - st.beta1);
+    m.exp_avg_sq.mul_(st.beta2).addcmul_(grad, grad, 1 - st.beta2);
+    at::Tensor second = m.exp_avg_sq;
+    if (st.amsgrad) {
+      at::maximum_out(m.max_exp_avg_sq, m.max_exp_avg_sq, m.exp_avg_sq);
+      second = m.max_exp_avg_sq;
     }
-    const at::Tensor denom = second.sqrt().mul_(b).add_(eps);
-    p.add_(st.exp_avg.div(denom).mul_(a));
+    const at::Tensor denom = second.sqrt().mul_(b).add_(st.eps);
+    p.add_(m.exp_avg.div(denom).mul_(a));
   }
 }
 

@@ -22,27 +22,23 @@ module ftorch_train
   real(real64) :: seconds_since_log = 0
   integer :: steps_since_log = 0
 
+  ! The C training step, eager and as a CUDA graph: one interface, two entry points.
+  abstract interface
+    function train_step_c(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm, loss, seconds) &
+        result(status) bind(c)
+      import :: c_ptr, c_int, c_double
+      type(c_ptr), value :: m, o, s, target
+      type(c_ptr), intent(in) :: inputs(*)
+      integer(c_int), value :: n_inputs, loss_kind, reduction
+      real(c_double), value :: max_grad_norm
+      real(c_double), intent(out) :: loss, seconds
+      integer(c_int) :: status
+    end function train_step_c
+  end interface
+  procedure(train_step_c), bind(c, name="ftc_train_step") :: ftc_train_step
+  procedure(train_step_c), bind(c, name="ftc_train_step_cuda_graph") :: ftc_train_step_cuda_graph
+
   interface
-    function ftc_train_step(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm, loss, seconds) &
-        result(status) bind(c, name="ftc_train_step")
-      import :: c_ptr, c_int, c_double
-      type(c_ptr), value :: m, o, s, target
-      type(c_ptr), intent(in) :: inputs(*)
-      integer(c_int), value :: n_inputs, loss_kind, reduction
-      real(c_double), value :: max_grad_norm
-      real(c_double), intent(out) :: loss, seconds
-      integer(c_int) :: status
-    end function ftc_train_step
-    function ftc_train_step_cuda_graph(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm, loss, &
-                                       seconds) result(status) bind(c, name="ftc_train_step_cuda_graph")
-      import :: c_ptr, c_int, c_double
-      type(c_ptr), value :: m, o, s, target
-      type(c_ptr), intent(in) :: inputs(*)
-      integer(c_int), value :: n_inputs, loss_kind, reduction
-      real(c_double), value :: max_grad_norm
-      real(c_double), intent(out) :: loss, seconds
-      integer(c_int) :: status
-    end function ftc_train_step_cuda_graph
     function ftc_checkpoint_save(filename, m, o, s, step) result(status) bind(c, name="ftc_checkpoint_save")
       import :: c_ptr, c_int, c_int64_t, c_char
       character(kind=c_char), intent(in) :: filename(*)
@@ -112,6 +108,7 @@ contains
     character(len=*), intent(inout), optional :: errmsg
     !> Capture the step as a CUDA graph and replay it (default: .false.); see above.
     logical, intent(in), optional :: cuda_graph
+    procedure(train_step_c), pointer :: step
     type(c_ptr) :: handles(size(input_tensors)), sched
     real(c_double) :: value, seconds, clip
     integer(c_int) :: kind, reduction, status
@@ -128,18 +125,12 @@ contains
     if (present(max_grad_norm)) clip = max_grad_norm
     value = 0
     seconds = 0
+    step => ftc_train_step
     if (present(cuda_graph)) then
-      if (cuda_graph) then
-        status = ftc_train_step_cuda_graph(model%p, optim%p, sched, handles, size(handles, kind=c_int), &
-                                           target_tensor%p, kind, reduction, clip, value, seconds)
-      else
-        status = ftc_train_step(model%p, optim%p, sched, handles, size(handles, kind=c_int), target_tensor%p, kind, &
-                                reduction, clip, value, seconds)
-      end if
-    else
-      status = ftc_train_step(model%p, optim%p, sched, handles, size(handles, kind=c_int), target_tensor%p, kind, &
-                              reduction, clip, value, seconds)
+      if (cuda_graph) step => ftc_train_step_cuda_graph
     end if
+    status = step(model%p, optim%p, sched, handles, size(handles, kind=c_int), target_tensor%p, kind, reduction, &
+                  clip, value, seconds)
     if (present(loss)) loss = value
     call ftorch_check(status, "torch_train_step", stat, errmsg)
     if (status /= 0 .or. .not. present(log_every)) return

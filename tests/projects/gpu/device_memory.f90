@@ -32,6 +32,7 @@ program device_memory
   use, intrinsic :: iso_c_binding, only: c_int, c_int64_t, c_loc, c_ptr, c_size_t
   use, intrinsic :: iso_fortran_env, only: real64
   use ftorch
+  use device_checks, only: check, make_optim, parameters_of, require, summary
   use cudart
   implicit none
   integer, parameter :: n = 5
@@ -43,14 +44,13 @@ program device_memory
   type(torch_tensor) :: tx, ty, tt, cx, cy, ct
   type(torch_optim) :: gpu_opt, cpu_opt
   real(real64) :: loss_gpu, loss_cpu, graph_losses(10), cpu_losses(10)
-  integer :: i, k, failures
+  integer :: i, k
 
   call get_command_argument(1, dir)
   if (.not. torch_device_available(torch_kCUDA)) then
     print '(a)', "no CUDA device: skipped"
     stop 77
   end if
-  failures = 0
   x = [(-1.0d0 + 0.5d0 * (i - 1), i = 1, n)]
   t = [(0.1d0 * i, i = 1, n)]
   call require(cudaMalloc(x_dev, nbytes) == 0 .and. cudaMalloc(y_dev, nbytes) == 0 .and. &
@@ -138,57 +138,5 @@ program device_memory
   call torch_delete(gpu_model)
   call torch_delete(cpu_model)
   call require(cudaFree(x_dev) == 0 .and. cudaFree(y_dev) == 0 .and. cudaFree(t_dev) == 0, "cudaFree")
-  print '(i0,a,i0,a)', 8 - failures, " passed, ", failures, " failed"
-  if (failures > 0) error stop 1
-contains
-  subroutine check(ok, name)
-    logical, intent(in) :: ok
-    character(len=*), intent(in) :: name
-    if (ok) then
-      print '(a)', "ok   " // name
-    else
-      print '(a)', "FAIL " // name
-      failures = failures + 1
-    end if
-  end subroutine check
-
-  subroutine require(ok, what)
-    logical, intent(in) :: ok
-    character(len=*), intent(in) :: what
-    if (.not. ok) then
-      print '(a)', "FAIL " // what // " failed"
-      error stop 1
-    end if
-  end subroutine require
-
-  ! SGD (lr 0.1) over the model's parameters, or Adam (lr 0.01) when adam.
-  subroutine make_optim(model, optim, adam)
-    type(torch_model), intent(in) :: model
-    type(torch_optim), intent(inout) :: optim
-    logical, intent(in) :: adam
-    type(torch_tensor), allocatable :: params(:)
-    allocate(params(torch_model_parameter_count(model)))
-    call torch_model_parameters(model, params)
-    if (adam) then
-      call torch_optim_Adam(optim, params, learning_rate=0.01d0)
-    else
-      call torch_optim_SGD(optim, params, learning_rate=0.1d0)
-    end if
-    call torch_delete(params)
-  end subroutine make_optim
-
-  ! The model's parameters, flattened in order, copied to host memory.
-  subroutine parameters_of(model, values)
-    type(torch_model), intent(in) :: model
-    real(real64), intent(out) :: values(:)
-    type(torch_tensor), allocatable :: params(:)
-    real(real64), allocatable :: w(:, :), b(:)
-    allocate(params(torch_model_parameter_count(model)))
-    call torch_model_parameters(model, params)
-    allocate(w(n, n), b(n))
-    call torch_tensor_to_array(params(1), w)
-    call torch_tensor_to_array(params(2), b)
-    values = [reshape(w, [n * n]), b]
-    call torch_delete(params)
-  end subroutine parameters_of
+  call summary()
 end program device_memory

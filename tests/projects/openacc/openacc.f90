@@ -10,6 +10,7 @@ program openacc_ftorch
   use, intrinsic :: iso_fortran_env, only: real64
   use openacc, only: acc_device_host, acc_on_device
   use ftorch
+  use device_checks, only: check, make_optim, parameters_of, summary
   implicit none
   integer, parameter :: n = 5
   character(len=1024) :: dir
@@ -19,11 +20,10 @@ program openacc_ftorch
   type(torch_optim) :: optim, optim_ref
   type(torch_tensor) :: tx, ty, tt, rx, ry, rt
   integer(c_int) :: device
-  integer :: i, failures
+  integer :: i
   logical :: on_gpu
 
   call get_command_argument(1, dir)
-  failures = 0
   ! Where OpenACC's kernels (and so its copies of the arrays) run: on the GPU only where the code
   ! was compiled for it and a device is there; otherwise on the host.
   on_gpu = .false.
@@ -83,8 +83,8 @@ program openacc_ftorch
   xr = 0.5_real64
 
   ! Three SGD steps on the wrapped arrays, against the same steps on the CPU arrays.
-  call make_sgd(model, optim)
-  call make_sgd(reference, optim_ref)
+  call make_optim(model, optim, .false.)
+  call make_optim(reference, optim_ref, .false.)
   do i = 1, 3
     call torch_train_step(model, optim, [tx], tt, loss)
     call torch_train_step(reference, optim_ref, [rx], rt, loss_ref)
@@ -105,41 +105,5 @@ program openacc_ftorch
   call torch_delete(optim_ref)
   call torch_delete(model)
   call torch_delete(reference)
-  print '(i0,a,i0,a)', 5 - failures, " passed, ", failures, " failed"
-  if (failures > 0) error stop 1
-contains
-  subroutine check(ok, name)
-    logical, intent(in) :: ok
-    character(len=*), intent(in) :: name
-    if (ok) then
-      print '(a)', "ok   " // name
-    else
-      print '(a)', "FAIL " // name
-      failures = failures + 1
-    end if
-  end subroutine check
-
-  subroutine make_sgd(m, o)
-    type(torch_model), intent(in) :: m
-    type(torch_optim), intent(inout) :: o
-    type(torch_tensor), allocatable :: params(:)
-    allocate(params(torch_model_parameter_count(m)))
-    call torch_model_parameters(m, params)
-    call torch_optim_SGD(o, params, learning_rate=0.1d0)
-    call torch_delete(params)
-  end subroutine make_sgd
-
-  ! The model's parameters, flattened in order, copied to host memory.
-  subroutine parameters_of(m, values)
-    type(torch_model), intent(in) :: m
-    real(real64), intent(out) :: values(:)
-    type(torch_tensor), allocatable :: params(:)
-    real(real64) :: w(n, n), b(n)
-    allocate(params(torch_model_parameter_count(m)))
-    call torch_model_parameters(m, params)
-    call torch_tensor_to_array(params(1), w)
-    call torch_tensor_to_array(params(2), b)
-    values = [reshape(w, [n * n]), b]
-    call torch_delete(params)
-  end subroutine parameters_of
+  call summary()
 end program openacc_ftorch
