@@ -7,10 +7,12 @@ import os
 import sys
 
 import pytest
+import torch
 
-from conftest import COMPILERS, REPO, require_compiler, run, tool_env
+from conftest import COMPILERS, IN_CI, REPO, require_compiler, run, tool_env
 
 _builds = {}
+_pt2_failure = {}
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +24,15 @@ def examples(installed, tmp_path_factory):
     run([sys.executable, REPO / "examples" / "09_hybrid_physics" / "write_model.py", work])
     run([sys.executable, REPO / "examples" / "12_pytorch_fortran" / "write_model.py", work])
     # Example 13's model files come from the export helper, as docs/guide/export.md shows.
-    run([sys.executable, "-m", "ftorch", "export", REPO / "examples" / "13_export" / "model.py:MLP",
-         "--input", "8,5", "--dynamic-batch", "-o", work / "exported_mlp.pt", "--pt2", work / "exported_mlp.pt2"], env=tool_env())
+    export = [sys.executable, "-m", "ftorch", "export", REPO / "examples" / "13_export" / "model.py:MLP",
+              "--input", "8,5", "--dynamic-batch"]
+    run([*export, "-o", work / "exported_mlp.pt"], env=tool_env())
+    proc = run([*export, "--pt2", work / "exported_mlp.pt2"], env=tool_env(), check=False)
+    if proc.returncode != 0:
+        # Some torch builds crash inside AOTInductor's package loader (seen with 2.11.0+cu130 on a
+        # GPU machine): the helper's check reports it instead of crashing. Only example 13 needs the
+        # package; there the crash is the reason it cannot run (never acceptable in CI).
+        _pt2_failure["reason"] = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.stdout
 
     def build(compiler):
         fc = require_compiler(compiler)
@@ -44,16 +53,23 @@ def examples(installed, tmp_path_factory):
                                      "python_training", "migration", "compiled_inference", "cuda_graph"])
 def test_example_runs(examples, compiler, example):
     bdir, work = examples(compiler)
+    if example == "compiled_inference" and _pt2_failure:
+        reason = f"the .pt2 export failed: {_pt2_failure['reason']}"
+        if IN_CI or "checking process crashed" not in reason:
+            pytest.fail(reason)
+        pytest.skip(reason)
     args = ["400"] if example == "online_training" else []
-    # Example 14 without a GPU: the steps a CUDA graph would replay, uncaptured.
-    env = dict(os.environ, FTORCH_CUDA_GRAPHS="eager") if example == "cuda_graph" else None
+    # Example 14 without a GPU: the steps a CUDA graph would replay, uncaptured; with one, captured.
+    env = None
+    if example == "cuda_graph" and not torch.cuda.is_available():
+        env = dict(os.environ, FTORCH_CUDA_GRAPHS="eager")
     proc = run([bdir / example, work, *args], env=env)
     number = {"tensors": 1, "inference": 2, "errors": 3, "autograd": 4, "model_gradients": 5,
               "online_training": 6, "time_stepping": 7, "custom_function": 8, "hybrid_physics": 9,
               "python_training": 11, "migration": 12, "compiled_inference": 13, "cuda_graph": 14}[example]
     assert f"example {number} finished" in proc.stdout
     if example == "cuda_graph":
-        # The graph steps (uncaptured here) against ordinary steps: LibTorch's optimizer and
+        # The graph steps (uncaptured without a GPU) against ordinary steps: LibTorch's optimizer and
         # FTorch's graph-safe update round a few ulps apart per step (1e-10 leaves a wide margin).
         largest = float(proc.stdout.split("with and without graphs:")[1].split()[0])
         assert largest <= 1e-10, proc.stdout
@@ -74,7 +90,6 @@ def test_online_training_demo_script(installed, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     log = (tmp_path / "training.log").read_text().splitlines()
     assert len(log) == 4 and log[0].startswith("step 100  loss ")
-    import torch
 
     trained = torch.jit.load(str(tmp_path / "emulator_trained.pt"))
     untrained = torch.jit.load(str(tmp_path / "emulator.pt"))
@@ -87,8 +102,6 @@ def test_python_training_equals_the_same_loop_in_python_alone(examples, compiler
     """Example 11: replay, in this Python process, the data the Fortran simulation sent to
     trainer.py; the model trained from Fortran is bit for bit the one trained here."""
     import importlib.util
-
-    import torch
 
     bdir, work = examples(compiler)
     run([bdir / "python_training", work])
@@ -104,8 +117,6 @@ def test_python_training_equals_the_same_loop_in_python_alone(examples, compiler
 
 
 def test_migration_example_uses_native_calls_on_torch_ftn_objects(examples):
-    import torch
-
     bdir, work = examples(COMPILERS[0])
     proc = run([bdir / "migration", work])
     assert "parameters: 65" in proc.stdout

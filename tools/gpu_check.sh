@@ -3,26 +3,45 @@
 # GPU, where there may be no Fortran compiler and no network (a lent GPU machine).
 #
 # Usage: bash tools/gpu_check.sh [GFORTRAN_BUNDLE.tar.xz] [WHEEL_DIR]
-#   GFORTRAN_BUNDLE  a relocatable gfortran (../shared/device/gfortran_bundle.sh makes one on a
-#                    Debian 12 machine); needed only when no gfortran is on PATH
-#   WHEEL_DIR        a directory holding a fypp wheel (`pip download --no-deps -d DIR fypp`);
-#                    needed only when fypp is not installed
-# Environment: PYTHON (default python3), PYTEST_ARGS (extra pytest arguments, e.g. "-n 8").
-# What runs: the build against the machine's torch, `python -m ftorch doctor`, then the tests that
-# exercise devices -- the C device-path program on cuda (tensors, models, device memory without a
-# copy, FTorch's GPU idiom, a train step, a GPU checkpoint loaded on the CPU), the Fortran program
-# on cudaMalloc'd memory (tests/projects/gpu; also CUDA-graph training steps), the OpenACC program
-# (tests/projects/openacc: on the GPU where the gfortran can offload to nvptx), the examples (which pick the GPU when there is one),
-# training and the consumers -- each against the installed package; then the GPU benchmark
-# (bench/gpu.py: training steps with and without CUDA graphs, FTorch against PyTorch), written to
-# bench/results/gpu.{md,json}.
-set -euo pipefail
+#   GFORTRAN_BUNDLE  a relocatable gfortran 12 with OpenACC offloading to nvptx
+#                    (tools/gpu_bundle.sh makes it and WHEEL_DIR on a Debian 12 machine); needed
+#                    only when no gfortran is on PATH
+#   WHEEL_DIR        a directory holding a fypp wheel; needed only when fypp is not installed
+# Environment: PYTHON (default python3), JOBS (pytest workers, default 8), LOG_DIR (where the logs
+#   and the benchmark's results go, default bench/results), BENCH_REPS (default 5).
+# Steps, in order of what matters most on a GPU; each has a time limit and a failing step does not
+# stop the later ones (the exit status counts the failed steps):
+#   1. build against the machine's torch, `python -m ftorch doctor`
+#   2. the device tests: Fortran on cudaMalloc'd memory with CUDA-graph training steps
+#      (tests/projects/gpu), the C device-path program on cuda (tensors, models, device memory
+#      without a copy, FTorch's GPU idiom, a train step, a GPU checkpoint loaded on the CPU), the
+#      CUDA cases of the CMake consumer, the OpenACC program (offloaded to the GPU), example 14
+#   3. the GPU benchmark (bench/gpu.py: training steps with and without CUDA graphs, FTorch against
+#      PyTorch), written to LOG_DIR/gpu.{md,json}
+#   4. the rest of the examples, training, lifetime and consumer tests against the installed package
+set -uo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 py="${PYTHON:-python3}"
+jobs="${JOBS:-8}"
+logs="${LOG_DIR:-$repo/bench/results}"
+mkdir -p "$logs"
 cd "$repo"
+failed=0
+
+step() {  # step NAME SECONDS COMMAND...: runs COMMAND with a time limit, its output into LOG_DIR/NAME.log
+  local name=$1 limit=$2 start=$SECONDS rc
+  shift 2
+  echo "==> $name (limit ${limit}s)"
+  timeout --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  tail -n 25 "$logs/$name.log"
+  echo "<== $name: exit $rc after $((SECONDS - start))s"
+  [ "$rc" -eq 0 ] || failed=$((failed + 1))
+  return "$rc"
+}
 
 if ! command -v gfortran >/dev/null; then
-  bundle="${1:?no gfortran on PATH: pass a gfortran bundle (see ../shared/device/gfortran_bundle.sh)}"
+  bundle="${1:?no gfortran on PATH: pass a gfortran bundle (tools/gpu_bundle.sh makes one)}"
   mkdir -p /tmp/ftorch-gfortran
   tar xJf "$bundle" -C /tmp/ftorch-gfortran
   export PATH="/tmp/ftorch-gfortran/usr/bin:$PATH"
@@ -32,20 +51,22 @@ gfortran --version | head -1
 if ! "$py" -c "import fypp" 2>/dev/null; then
   "$py" -m pip install -q --no-index --find-links "${2:?fypp is not installed: pass a directory with its wheel}" fypp
 fi
-"$py" - <<'PY'
+"$py" - <<'PY' || exit 1
 import torch
 print("torch", torch.__version__, "CUDA", torch.version.cuda)
 if not torch.cuda.is_available():
     raise SystemExit("no CUDA device is visible to torch: nothing to check on a GPU here")
 print("device:", torch.cuda.get_device_name(0))
 PY
-echo "==> building FTorch against this torch"
-"$py" -m pip install -q --no-build-isolation --no-deps "$repo"
-"$py" -m ftorch doctor
-echo "==> GPU checks"
-# shellcheck disable=SC2086
-FTORCH_TEST_USE_INSTALLED=1 "$py" -m pytest -q -rs ${PYTEST_ARGS:-} \
-  tests/test_gpu.py tests/test_other_consumers.py tests/test_examples.py tests/test_train.py \
-  tests/test_cmake_consumer.py tests/test_lifetime.py tests/test_openacc.py
-echo "==> GPU benchmark (bench/gpu.py)"
-"$py" bench/gpu.py --out bench/results
+
+export FTORCH_TEST_USE_INSTALLED=1 CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+step build 400 "$py" -m pip install -v --no-build-isolation --no-deps "$repo" || exit 1
+step doctor 60 "$py" -m ftorch doctor
+step device_tests 300 "$py" -m pytest -q -rs -n "$jobs" tests/test_gpu.py tests/test_openacc.py \
+  "tests/test_other_consumers.py::test_c_program_device_paths" tests/test_cmake_consumer.py -k \
+  "gpu or device or openacc or cuda" "tests/test_examples.py::test_example_runs[cuda_graph-gfortran]"
+step bench 400 "$py" bench/gpu.py --out "$logs" --reps "${BENCH_REPS:-5}"
+step suite 400 "$py" -m pytest -q -rs -n "$jobs" tests/test_other_consumers.py tests/test_examples.py \
+  tests/test_train.py tests/test_cmake_consumer.py tests/test_lifetime.py
+echo "failed steps: $failed"
+exit "$failed"

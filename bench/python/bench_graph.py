@@ -20,7 +20,8 @@ def main(argv):
     model = torch.jit.load(path, map_location=device)
     model.train()
     graph = mode == "graph"
-    optim = torch.optim.Adam(model.parameters(), lr=1e-4, capturable=graph, foreach=False)
+    # PyTorch's default implementation (on CUDA its multi-tensor foreach kernels), as users run it.
+    optim = torch.optim.Adam(model.parameters(), lr=1e-4, capturable=graph)
 
     def step():
         optim.zero_grad(set_to_none=True)

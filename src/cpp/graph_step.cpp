@@ -107,11 +107,12 @@ torch::optim::OptimizerParamState *state_of(const Optim &opt, const at::Tensor &
 // Adam's and AdamW's state (two classes with the same members).
 struct AdamState {
   at::Tensor exp_avg, exp_avg_sq, max_exp_avg_sq;
+  int64_t step = 0;
 };
 template <class State>
 AdamState adam_state_as(torch::optim::OptimizerParamState &s) {
   auto &st = static_cast<State &>(s);
-  return {st.exp_avg(), st.exp_avg_sq(), st.max_exp_avg_sq()};
+  return {st.exp_avg(), st.exp_avg_sq(), st.max_exp_avg_sq(), st.step()};
 }
 AdamState adam_state(const Optim &opt, torch::optim::OptimizerParamState &s) {
   return opt.kind == FTC_OPTIM_ADAM ? adam_state_as<torch::optim::AdamParamState>(s)
@@ -242,43 +243,80 @@ void fill_scalars(Optim &opt, TrainGraph &g) {
   }
 }
 
+// The updated parameters in groups that share a dtype and their per-step numbers (Adam's step
+// count: every step advances all of them alike, so the groups of the capture hold for its
+// replays). A group is updated by multi-tensor (_foreach_) operations: a few kernels for all its
+// parameters, where one per parameter and operation would make most of a small model's graph.
+std::vector<std::vector<size_t>> update_groups(const Optim &opt, const TrainGraph &g) {
+  std::vector<std::pair<std::pair<at::ScalarType, int64_t>, std::vector<size_t>>> groups;
+  for (const size_t i : g.updated) {
+    const at::Tensor &p = opt.params[i];
+    const int64_t t = opt.kind == FTC_OPTIM_SGD ? 0 : adam_state(opt, *state_of(opt, p)).step;
+    const auto key = std::make_pair(p.scalar_type(), t);
+    const auto it = std::find_if(groups.begin(), groups.end(), [&](const auto &grp) { return grp.first == key; });
+    if (it == groups.end()) {
+      groups.push_back({key, {i}});
+    } else {
+      it->second.push_back(i);
+    }
+  }
+  std::vector<std::vector<size_t>> members;
+  for (auto &grp : groups) members.push_back(std::move(grp.second));
+  return members;
+}
+
 // The device's part of an update: LibTorch's SGD, Adam and AdamW step with every per-step number
 // read from g.scalars (tensor operations only: nothing the host reads, nothing it decides per step).
 void graph_update(Optim &opt, TrainGraph &g) {
   at::NoGradGuard no_grad;
   const Settings st = settings_of(opt);
-  for (const size_t i : g.updated) {
-    at::Tensor &p = opt.params[i];
-    const at::Tensor s = g.scalars.select(0, static_cast<int64_t>(i)).to(p.scalar_type());
+  for (const auto &group : update_groups(opt, g)) {
+    std::vector<at::Tensor> params, grads;
+    for (const size_t i : group) {
+      params.push_back(opt.params[i]);
+      grads.push_back(opt.params[i].grad());
+    }
+    const at::Tensor s = g.scalars.select(0, static_cast<int64_t>(group.front())).to(params.front().scalar_type());
     const at::Tensor a = s.select(0, 0), b = s.select(0, 1), c = s.select(0, 2);
-    at::Tensor grad = p.grad();
     if (opt.kind == FTC_OPTIM_SGD) {
-      if (st.weight_decay != 0) grad = grad.add(p, st.weight_decay);
+      if (st.weight_decay != 0) grads = at::_foreach_add(grads, params, st.weight_decay);
       if (st.momentum != 0) {
-        at::Tensor buf = static_cast<torch::optim::SGDParamState &>(*state_of(opt, p)).momentum_buffer();
-        buf.mul_(st.momentum).add_(grad, 1 - st.dampening);
-        grad = st.nesterov ? grad.add(buf, st.momentum) : buf;
+        std::vector<at::Tensor> bufs;
+        for (const auto &p : params) {
+          bufs.push_back(static_cast<torch::optim::SGDParamState &>(*state_of(opt, p)).momentum_buffer());
+        }
+        at::_foreach_mul_(bufs, st.momentum);
+        at::_foreach_add_(bufs, grads, 1 - st.dampening);
+        grads = st.nesterov ? at::_foreach_add(grads, bufs, st.momentum) : bufs;
       }
-      p.add_(grad * a);
+      at::_foreach_add_(params, at::_foreach_mul(grads, a));
       continue;
     }
     if (st.weight_decay != 0) {
       if (opt.kind == FTC_OPTIM_ADAM) {
-        grad = grad.add(p, st.weight_decay);
+        grads = at::_foreach_add(grads, params, st.weight_decay);
       } else {
-        p.mul_(c);  // AdamW: decoupled decay, 1 - lr * weight_decay
+        at::_foreach_mul_(params, c);  // AdamW: decoupled decay, 1 - lr * weight_decay
       }
     }
-    AdamState m = adam_state(opt, *state_of(opt, p));
-    m.exp_avg.mul_(st.beta1).add_(grad, 1 - st.beta1);
-    m.exp_avg_sq.mul_(st.beta2).addcmul_(grad, grad, 1 - st.beta2);
-    at::Tensor second = m.exp_avg_sq;
-    if (st.amsgrad) {
-      at::maximum_out(m.max_exp_avg_sq, m.max_exp_avg_sq, m.exp_avg_sq);
-      second = m.max_exp_avg_sq;
+    std::vector<at::Tensor> exp_avg, exp_avg_sq, max_exp_avg_sq;
+    for (const auto &p : params) {
+      AdamState m = adam_state(opt, *state_of(opt, p));
+      exp_avg.push_back(m.exp_avg);
+      exp_avg_sq.push_back(m.exp_avg_sq);
+      max_exp_avg_sq.push_back(m.max_exp_avg_sq);
     }
-    const at::Tensor denom = second.sqrt().mul_(b).add_(st.eps);
-    p.add_(m.exp_avg.div(denom).mul_(a));
+    at::_foreach_mul_(exp_avg, st.beta1);
+    at::_foreach_add_(exp_avg, grads, 1 - st.beta1);
+    at::_foreach_mul_(exp_avg_sq, st.beta2);
+    at::_foreach_addcmul_(exp_avg_sq, grads, grads, 1 - st.beta2);
+    if (st.amsgrad) at::_foreach_maximum_(max_exp_avg_sq, exp_avg_sq);
+    std::vector<at::Tensor> denom = at::_foreach_sqrt(st.amsgrad ? max_exp_avg_sq : exp_avg_sq);
+    at::_foreach_mul_(denom, b);
+    at::_foreach_add_(denom, st.eps);
+    std::vector<at::Tensor> update = at::_foreach_div(exp_avg, denom);
+    at::_foreach_mul_(update, a);
+    at::_foreach_add_(params, update);
   }
 }
 

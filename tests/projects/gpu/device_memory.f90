@@ -1,7 +1,8 @@
 ! Device memory from Fortran without a copy and without OpenACC (pytorch-fortran's use case):
 ! CUDA memory allocated through libcudart (bind(c) to cudaMalloc / cudaMemcpy / cudaFree) is
 ! wrapped by torch_tensor_from_blob(..., device_memory=.true.); a model runs forward and a training
-! step on it, and the results are read back with cudaMemcpy; then ten Adam steps captured as a CUDA
+! step on it, and the results are read back with cudaMemcpy; FTorch's GPU idiom (CUDA model and
+! input, output over a host array); then ten Adam steps captured as a CUDA
 ! graph (torch_train_step(..., cuda_graph=.true.)) on the same buffers, new data copied into them
 ! before each step. The same runs on the CPU are the reference. Usage: device_memory DATA_DIR
 ! (simplenet_f64.pt). Exit status 77: no CUDA device.
@@ -39,9 +40,9 @@ program device_memory
   integer(c_size_t), parameter :: nbytes = n * 8
   character(len=1024) :: dir
   type(c_ptr) :: x_dev, y_dev, t_dev
-  real(real64), target :: x(n), y_cpu(n), y_back(n), t(n), p_gpu(n * n + n), p_cpu(n * n + n)
+  real(real64), target :: x(n), y_cpu(n), y_back(n), y_idiom(n), t(n), p_gpu(n * n + n), p_cpu(n * n + n)
   type(torch_model) :: gpu_model, cpu_model
-  type(torch_tensor) :: tx, ty, tt, cx, cy, ct
+  type(torch_tensor) :: tx, ty, tt, cx, cy, ct, fx, fy
   type(torch_optim) :: gpu_opt, cpu_opt
   real(real64) :: loss_gpu, loss_cpu, graph_losses(10), cpu_losses(10)
   integer :: i, k
@@ -78,6 +79,21 @@ program device_memory
   call torch_model_forward(cpu_model, [cx], [cy])
   call require(cudaMemcpy(c_loc(y_back), y_dev, nbytes, cudaMemcpyDeviceToHost) == 0, "cudaMemcpy back")
   call check(maxval(abs(y_back - y_cpu)) <= 1d-12, "forward on CUDA memory wrapped without a copy equals the CPU's")
+
+  ! FTorch's GPU idiom, written as FTorch's docs and MultiGPU example write it: the input copied to
+  ! the device by torch_tensor_from_array(..., layout, torch_kCUDA, device_index=0), the output a
+  ! tensor over a host array; forward writes the results into the host array.
+  y_idiom = -1
+  call torch_tensor_from_array(fx, x, [1], torch_kCUDA, device_index=0)
+  call torch_tensor_from_array(fy, y_idiom, [1], torch_kCPU)
+  call torch_model_forward(gpu_model, [fx], [fy])
+  call check(maxval(abs(y_idiom - y_cpu)) <= 1d-12, "FTorch's idiom: CUDA model and input, output in a host array")
+  x = x + 1                     ! fx is a device copy: the host array's later values do not reach it
+  call torch_model_forward(gpu_model, [fx], [fy])
+  call check(maxval(abs(y_idiom - y_cpu)) <= 1d-12, "... the device input is a copy made once")
+  x = x - 1
+  call torch_delete(fx)
+  call torch_delete(fy)
 
   ! Aliasing both ways: a write through the tensor is in y_dev, a cudaMemcpy into x_dev is in tx.
   ty = 0

@@ -18,12 +18,20 @@ program openacc_ftorch
   real(real64) :: loss, loss_ref, p(n * n + n), p_ref(n * n + n)
   type(torch_model) :: model, reference
   type(torch_optim) :: optim, optim_ref
-  type(torch_tensor) :: tx, ty, tt, rx, ry, rt
+  type(torch_tensor) :: tx, ty, tt, rx, ry, rt, probe
   integer(c_int) :: device
   integer :: i
   logical :: on_gpu
 
   call get_command_argument(1, dir)
+  ! gfortran's OpenACC (libgomp) shares the CUDA context that is current when it first opens the
+  ! GPU, and otherwise creates its own, whose kernels fail ("cuLaunchKernel error: invalid resource
+  ! handle") once torch has made CUDA's primary context current. So FTorch touches the GPU first:
+  ! then both use the primary context.
+  if (torch_device_available(torch_kCUDA)) then
+    call torch_tensor_zeros(probe, 1_c_int, [1_c_int64_t], torch_kFloat64, torch_kCUDA)
+    call torch_delete(probe)
+  end if
   ! Where OpenACC's kernels (and so its copies of the arrays) run: on the GPU only where the code
   ! was compiled for it and a device is there; otherwise on the host.
   on_gpu = .false.
