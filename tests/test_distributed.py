@@ -136,6 +136,14 @@ def test_data_parallel_equals_single_process(mpi_program, mpi_data, np_, direct,
         assert err <= 1e-12, f"{name}: data-parallel parameters differ from torch.optim by {err:.3e}"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_data_parallel_on_the_gpu(mpi_program, mpi_data):
+    """torch_train_step data-parallel with the models and batches on the GPU (2 ranks sharing
+    device 0, gradients staged through host memory): the single-process CPU run's losses and
+    parameters, identical parameters on both ranks."""
+    assert_every_rank_passed(mpirun(2, mpi_program, mpi_data, "cuda"), 2)
+
+
 def test_sub_communicator(mpi_program, mpi_data):
     assert_every_rank_passed(mpirun(3, mpi_program, mpi_data, "subcomm"), 3)
 

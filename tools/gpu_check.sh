@@ -15,7 +15,8 @@
 #   2. the device tests: Fortran on cudaMalloc'd memory with CUDA-graph training steps
 #      (tests/projects/gpu), the C device-path program on cuda (tensors, models, device memory
 #      without a copy, FTorch's GPU idiom, a train step, a GPU checkpoint loaded on the CPU), the
-#      CUDA cases of the CMake consumer, the OpenACC program (offloaded to the GPU), example 14
+#      CUDA cases of the CMake consumer, the OpenACC program (offloaded to the GPU), example 14,
+#      data-parallel training on the GPU (2 MPI ranks; needs OpenMPI there)
 #   3. the GPU benchmark (bench/gpu.py: training steps with and without CUDA graphs, FTorch against
 #      PyTorch), written to LOG_DIR/gpu.{md,json}
 #   4. the rest of the examples, training, lifetime and consumer tests against the installed package
@@ -64,7 +65,8 @@ step build 400 "$py" -m pip install -v --no-build-isolation --no-deps "$repo" ||
 step doctor 60 "$py" -m ftorch doctor
 step device_tests 300 "$py" -m pytest -q -rs -n "$jobs" tests/test_gpu.py tests/test_openacc.py \
   "tests/test_other_consumers.py::test_c_program_device_paths" tests/test_cmake_consumer.py -k \
-  "gpu or device or openacc or cuda" "tests/test_examples.py::test_example_runs[cuda_graph-gfortran]"
+  "gpu or device or openacc or cuda" "tests/test_examples.py::test_example_runs[cuda_graph-gfortran]" \
+  "tests/test_distributed.py::test_data_parallel_on_the_gpu"
 step bench 400 "$py" bench/gpu.py --out "$logs" --reps "${BENCH_REPS:-5}"
 step suite 400 "$py" -m pytest -q -rs -n "$jobs" tests/test_other_consumers.py tests/test_examples.py \
   tests/test_train.py tests/test_cmake_consumer.py tests/test_lifetime.py

@@ -24,12 +24,18 @@ void store_output(ftc_tensor out, int index, const c10::IValue &value) {
   ftc::store_result(out, index, value.toTensor(), "the model returned");
 }
 
-// forward of a compiled model: tensors in, a tuple of tensors out.
-c10::IValue call_compiled(ftc::CompiledModel &compiled, const std::vector<c10::IValue> &args, int requires_grad) {
+// forward of a compiled model on its input tensors.
+std::vector<at::Tensor> compiled_forward(ftc::CompiledModel &compiled, const std::vector<at::Tensor> &inputs,
+                                         int requires_grad) {
   if (requires_grad != 0) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a compiled AOTInductor model (.pt2) cannot record a graph for gradients: "
                                         "run it with requires_grad off, or use the TorchScript export of the model");
   }
+  return ftc::run_compiled(compiled, inputs);
+}
+
+// forward of a compiled model: values in (tensors only), a tuple of tensors out.
+c10::IValue call_compiled(ftc::CompiledModel &compiled, const std::vector<c10::IValue> &args, int requires_grad) {
   std::vector<at::Tensor> inputs;
   for (size_t i = 0; i < args.size(); ++i) {
     if (!args[i].isTensor()) {
@@ -39,7 +45,7 @@ c10::IValue call_compiled(ftc::CompiledModel &compiled, const std::vector<c10::I
     }
     inputs.push_back(args[i].toTensor());
   }
-  const auto results = ftc::run_compiled(compiled, inputs);
+  const auto results = compiled_forward(compiled, inputs, requires_grad);
   return c10::ivalue::Tuple::create(std::vector<c10::IValue>(results.begin(), results.end()));
 }
 
@@ -76,21 +82,47 @@ std::vector<c10::IValue> result_items(const c10::IValue &result) {
   return items;
 }
 
-// forward(args...) of model m, its results written into the outputs (see ftc_model_forward).
-void run_forward(ftc_model m, std::vector<c10::IValue> args, const ftc_tensor *outputs, int n_outputs,
-                 int requires_grad) {
+// The output tensors of a forward, checked before it runs: the model of m, at least one output.
+ftc::Model &checked_forward(ftc_model m, const ftc_tensor *outputs, int n_outputs) {
   ftc::tensors_of(outputs, n_outputs, "output tensor");
-  ftc::any_model_of(m);
+  auto &model = ftc::any_model_of(m);
   if (n_outputs < 1) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, "need at least one output tensor (got " + std::to_string(n_outputs) + ")");
   }
-  const auto items = result_items(call_forward(m, std::move(args), requires_grad));
-  if (static_cast<int>(items.size()) != n_outputs) {
-    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the model returned " + std::to_string(items.size()) + " tensor" +
-                                            (items.size() == 1 ? "" : "s") + " but " + std::to_string(n_outputs) +
-                                            " output tensors were given");
+  return model;
+}
+
+// A forward that returned n results for n_outputs output tensors.
+void check_result_count(size_t n, int n_outputs) {
+  if (static_cast<int>(n) != n_outputs) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the model returned " + std::to_string(n) + " tensor" + (n == 1 ? "" : "s") +
+                                            " but " + std::to_string(n_outputs) + " output tensors were given");
   }
+}
+
+// forward(args...) of model m, its results written into the outputs (see ftc_model_forward).
+void run_forward(ftc_model m, std::vector<c10::IValue> args, const ftc_tensor *outputs, int n_outputs,
+                 int requires_grad) {
+  checked_forward(m, outputs, n_outputs);
+  const auto items = result_items(call_forward(m, std::move(args), requires_grad));
+  check_result_count(items.size(), n_outputs);
   for (int i = 0; i < n_outputs; ++i) store_output(outputs[i], i, items[static_cast<size_t>(i)]);
+}
+
+// The same for tensor inputs: a compiled model runs on them directly (no boxing into values and a
+// tuple and back), a TorchScript module through run_forward.
+void run_forward(ftc_model m, const std::vector<at::Tensor> &inputs, const ftc_tensor *outputs, int n_outputs,
+                 int requires_grad) {
+  auto &model = checked_forward(m, outputs, n_outputs);
+  if (!model.compiled) {
+    run_forward(m, std::vector<c10::IValue>(inputs.begin(), inputs.end()), outputs, n_outputs, requires_grad);
+    return;
+  }
+  const auto results = compiled_forward(*model.compiled, inputs, requires_grad);
+  check_result_count(results.size(), n_outputs);
+  for (int i = 0; i < n_outputs; ++i) {
+    ftc::store_result(outputs[i], i, results[static_cast<size_t>(i)], "the model returned");
+  }
 }
 
 // Named parameter `index` (0-based, parameters() order), or an error naming the valid range.
@@ -176,9 +208,7 @@ int ftc_model_forward(ftc_model m, const ftc_tensor *inputs, int n_inputs, const
                       int requires_grad) {
   return ftc::guard([&] {
     ftc::take_temporaries(outputs, n_outputs);  // the inputs' are taken by tensors_of
-    const auto input_values = ftc::tensors_of(inputs, n_inputs, "input tensor");
-    run_forward(m, std::vector<c10::IValue>(input_values.begin(), input_values.end()), outputs, n_outputs,
-                requires_grad);
+    run_forward(m, ftc::tensors_of(inputs, n_inputs, "input tensor"), outputs, n_outputs, requires_grad);
   });
 }
 
