@@ -100,22 +100,28 @@ void check_result_count(size_t n, int n_outputs) {
   }
 }
 
-// forward(args...) of model m, its results written into the outputs (see ftc_model_forward).
-void run_forward(ftc_model m, std::vector<c10::IValue> args, const ftc_tensor *outputs, int n_outputs,
-                 int requires_grad) {
-  checked_forward(m, outputs, n_outputs);
+// forward(args...) of model m, its results written into outputs already checked by checked_forward.
+void forward_into(ftc_model m, std::vector<c10::IValue> args, const ftc_tensor *outputs, int n_outputs,
+                  int requires_grad) {
   const auto items = result_items(call_forward(m, std::move(args), requires_grad));
   check_result_count(items.size(), n_outputs);
   for (int i = 0; i < n_outputs; ++i) store_output(outputs[i], i, items[static_cast<size_t>(i)]);
 }
 
+// forward(args...) of model m, its results written into the outputs (see ftc_model_forward).
+void run_forward(ftc_model m, std::vector<c10::IValue> args, const ftc_tensor *outputs, int n_outputs,
+                 int requires_grad) {
+  checked_forward(m, outputs, n_outputs);
+  forward_into(m, std::move(args), outputs, n_outputs, requires_grad);
+}
+
 // The same for tensor inputs: a compiled model runs on them directly (no boxing into values and a
-// tuple and back), a TorchScript module through run_forward.
+// tuple and back), a TorchScript module as above.
 void run_forward(ftc_model m, const std::vector<at::Tensor> &inputs, const ftc_tensor *outputs, int n_outputs,
                  int requires_grad) {
   auto &model = checked_forward(m, outputs, n_outputs);
   if (!model.compiled) {
-    run_forward(m, std::vector<c10::IValue>(inputs.begin(), inputs.end()), outputs, n_outputs, requires_grad);
+    forward_into(m, std::vector<c10::IValue>(inputs.begin(), inputs.end()), outputs, n_outputs, requires_grad);
     return;
   }
   const auto results = compiled_forward(*model.compiled, inputs, requires_grad);
