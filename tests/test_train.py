@@ -252,6 +252,35 @@ def test_freeze_set_gradient_and_accumulation_match_pytorch(train_binary, data_d
             np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-14, err_msg=kind)
 
 
+def test_graph_step_with_staggered_adam_step_counts(train_binary, data_dir):
+    """The CUDA-graph step's update (run uncaptured, FTORCH_CUDA_GRAPHS=eager) when the parameters'
+    Adam step counts differ: the first layer was frozen for 3 steps, so it starts the graph-safe
+    update 3 steps behind the others (two groups of the multi-tensor update). torch.optim's Adam
+    skips parameters without a gradient in the same way."""
+    env = dict(os.environ, FTORCH_CUDA_GRAPHS="eager")
+    assert_all_passed(run([train_binary, data_dir, "staggered"], check=False, env=env))
+    got_loss, _, got_params = read_run(data_dir / "train_staggered.txt")
+    x, y = train_data()
+    with torch.jit.optimized_execution(False):
+        model = torch.jit.load(str(data_dir / "train_mlp.pt"))
+        params = list(model.parameters())
+        opt = torch.optim.Adam(params, lr=0.01, foreach=False)
+        losses = []
+        for step in range(1, 13):
+            for p in params[:2]:
+                p.requires_grad_(step > 3)
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            losses.append(loss.item())
+            opt.step()
+    steps = [opt.state[p]["step"].item() for p in params]
+    assert steps == [9, 9, 12, 12], steps
+    np.testing.assert_allclose(got_loss, losses, rtol=1e-10, atol=0)
+    for got, p in zip(got_params, params, strict=True):
+        np.testing.assert_allclose(got, p.detach().reshape(-1).numpy(), rtol=1e-9, atol=1e-12)
+
+
 def test_checkpoint_resume_across_processes_is_bit_identical(train_binary, data_dir):
     for phase in ("full", "first", "second"):
         assert_all_passed(run([train_binary, data_dir, "resume", phase], check=False))

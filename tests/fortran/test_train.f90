@@ -2,6 +2,8 @@
 !> and compares. Usage: test_train <data dir> <mode> [arguments]
 !>   parity <case line>    one optimizer/scheduler case; writes train_<name>.txt
 !>   params                freeze, set-gradient, accumulation, parameter queries
+!>   staggered             Adam whose parameters have different step counts when the CUDA-graph
+!>                         step starts (run with FTORCH_CUDA_GRAPHS=eager); writes train_staggered.txt
 !>   resume full|first|second   checkpoint resume across processes
 !>   saver <file>          saves checkpoints of a large model forever (killed by the test)
 !>   loadcheck <file>      loads a checkpoint written by saver
@@ -53,6 +55,8 @@ program test_train
     call parity()
   case ("params")
     call parameter_handling()
+  case ("staggered")
+    call staggered_steps()
   case ("resume")
     call get_command_argument(3, arg)
     call resume(trim(arg))
@@ -210,6 +214,35 @@ contains
     call torch_delete(optim)
     call torch_delete(sched)
   end subroutine parity
+
+  ! Adam steps with the first layer frozen, then unfrozen, then the CUDA-graph form of the step:
+  ! the first layer's parameters have taken STAGGER steps fewer than the others when the
+  ! graph-safe update starts, so it updates them in groups of different step counts.
+  subroutine staggered_steps()
+    integer, parameter :: stagger = 3, steps = 12
+    type(torch_optim) :: optim
+    type(torch_tensor), allocatable :: params(:)
+    real(real64) :: loss
+    integer :: step
+    call load_fresh_model(params)
+    call torch_optim_Adam(optim, params, learning_rate=0.01d0)
+    call torch_model_freeze(model, "0")
+    open(newunit=unit, file=data_path("train_staggered.txt"), status="replace", action="write")
+    do step = 1, steps
+      if (step == stagger + 1) call torch_model_unfreeze(model, "0")
+      if (step <= stagger + 1) then
+        call torch_train_step(model, optim, [tx], ty, loss)
+      else
+        call torch_train_step(model, optim, [tx], ty, loss, cuda_graph=.true.)
+      end if
+      write(unit, '(a,2(1x,es25.17e3))') "step", loss, 0.01d0
+    end do
+    call write_params(unit, params)
+    close(unit)
+    call check(torch_optim_step_count(optim) == steps, "the optimizer counted every step")
+    call torch_delete(params)
+    call torch_delete(optim)
+  end subroutine staggered_steps
 
   subroutine parameter_handling()
     type(torch_optim) :: optim
