@@ -46,3 +46,57 @@ def test_growing_handles_warn_at_run_time(lifetime):
         assert leaked == 1000 and warned, proc.stderr
     else:
         assert leaked == 0 and not warned, proc.stderr
+
+
+def _form(binary, name):
+    env = tool_env()
+    env["FTORCH_LIVE_HANDLES_WARN"] = "0"
+    return run([binary, f"--{name}"], env=env, check=False)
+
+
+def test_array_constructor_of_user_types(lifetime):
+    """`arr = [s1, s2]` into an unallocated array of a type with a tensor component: flang copies;
+    gfortran 11 and 12 copy the handles bitwise (a compiler bug: the component's `=` is not
+    called), so the elements share the tensors until one side is deleted; the other side is then
+    an error to use and a no-op to delete (never a double free)."""
+    compiler, binary = lifetime
+    proc = _form(binary, "constructor-of-user-types")
+    assert_all_passed(proc)
+    new = int(proc.stdout.split("new tensors ")[1].split()[0])
+    usable = proc.stdout.split("element usable after deleting the original ")[1].split()[0] == "T"
+    if compiler.startswith("gfortran"):
+        assert (new, usable) == (0, False), proc.stdout
+    else:
+        assert (new, usable) == (2, True), proc.stdout
+
+
+@pytest.mark.parametrize("form", ["grow-history", "copy-into-unallocated"])
+def test_allocating_assignment(lifetime, form):
+    """`hist = [hist, t]` and `ts2 = ts1` into an unallocated array: a defined assignment never
+    allocates (Fortran's rule). Where `assignment(=)` is imported, flang resolves these to FTorch's
+    array `=`, which reports the shapes; gfortran 11 and 12 call the elemental `=` on the old
+    elements, so `hist` keeps its size, silently (the unallocated `ts2` is undefined behaviour
+    there and is not run)."""
+    compiler, binary = lifetime
+    if compiler.startswith("gfortran") and form == "copy-into-unallocated":
+        pytest.skip("undefined behaviour with gfortran (the README says so; -fcheck=bounds reports it)")
+    proc = _form(binary, form)
+    if compiler.startswith("gfortran"):
+        assert proc.returncode == 0 and "history size 1" in proc.stdout, proc.stdout + proc.stderr
+    else:
+        assert proc.returncode != 0, proc.stdout
+        assert "[assignment(=)] the arrays of tensors have different shapes" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("form", ["grow-history-only-type", "copy-into-unallocated-only-type"])
+def test_allocating_assignment_where_only_the_type_is_imported(lifetime, form):
+    """The same in a scope that imports only `torch_tensor`: the type-bound elemental `=` is all
+    there is, and no compiler reports the mismatch (flang: `hist` keeps its size, `ts2` stays
+    unallocated)."""
+    compiler, binary = lifetime
+    if compiler.startswith("gfortran") and form.startswith("copy"):
+        pytest.skip("undefined behaviour with gfortran (the README says so; -fcheck=bounds reports it)")
+    proc = _form(binary, form)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    expected = "history size 1" if form.startswith("grow") else "copy allocated F"
+    assert expected in proc.stdout, proc.stdout

@@ -2,7 +2,8 @@
 !> supported compiler (gfortran 11, gfortran 12, flang 19): overlapping array assignment, argument
 !> lists that keep seeing their arrays, user functions returning tensors, arrays of user types,
 !> unbalanced catch scopes in callbacks, temporaries rejected before reaching C, gradcheck's
-!> restore, allow_unused zeros.
+!> restore, allow_unused zeros; and (one per process, --<form>) the forms of = that allocate their
+!> left-hand side, whose outcome differs by compiler.
 module lifetime_helpers
   use ftorch
   implicit none
@@ -55,17 +56,73 @@ contains
   end subroutine grad_fails
 end module lifetime_helpers
 
+!> The allocating forms of `=` in a scope that imports the type but not `assignment(=)`.
+module only_type_scope
+  use, intrinsic :: iso_fortran_env, only: real64
+  use ftorch, only: torch_tensor, torch_tensor_from_array, torch_kCPU, torch_delete
+  implicit none
+  private
+  public :: grow_history_only_type, copy_into_unallocated_only_type
+contains
+  subroutine grow_history_only_type()
+    real(real64), target :: a(1), b(1)
+    type(torch_tensor) :: t
+    type(torch_tensor), allocatable :: hist(:)
+    a = 1
+    b = 2
+    allocate(hist(1))
+    call torch_tensor_from_array(hist(1), a, torch_kCPU)
+    call torch_tensor_from_array(t, b, torch_kCPU)
+    hist = [hist, t]
+    print '(a,i0)', "history size ", size(hist)
+    call torch_delete(hist)
+    call torch_delete(t)
+  end subroutine grow_history_only_type
+
+  subroutine copy_into_unallocated_only_type()
+    real(real64), target :: a(1), b(1)
+    type(torch_tensor) :: ts1(2)
+    type(torch_tensor), allocatable :: ts2(:)
+    a = 1
+    b = 2
+    call torch_tensor_from_array(ts1(1), a, torch_kCPU)
+    call torch_tensor_from_array(ts1(2), b, torch_kCPU)
+    ts2 = ts1
+    print '(a,l1)', "copy allocated ", allocated(ts2)
+    call torch_delete(ts1)
+  end subroutine copy_into_unallocated_only_type
+end module only_type_scope
+
 program test_lifetime
   use, intrinsic :: iso_c_binding, only: c_int64_t
   use, intrinsic :: iso_fortran_env, only: int64, real64
   use ftorch
   use lifetime_helpers
+  use only_type_scope
   use testing, only: check, check_close, summary
   implicit none
   integer(c_int64_t) :: base
+  character(len=64) :: arg
 
   if (command_argument_count() > 0) then
-    call plain_function_results()
+    ! One form per process: some of them end in error stop on some compilers.
+    call get_command_argument(1, arg)
+    select case (trim(arg))
+    case ("--plain-function-results")
+      call plain_function_results()
+    case ("--constructor-of-user-types")
+      call constructor_of_user_types()
+    case ("--grow-history")
+      call grow_history()
+    case ("--grow-history-only-type")
+      call grow_history_only_type()
+    case ("--copy-into-unallocated")
+      call copy_into_unallocated()
+    case ("--copy-into-unallocated-only-type")
+      call copy_into_unallocated_only_type()
+    case default
+      error stop "unknown argument"
+    end select
     call summary()
     stop
   end if
@@ -323,6 +380,59 @@ contains
     call check(ftorch_live_handles() == before, "... and release the temporaries they were given")
     call torch_delete(x)
   end subroutine rejected_arguments_release_temporaries
+
+  ! The forms of = that allocate their left-hand side (README, per compiler): what each compiler
+  ! does is printed and checked by tests/test_lifetime.py.
+  subroutine constructor_of_user_types()
+    type(state_t) :: s1, s2
+    type(state_t), allocatable :: arr(:)
+    real(real64), target :: a(1), b(1)
+    integer(c_int64_t) :: before
+    integer :: stat
+    a = 1
+    b = 2
+    call torch_tensor_from_array(s1%t, a, torch_kCPU)
+    call torch_tensor_from_array(s2%t, b, torch_kCPU)
+    before = ftorch_live_handles()
+    arr = [s1, s2]
+    print '(a,i0)', "new tensors ", ftorch_live_handles() - before
+    call check(all(values_of([arr(1)%t, arr(2)%t]) == [1d0, 2d0]), "arr = [s1, s2] has their values")
+    call torch_delete(s1%t)
+    print '(a,l1)', "element usable after deleting the original ", torch_tensor_get_rank(arr(1)%t, stat=stat) == 1 &
+                                                                     .and. stat == 0
+    call torch_delete(arr(1)%t)  ! a no-op where it was stale
+    call torch_delete(arr(2)%t)
+    call torch_delete(s2%t)
+    call check(ftorch_live_handles() == before - 2, "every tensor deleted exactly once")
+  end subroutine constructor_of_user_types
+
+  subroutine grow_history()
+    real(real64), target :: a(1), b(1)
+    type(torch_tensor) :: t
+    type(torch_tensor), allocatable :: hist(:)
+    a = 1
+    b = 2
+    allocate(hist(1))
+    call torch_tensor_from_array(hist(1), a, torch_kCPU)
+    call torch_tensor_from_array(t, b, torch_kCPU)
+    hist = [hist, t]
+    print '(a,i0)', "history size ", size(hist)
+    call torch_delete(hist)
+    call torch_delete(t)
+  end subroutine grow_history
+
+  subroutine copy_into_unallocated()
+    real(real64), target :: a(1), b(1)
+    type(torch_tensor) :: ts1(2)
+    type(torch_tensor), allocatable :: ts2(:)
+    a = 1
+    b = 2
+    call torch_tensor_from_array(ts1(1), a, torch_kCPU)
+    call torch_tensor_from_array(ts1(2), b, torch_kCPU)
+    ts2 = ts1
+    print '(a,l1)', "copy allocated ", allocated(ts2)
+    call torch_delete(ts1)
+  end subroutine copy_into_unallocated
 
   ! Without torch_result: counts what the compiler leaves alive (gfortran <= 12: every result).
   subroutine plain_function_results()
