@@ -49,9 +49,8 @@ c10::IValue call_compiled(ftc::CompiledModel &compiled, const std::vector<c10::I
   return c10::ivalue::Tuple::create(std::vector<c10::IValue>(results.begin(), results.end()));
 }
 
-// forward(args...) of model m (graph recorded when requires_grad).
-c10::IValue call_forward(ftc_model m, std::vector<c10::IValue> args, int requires_grad) {
-  auto &model = ftc::any_model_of(m);
+// forward(args...) of a model (graph recorded when requires_grad).
+c10::IValue call_forward(ftc::Model &model, std::vector<c10::IValue> args, int requires_grad) {
   if (model.compiled) return call_compiled(*model.compiled, args, requires_grad);
   auto &module = model.module;
   torch::AutoGradMode grad_mode(requires_grad != 0);
@@ -100,10 +99,10 @@ void check_result_count(size_t n, int n_outputs) {
   }
 }
 
-// forward(args...) of model m, its results written into outputs already checked by checked_forward.
-void forward_into(ftc_model m, std::vector<c10::IValue> args, const ftc_tensor *outputs, int n_outputs,
+// forward(args...) of a model, its results written into outputs already checked by checked_forward.
+void forward_into(ftc::Model &model, std::vector<c10::IValue> args, const ftc_tensor *outputs, int n_outputs,
                   int requires_grad) {
-  const auto items = result_items(call_forward(m, std::move(args), requires_grad));
+  const auto items = result_items(call_forward(model, std::move(args), requires_grad));
   check_result_count(items.size(), n_outputs);
   for (int i = 0; i < n_outputs; ++i) store_output(outputs[i], i, items[static_cast<size_t>(i)]);
 }
@@ -111,8 +110,7 @@ void forward_into(ftc_model m, std::vector<c10::IValue> args, const ftc_tensor *
 // forward(args...) of model m, its results written into the outputs (see ftc_model_forward).
 void run_forward(ftc_model m, std::vector<c10::IValue> args, const ftc_tensor *outputs, int n_outputs,
                  int requires_grad) {
-  checked_forward(m, outputs, n_outputs);
-  forward_into(m, std::move(args), outputs, n_outputs, requires_grad);
+  forward_into(checked_forward(m, outputs, n_outputs), std::move(args), outputs, n_outputs, requires_grad);
 }
 
 // The same for tensor inputs: a compiled model runs on them directly (no boxing into values and a
@@ -121,7 +119,7 @@ void run_forward(ftc_model m, const std::vector<at::Tensor> &inputs, const ftc_t
                  int requires_grad) {
   auto &model = checked_forward(m, outputs, n_outputs);
   if (!model.compiled) {
-    forward_into(m, std::vector<c10::IValue>(inputs.begin(), inputs.end()), outputs, n_outputs, requires_grad);
+    forward_into(model, std::vector<c10::IValue>(inputs.begin(), inputs.end()), outputs, n_outputs, requires_grad);
     return;
   }
   const auto results = compiled_forward(*model.compiled, inputs, requires_grad);
@@ -229,7 +227,8 @@ int ftc_model_forward_args(ftc_model m, ftc_arglist args, const ftc_tensor *outp
 int ftc_model_forward_list(ftc_model m, ftc_arglist args, ftc_arglist *results, int requires_grad) {
   return ftc::guard([&] {
     ftc::out_arg(results, "results");
-    const auto items = result_items(call_forward(m, ftc::ivalues_of(ftc::arglist_of(args)), requires_grad));
+    auto values = ftc::ivalues_of(ftc::arglist_of(args));
+    const auto items = result_items(call_forward(ftc::any_model_of(m), std::move(values), requires_grad));
     ftc::ArgList list;
     for (size_t i = 0; i < items.size(); ++i) {
       if (!items[i].isTensor()) {
