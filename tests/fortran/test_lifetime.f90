@@ -62,35 +62,9 @@ module only_type_scope
   use ftorch, only: torch_tensor, torch_tensor_from_array, torch_kCPU, torch_delete
   implicit none
   private
-  public :: grow_history_only_type, copy_into_unallocated_only_type
+  public :: grow_history, copy_into_unallocated
 contains
-  subroutine grow_history_only_type()
-    real(real64), target :: a(1), b(1)
-    type(torch_tensor) :: t
-    type(torch_tensor), allocatable :: hist(:)
-    a = 1
-    b = 2
-    allocate(hist(1))
-    call torch_tensor_from_array(hist(1), a, torch_kCPU)
-    call torch_tensor_from_array(t, b, torch_kCPU)
-    hist = [hist, t]
-    print '(a,i0)', "history size ", size(hist)
-    call torch_delete(hist)
-    call torch_delete(t)
-  end subroutine grow_history_only_type
-
-  subroutine copy_into_unallocated_only_type()
-    real(real64), target :: a(1), b(1)
-    type(torch_tensor) :: ts1(2)
-    type(torch_tensor), allocatable :: ts2(:)
-    a = 1
-    b = 2
-    call torch_tensor_from_array(ts1(1), a, torch_kCPU)
-    call torch_tensor_from_array(ts1(2), b, torch_kCPU)
-    ts2 = ts1
-    print '(a,l1)', "copy allocated ", allocated(ts2)
-    call torch_delete(ts1)
-  end subroutine copy_into_unallocated_only_type
+  include "allocating_forms.inc"
 end module only_type_scope
 
 program test_lifetime
@@ -98,7 +72,8 @@ program test_lifetime
   use, intrinsic :: iso_fortran_env, only: int64, real64
   use ftorch
   use lifetime_helpers
-  use only_type_scope
+  use only_type_scope, only: grow_history_only_type => grow_history, &
+                             copy_into_unallocated_only_type => copy_into_unallocated
   use testing, only: check, check_close, summary
   implicit none
   integer(c_int64_t) :: base
@@ -406,33 +381,7 @@ contains
     call check(ftorch_live_handles() == before - 2, "every tensor deleted exactly once")
   end subroutine constructor_of_user_types
 
-  subroutine grow_history()
-    real(real64), target :: a(1), b(1)
-    type(torch_tensor) :: t
-    type(torch_tensor), allocatable :: hist(:)
-    a = 1
-    b = 2
-    allocate(hist(1))
-    call torch_tensor_from_array(hist(1), a, torch_kCPU)
-    call torch_tensor_from_array(t, b, torch_kCPU)
-    hist = [hist, t]
-    print '(a,i0)', "history size ", size(hist)
-    call torch_delete(hist)
-    call torch_delete(t)
-  end subroutine grow_history
-
-  subroutine copy_into_unallocated()
-    real(real64), target :: a(1), b(1)
-    type(torch_tensor) :: ts1(2)
-    type(torch_tensor), allocatable :: ts2(:)
-    a = 1
-    b = 2
-    call torch_tensor_from_array(ts1(1), a, torch_kCPU)
-    call torch_tensor_from_array(ts1(2), b, torch_kCPU)
-    ts2 = ts1
-    print '(a,l1)', "copy allocated ", allocated(ts2)
-    call torch_delete(ts1)
-  end subroutine copy_into_unallocated
+  include "allocating_forms.inc"
 
   ! Without torch_result: counts what the compiler leaves alive (gfortran <= 12: every result).
   subroutine plain_function_results()
