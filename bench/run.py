@@ -57,15 +57,16 @@ def write_models(directory: Path, sizes) -> dict:
 
 def write_compiled(directory: Path, sizes) -> dict:
     """The same MLPs exported (torch.export) and compiled by AOTInductor into .pt2 packages, one per
-    (batch, hidden), batch static as a deployment would fix it."""
+    (batch, hidden), batch static as a deployment would fix it: written as users write them, by
+    `python -m ftorch export --pt2` (whose package records its inputs: FTorch checks calls itself)."""
     import torch
+
+    import ftorch
 
     paths = {}
     for batch, hidden in sizes:
-        model = make_mlp(hidden).eval()
-        program = torch.export.export(model, (torch.rand(batch, 16, dtype=torch.float64),))
         path = directory / f"mlp_{hidden}_b{batch}.pt2"
-        torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+        ftorch.export(make_mlp(hidden).eval(), [((batch, 16), torch.float64)], pt2=path, check=False)
         paths[(batch, hidden)] = path
     return paths
 

@@ -243,4 +243,33 @@ def build_compiled(directory: Path) -> Path:
     (directory / "script_named.pt2").write_bytes((directory / "mlp_script.pt").read_bytes())
     # A .pt2 archive without compiled code (torch.export.save of the exported program).
     torch.export.save(torch.export.export(mlp, (torch.randn(8, 5),)), str(directory / "exported_only.pt2"))
+    build_helper_compiled(directory / "ftorch_pt2", multi, (a, b), mlp)
     return directory
+
+
+def build_helper_compiled(directory: Path, multi: torch.nn.Module, multi_inputs: tuple, mlp: torch.nn.Module) -> None:
+    """The same packages written by the helper (ftorch.export), whose metadata records the inputs
+    the package takes: FTorch's C++ layer checks calls against them itself instead of running the
+    package's generated checks. Plus a two-input package with a shared dynamic batch, and one whose
+    recorded inputs do not parse (the generated checks are used then)."""
+    import json
+    import zipfile
+
+    import ftorch
+
+    directory.mkdir(parents=True, exist_ok=True)
+    ftorch.export(multi, multi_inputs, pt2=directory / "multi_io.pt2", check=False)
+    ftorch.export(mlp, [((8, 5), torch.float32)], pt2=directory / "mlp_dynamic.pt2", dynamic_batch=True,
+                  min_batch=1, max_batch=4096, check=False)
+    ftorch.export(multi, multi_inputs, pt2=directory / "multi_io_dynamic.pt2", dynamic_batch=True, min_batch=1,
+                  max_batch=4096, check=False)
+    with zipfile.ZipFile(directory / "mlp_dynamic.pt2") as src, \
+            zipfile.ZipFile(directory / "mlp_rules_unreadable.pt2", "w", zipfile.ZIP_STORED) as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename.endswith("_metadata.json"):
+                meta = json.loads(data)
+                assert meta["ftorch_inputs"].startswith("v1;"), meta
+                meta["ftorch_inputs"] = "v99;" + meta["ftorch_inputs"][3:]
+                data = json.dumps(meta).encode()
+            dst.writestr(item, data)

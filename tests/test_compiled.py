@@ -16,14 +16,18 @@ def compiled_data(data_dir):
     sys.path.insert(0, str(TESTS))
     import models
 
-    if not (data_dir / "multi_io.pt2").exists():
+    if not (data_dir / "ftorch_pt2" / "mlp_rules_unreadable.pt2").exists():
         models.build_compiled(data_dir)
     return data_dir
 
 
+@pytest.mark.parametrize("packages", ["torch", "ftorch"])
 @pytest.mark.parametrize("compiler", COMPILERS)
-def test_compiled_models_from_fortran(cmake_consumer, compiled_data, compiler):
-    proc = run([cmake_consumer(compiler) / "test_compiled", compiled_data], check=False, timeout=600)
+def test_compiled_models_from_fortran(cmake_consumer, compiled_data, compiler, packages):
+    """The packages as torch writes them (aoti_compile_and_package: their generated input checks
+    run) and as the helper writes them (ftorch.export: FTorch checks the inputs the package records)."""
+    args = [compiled_data] + ([compiled_data / "ftorch_pt2"] if packages == "ftorch" else [])
+    proc = run([cmake_consumer(compiler) / "test_compiled", *args], check=False, timeout=600)
     assert_all_passed(proc)
     # Every failure there is asked for with stat: AOTInductor's own error lines stay off stderr.
     assert "Error:" not in proc.stderr and "input_handles" not in proc.stderr, proc.stderr

@@ -235,6 +235,16 @@ def test_static_package_rejects_another_batch_size(packages, trained, monkeypatc
     assert "8" in text and "4" in text, text
 
 
+def test_packages_record_the_inputs_they_take(packages):
+    """The helper records each input's dtype and sizes (the dynamic batch as a named range) in the
+    package's metadata: FTorch's C++ layer checks calls against them instead of running the
+    package's generated checks (tests/test_compiled.py runs both kinds of package)."""
+    package = torch._inductor.aoti_load_package(str(packages["dir"] / "mlp_dynamic.pt2"))
+    assert package.get_metadata()["ftorch_inputs"] == "v1;float32[batch:1:-1,5]"
+    package = torch._inductor.aoti_load_package(str(packages["dir"] / "mlp_static.pt2"))
+    assert package.get_metadata()["ftorch_inputs"] == "v1;float32[8,5]"
+
+
 def test_a_crash_while_checking_a_package_is_reported(packages, monkeypatch):
     """The package is loaded and run in a child process: if that crashes (a signal inside
     AOTInductor's loader, seen with some torch builds), the check fails saying so, and the caller

@@ -80,6 +80,7 @@ contains
     real(real64) :: loss
     integer :: i, warm
     integer(int64) :: t0
+    logical :: forward_only, rss
     allocate(x(batch, n_in), y(batch, n_out), pred(batch, n_out))
     call random_number(x)
     call random_number(y)
@@ -93,14 +94,16 @@ contains
     call torch_tensor_from_array(outputs(1), pred, torch_kCPU)
     call torch_tensor_from_array(target, y, torch_kCPU)
     warm = max(10, iters / 10)
+    forward_only = mode == "infer" .or. mode == "compiled"  ! compared once, not per step
+    rss = mode == "rss"
     do i = 1, warm + iters
       if (i == warm + 1) t0 = ticks()
-      if (mode == "infer" .or. mode == "compiled") then
+      if (forward_only) then
         call torch_model_forward(model, inputs, outputs)
       else
         call torch_train_step(model, optim, inputs, target, loss)
       end if
-      if (mode == "rss" .and. i == warm + 1000) print '(a,i0)', "rss_at_1000 ", status_kib("VmRSS:")
+      if (rss .and. i == warm + 1000) print '(a,i0)', "rss_at_1000 ", status_kib("VmRSS:")
     end do
     print '(a,es16.8)', "seconds ", seconds_since(t0)
     if (mode == "rss") print '(a,i0)', "rss_at_end ", status_kib("VmRSS:")

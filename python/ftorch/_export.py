@@ -989,6 +989,48 @@ def _symbolic_shape(shape, names: dict) -> list:
     return out
 
 
+# Dtypes FTorch's C++ layer knows by name in a package's input rules (compiled.cpp, kDtypeNames).
+_RULE_DTYPES = {"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+                "complex64", "complex128"}
+
+
+def _input_rules(placeholders, user_inputs, specs, in_shapes, dim_names, min_batch, max_batch) -> str | None:
+    """The inputs the package takes, for FTorch's C++ layer to check each call against (in place of
+    AOTInductor's generated checks, which cost more than the rest of a small forward):
+    ``v1;dtype[dim,...]`` per input, a dim being a size or ``name:lo:hi`` (hi -1: no bound), e.g.
+    ``v1;float32[batch:1:4096,5]``. None (the package's own checks are used) unless every input is
+    a row-major tensor of a known dtype whose sizes are numbers or the dynamic batch."""
+    import torch
+
+    vals = [n.meta.get("val") for n in placeholders if n.name in user_inputs]
+    if len(vals) != len(specs) or len(in_shapes) != len(specs):
+        return None
+    batch_names = set(dim_names.values())
+    items = ["v1"]
+    for val, spec, shape in zip(vals, specs, in_shapes):
+        if not isinstance(val, torch.Tensor) or spec.dtype not in _RULE_DTYPES:
+            return None
+        if str(val.dtype).removeprefix("torch.") != spec.dtype:
+            return None
+        # The exported layout must be row-major (the C++ layer passes contiguous tensors); only
+        # dim 0 may be dynamic, so every stride is a number.
+        expected = 1
+        for size, stride in reversed(list(zip(val.shape, val.stride()))):
+            if not isinstance(stride, int) or (stride != expected and size != 1):
+                return None
+            expected *= size if isinstance(size, int) else 1
+        dims = []
+        for d in shape:
+            if isinstance(d, int):
+                dims.append(str(d))
+            elif d in batch_names:
+                dims.append(f"{d}:{min_batch}:{max_batch if max_batch is not None else -1}")
+            else:
+                return None
+        items.append(f"{spec.dtype}[{','.join(dims)}]")
+    return ";".join(items)
+
+
 def _write_pt2(model, name, label, specs, example, gen, dev, path: Path, dynamic_batch, min_batch, max_batch, ref0,
                report) -> None:
     import torch
@@ -1051,6 +1093,9 @@ def _write_pt2(model, name, label, specs, example, gen, dev, path: Path, dynamic
     if path.exists():
         path.unlink()
     configs: dict[str, Any] = {"aot_inductor.metadata": {"ftorch": json.dumps(meta)}}
+    rules = _input_rules(placeholders, user_inputs, specs, in_shapes, dim_names, min_batch, max_batch)
+    if rules is not None:
+        configs["aot_inductor.metadata"]["ftorch_inputs"] = rules
     if dynamic_batch and min_batch < 2:
         # The compiled code's batch symbol has the range [2, max] (torch.export's 0/1 specialization),
         # so the package's input checks would refuse batch 1; the check below runs batch 1 instead.

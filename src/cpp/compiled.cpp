@@ -8,14 +8,31 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 
 namespace ftc {
+
+// What a package takes, as `python -m ftorch export --pt2` records it in the package's metadata
+// (key "ftorch_inputs"): per input its dtype and, per dimension, a size or a named range (a name
+// shared by several dimensions is one size). FTorch checks a call against these itself, in place
+// of AOTInductor's generated input checks (which build a std::stringstream on every call).
+struct DimRule {
+  std::string name;  // empty: a static size (lo == hi)
+  int64_t lo = 0;
+  int64_t hi = -1;  // -1: no upper bound
+};
+struct InputRule {
+  c10::ScalarType dtype;
+  std::vector<DimRule> dims;
+};
 
 class CompiledModel {
  public:
@@ -29,6 +46,12 @@ class CompiledModel {
   // with the same ones run without capturing standard error (see run_compiled).
   std::vector<int64_t> checked_signature;
   std::mutex signature_mutex;
+  // The package's inputs as its exporter recorded them, if it did (see DimRule): checked here.
+  std::optional<std::vector<InputRule>> rules;
+  // Whether the package's own input checks run (AOTI_RUNTIME_CHECK_INPUTS as its code read it at
+  // its first run; -1 before that run): they compare every stride, so inputs get the exported
+  // strides along size-1 dimensions too.
+  std::atomic<int> generated_checks{-1};
 };
 
 namespace {
@@ -184,12 +207,150 @@ std::string missing_cpu_features(const std::string &isa) {
   return missing;
 }
 
+// PyTorch's dtype names (the metadata's and the messages').
+constexpr std::pair<const char *, c10::ScalarType> kDtypeNames[] = {
+    {"float64", c10::kDouble}, {"float32", c10::kFloat},  {"float16", c10::kHalf},   {"bfloat16", c10::kBFloat16},
+    {"int64", c10::kLong},     {"int32", c10::kInt},      {"int16", c10::kShort},    {"int8", c10::kChar},
+    {"uint8", c10::kByte},     {"bool", c10::kBool},      {"complex64", c10::kComplexFloat},
+    {"complex128", c10::kComplexDouble}};
+
+std::string dtype_name(c10::ScalarType t) {
+  for (const auto &[name, type] : kDtypeNames) {
+    if (type == t) return name;
+  }
+  return c10::toString(t);
+}
+
+// The rules of metadata["ftorch_inputs"]: "v1" then per input ";dtype[dim,dim,...]", a dim being
+// a size or "name:lo:hi" (hi -1: unbounded), e.g. "v1;float32[batch:1:4096,5]". Nothing when the
+// package has none or they do not parse (its generated checks are used then).
+std::optional<std::vector<InputRule>> parse_input_rules(const std::unordered_map<std::string, std::string> &metadata) {
+  const auto it = metadata.find("ftorch_inputs");
+  if (it == metadata.end()) return std::nullopt;
+  std::istringstream text(it->second);
+  std::string item;
+  if (!std::getline(text, item, ';') || item != "v1") return std::nullopt;
+  std::vector<InputRule> rules;
+  auto to_int = [](const std::string &word, int64_t &value) {
+    if (word.empty()) return false;
+    size_t used = 0;
+    try {
+      value = std::stoll(word, &used);
+    } catch (const std::exception &) {
+      return false;
+    }
+    return used == word.size();
+  };
+  while (std::getline(text, item, ';')) {
+    const auto open = item.find('[');
+    if (open == std::string::npos || item.back() != ']') return std::nullopt;
+    InputRule rule{c10::ScalarType::Undefined, {}};
+    for (const auto &[name, type] : kDtypeNames) {
+      if (item.compare(0, open, name) == 0 && std::strlen(name) == open) rule.dtype = type;
+    }
+    if (rule.dtype == c10::ScalarType::Undefined) return std::nullopt;
+    std::istringstream dims(item.substr(open + 1, item.size() - open - 2));
+    std::string dim;
+    while (std::getline(dims, dim, ',')) {
+      DimRule d;
+      const auto colon = dim.find(':');
+      if (colon == std::string::npos) {
+        if (!to_int(dim, d.lo) || d.lo < 0) return std::nullopt;
+        d.hi = d.lo;
+      } else {
+        const auto second = dim.find(':', colon + 1);
+        d.name = dim.substr(0, colon);
+        if (d.name.empty() || second == std::string::npos || !to_int(dim.substr(colon + 1, second - colon - 1), d.lo) ||
+            !to_int(dim.substr(second + 1), d.hi) || d.lo < 0 || (d.hi != -1 && d.hi < d.lo)) {
+          return std::nullopt;
+        }
+      }
+      rule.dims.push_back(std::move(d));
+    }
+    rules.push_back(std::move(rule));
+  }
+  return rules;
+}
+
+// What a rule allows, for messages: [batch (1..4096), 5].
+std::string rule_string(const InputRule &rule) {
+  std::string text = "[";
+  for (size_t k = 0; k < rule.dims.size(); ++k) {
+    const auto &d = rule.dims[k];
+    if (k > 0) text += ", ";
+    if (d.name.empty()) {
+      text += std::to_string(d.lo);
+    } else {
+      text += d.name + " (" + std::to_string(d.lo) + ".." + (d.hi < 0 ? std::string("any") : std::to_string(d.hi)) + ")";
+    }
+  }
+  return text + "]";
+}
+
+// The inputs against the package's rules: count, dtype, rank, each size (a named size equal
+// wherever it appears). Layout and device are seen to by run_compiled.
+void check_inputs(const std::vector<InputRule> &rules, const std::vector<at::Tensor> &inputs) {
+  if (inputs.size() != rules.size()) {
+    fail(FTC_ERR_INVALID_ARGUMENT, "the compiled model takes " + std::to_string(rules.size()) + " input" +
+                                       (rules.size() == 1 ? "" : "s") + ", got " + std::to_string(inputs.size()));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto &rule = rules[i];
+    const auto &t = inputs[i];
+    if (t.scalar_type() != rule.dtype) {
+      fail(FTC_ERR_DTYPE, "input " + std::to_string(i + 1) + " has dtype " + dtype_name(t.scalar_type()) +
+                              " but the compiled model was exported for " + dtype_name(rule.dtype));
+    }
+    const auto sizes = t.sizes();
+    bool fits = sizes.size() == rule.dims.size();
+    for (size_t k = 0; fits && k < sizes.size(); ++k) {
+      const auto &d = rule.dims[k];
+      fits = sizes[k] >= d.lo && (d.hi < 0 || sizes[k] <= d.hi);
+    }
+    if (!fits) {
+      fail(FTC_ERR_INVALID_ARGUMENT, "input " + std::to_string(i + 1) + " has shape " + shape_string(sizes) +
+                                         " but the compiled model was exported for " + rule_string(rule));
+    }
+  }
+  // A named size must be the same wherever it appears (the compiled code reads it from one place).
+  for (size_t i = 0; i < rules.size(); ++i) {
+    for (size_t k = 0; k < rules[i].dims.size(); ++k) {
+      const auto &name = rules[i].dims[k].name;
+      if (name.empty()) continue;
+      for (size_t j = 0; j <= i; ++j) {
+        for (size_t l = 0; l < (j == i ? k : rules[j].dims.size()); ++l) {
+          if (rules[j].dims[l].name == name && inputs[j].size(l) != inputs[i].size(k)) {
+            fail(FTC_ERR_INVALID_ARGUMENT, "input " + std::to_string(i + 1) + " has " + name + " = " +
+                                               std::to_string(inputs[i].size(k)) + " (dim " + std::to_string(k + 1) +
+                                               ") but input " + std::to_string(j + 1) + " has " + name + " = " +
+                                               std::to_string(inputs[j].size(l)) + " (dim " + std::to_string(l + 1) +
+                                               "): the compiled model takes one " + name);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Guards AOTI_RUNTIME_CHECK_INPUTS: set while loading, read at a package's first run.
+std::mutex &environment_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 // The compiled code checks the sizes, strides, dtypes and devices of its inputs only when
-// AOTI_RUNTIME_CHECK_INPUTS is set (read once per package); without the check an input of another
-// batch size than a static one exported is read out of bounds. Turned on unless the user set it.
+// AOTI_RUNTIME_CHECK_INPUTS is set (read at its first run); without the check an input of another
+// batch size than a static one exported is read out of bounds. Turned on, unless the user set it,
+// when a package without FTorch's rules (one not written by `python -m ftorch export`) is loaded.
 void enable_input_checks() {
-  static std::once_flag once;
-  std::call_once(once, [] { setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", /*overwrite=*/0); });
+  std::lock_guard<std::mutex> lock(environment_mutex());
+  setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", /*overwrite=*/0);
+}
+
+// Whether the compiled code's checks run: what it reads at its first run (under the same lock).
+bool generated_checks_on() {
+  const char *value = std::getenv("AOTI_RUNTIME_CHECK_INPUTS");
+  return value != nullptr && value[0] != '0';
 }
 
 // `t` in the row-major layout the compiled code was exported with (its input checks compare
@@ -246,10 +407,12 @@ std::shared_ptr<CompiledModel> load_compiled(const std::string &file, const c10:
                                          ": compile the package on (or for) this machine");
     }
   }
-  enable_input_checks();
+  auto rules = parse_input_rules(metadata);
+  if (!rules) enable_input_checks();
   StderrCapture capture;
   try {
     auto model = std::make_shared<CompiledModel>(file, name, device);
+    model->rules = std::move(rules);
     pass_on(capture.finish());
     return model;
   } catch (const std::exception &e) {
@@ -258,30 +421,46 @@ std::shared_ptr<CompiledModel> load_compiled(const std::string &file, const c10:
   }
 }
 
-std::vector<at::Tensor> run_compiled(CompiledModel &model, const std::vector<at::Tensor> &inputs) {
-  std::vector<at::Tensor> prepared;
-  prepared.reserve(inputs.size());
+std::vector<at::Tensor> run_compiled(CompiledModel &model, std::vector<at::Tensor> inputs) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i].device() != model.device) {
       fail(FTC_ERR_INVALID_ARGUMENT, "input " + std::to_string(i + 1) + " is on " + inputs[i].device().str() +
                                          " but the compiled model runs on " + model.device.str());
     }
-    prepared.push_back(exported_layout(inputs[i]));
+  }
+  if (model.rules) check_inputs(*model.rules, inputs);
+  // The package's first run reads AOTI_RUNTIME_CHECK_INPUTS: under the lock that loads set it with.
+  std::unique_lock<std::mutex> first_run;
+  int generated_checks = model.generated_checks.load(std::memory_order_acquire);
+  if (generated_checks < 0) {
+    first_run = std::unique_lock<std::mutex>(environment_mutex());
+    generated_checks = generated_checks_on() ? 1 : 0;
+    model.generated_checks.store(generated_checks, std::memory_order_release);
+  }
+  // Row-major memory, as exported (a copy only when the layout differs); the exported strides
+  // along size-1 dimensions too only where the generated checks compare them (the compiled code
+  // never steps along a dimension of size 1).
+  for (auto &t : inputs) {
+    if (generated_checks != 0) {
+      t = exported_layout(t);
+    } else if (!t.is_contiguous()) {
+      t = t.contiguous();
+    }
   }
   torch::NoGradGuard no_grad;
-  // The package's input checks depend only on the inputs' sizes and dtypes (the layout is made
-  // what it expects above): a signature that passed once runs without capturing standard error.
+  // Whether the inputs pass depends only on their sizes and dtypes (the layout is made what the
+  // package expects above): a signature that passed once runs without capturing standard error.
   // Compared in place: nothing is allocated on the calls of a known signature.
   bool known;
   {
     std::lock_guard<std::mutex> lock(model.signature_mutex);
-    known = has_signature(model.checked_signature, prepared);
+    known = has_signature(model.checked_signature, inputs);
   }
   std::vector<int64_t> signature;
-  if (!known) signature = signature_of(prepared);
+  if (!known) signature = signature_of(inputs);
   StderrCapture capture(!known);
   try {
-    auto outputs = model.loader.boxed_run(std::move(prepared));  // hands the prepared inputs over, no copy
+    auto outputs = model.loader.boxed_run(std::move(inputs));  // hands the inputs over, no copy
     if (!known) {
       pass_on(capture.finish());
       std::lock_guard<std::mutex> lock(model.signature_mutex);

@@ -18,6 +18,6 @@ std::shared_ptr<CompiledModel> load_compiled(const std::string &file, const c10:
 // Run it on tensors (in the row-major layout the compiled code expects: a copy only when the
 // memory layout differs, as for Fortran arrays of several non-unit dimensions). The
 // results are new tensors; no graph is recorded.
-std::vector<at::Tensor> run_compiled(CompiledModel &model, const std::vector<at::Tensor> &inputs);
+std::vector<at::Tensor> run_compiled(CompiledModel &model, std::vector<at::Tensor> inputs);
 
 }  // namespace ftc

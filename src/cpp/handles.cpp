@@ -132,21 +132,40 @@ TensorTable::Slot &tensor_slot(ftc_tensor h, const char *what) {
   return *s;
 }
 
-std::vector<at::Tensor> tensors_of(const ftc_tensor *handles, int64_t n, const char *what) {
+TensorTable::Slot &tensor_slot(ftc_tensor h, const char *what, int64_t number) {
+  auto *s = find_scheduled(h);
+  if (s == nullptr) bad_handle(h, "tensor", (std::string(what) + " " + std::to_string(number)).c_str());
+  return *s;
+}
+
+namespace {
+
+// The slots of n handles, one lookup each: every temporary among them is scheduled for release
+// before any handle is checked (a bad one is then reported as "<what> <number>").
+c10::SmallVector<TensorTable::Slot *, 8> slots_of(const ftc_tensor *handles, int64_t n, const char *what) {
   if (n < 0) fail(FTC_ERR_INVALID_ARGUMENT, std::string("negative number of ") + what + "s (" + std::to_string(n) + ")");
   if (n > 0 && handles == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, std::string(what) + " array pointer is null");
-  // One lookup per handle: every temporary is scheduled before any handle is checked.
   c10::SmallVector<TensorTable::Slot *, 8> slots(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) slots[static_cast<size_t>(i)] = find_scheduled(handles[i]);
-  std::vector<at::Tensor> out;
-  out.reserve(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    auto *s = slots[static_cast<size_t>(i)];
-    if (s == nullptr) bad_handle(handles[i], "tensor", (std::string(what) + " " + std::to_string(i + 1)).c_str());
-    out.push_back(s->value);
+    if (slots[static_cast<size_t>(i)] == nullptr) {
+      bad_handle(handles[i], "tensor", (std::string(what) + " " + std::to_string(i + 1)).c_str());
+    }
   }
+  return slots;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> tensors_of(const ftc_tensor *handles, int64_t n, const char *what) {
+  const auto slots = slots_of(handles, n, what);
+  std::vector<at::Tensor> out;
+  out.reserve(slots.size());
+  for (auto *s : slots) out.push_back(s->value);
   return out;
 }
+
+void check_tensors(const ftc_tensor *handles, int64_t n, const char *what) { slots_of(handles, n, what); }
 
 void take_temporaries(const ftc_tensor *handles, int64_t n) {
   if (handles == nullptr) return;

@@ -90,6 +90,9 @@ enum HandleFlags : uint8_t {
   kResult = 16,    // a user function's result (`r = torch_result(expr)`): released by the first
                    // call that reads it, like kTemporary, on every compiler (gfortran <= 12
                    // never finalizes function results)
+  kExposed = 32,   // an address into its memory or metadata was handed out (a Fortran pointer from
+                   // a no-copy view or get_shape, a captured CUDA graph's input): `=` keeps
+                   // writing into that memory, never takes another tensor over
 };
 // Handles of expressions (taken over by `=` into an unconstructed tensor, never referred to).
 constexpr uint8_t kExpression = kTemporary | kFinalized | kResult;
@@ -247,6 +250,8 @@ void release_consumed(ThreadState &ts, size_t from) noexcept;
 
 // The slot of a tensor handle; a temporary is scheduled for release at the end of the call.
 TensorTable::Slot &tensor_slot(ftc_tensor h, const char *what = "tensor");
+// The same for item `number` of a list: "<what> <number>" in the message, made only on failure.
+TensorTable::Slot &tensor_slot(ftc_tensor h, const char *what, int64_t number);
 inline at::Tensor &tensor_of(ftc_tensor h, const char *what = "tensor") { return tensor_slot(h, what).value; }
 // Schedule temporary h for release when the calls in progress on this thread return. Listed once,
 // by the outermost call that reads it: a nested call (user code run by a callback) reading the
@@ -284,6 +289,8 @@ __attribute__((always_inline)) inline std::array<TensorTable::Slot *, N> operand
 void take_temporaries(const ftc_tensor *handles, int64_t n);
 // Every handle of an array, resolved (its temporaries scheduled first).
 std::vector<at::Tensor> tensors_of(const ftc_tensor *handles, int64_t n, const char *what);
+// The same checks and scheduling of temporaries, for handles the caller resolves later itself.
+void check_tensors(const ftc_tensor *handles, int64_t n, const char *what);
 
 // The value C callers of optional objects (checkpoints, the train step's scheduler) pass for an
 // object that is given but not constructed: an error, never "absent".

@@ -133,6 +133,34 @@ void store_result(ftc_tensor *out, const at::Tensor &value, const std::string &w
 // earlier element of the same statement wrote that tensor).
 enum class Stamping { none, bump, check };
 
+// Whether `left = right` may make left refer to right's tensor instead of copying right's values
+// into left's memory, because nothing could tell the difference: right is an expression's result
+// that the statement releases, which nothing else refers to (not a view, its memory its own);
+// left's memory is LibTorch's own allocation (not a Fortran array or other memory FTorch wraps),
+// which nothing else refers to (no other handle, list, view, graph, model or optimizer) and whose
+// address was never handed out (kExposed); both have the same dtype, device, sizes and strides.
+// For autograd: with history to carry, the copy would replace left's tensor anyway (a fresh one
+// recording the copy: see assign_into); without, both must be plain tensors that do not require
+// grad (a leaf that requires grad keeps being one). Saves the copy, and for a result with history
+// the CopyBackwards node that backward would run.
+bool can_take_over(const TensorTable::Slot &left, const TensorTable::Slot &right) {
+  if ((right.flags & kExpression) == 0 || (left.flags & (kShared | kExposed)) != 0) return false;
+  const at::Tensor &l = left.value;
+  const at::Tensor &r = right.value;
+  const c10::DataPtr &memory = l.storage().data_ptr();
+  const c10::Allocator *allocator = c10::GetAllocator(l.device().type());
+  if (allocator == nullptr || allocator->raw_deleter() == nullptr || memory.get_deleter() != allocator->raw_deleter()) {
+    return false;
+  }
+  if (is_shared(l) || is_shared(r) || l.is_view() || r.is_view()) return false;
+  if (l.scalar_type() != r.scalar_type() || l.device() != r.device() || l.sizes() != r.sizes() ||
+      l.strides() != r.strides() || l.storage_offset() != r.storage_offset() || l.is_inference() != r.is_inference()) {
+    return false;
+  }
+  if (at::GradMode::is_enabled() && r.requires_grad()) return true;
+  return !l.requires_grad() && !r.requires_grad();
+}
+
 // `*lhs = rhs` with Fortran's value semantics (see ftc_tensor_assign); value_before, when given,
 // is the value rhs had before the statement began (overlapping array assignment). A template on
 // the stamping, so that the hot element `=` carries no test for the others.
@@ -165,7 +193,11 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
     *lhs = new_tensor_handle(take ? value : value.clone(), flags);
     return;
   }
-  assign_into(*left, value);
+  if (value_before == nullptr && can_take_over(*left, *right)) {
+    left->value = right->value;  // the expression's handle lets go of it when the statement ends
+  } else {
+    assign_into(*left, value);
+  }
   if constexpr (stamping != Stamping::none) *lhs = static_cast<ftc_tensor>(TensorTable::restamp(*lhs, *left));
 }
 

@@ -25,13 +25,13 @@ void store_output(ftc_tensor out, int index, const c10::IValue &value) {
 }
 
 // forward of a compiled model on its input tensors.
-std::vector<at::Tensor> compiled_forward(ftc::CompiledModel &compiled, const std::vector<at::Tensor> &inputs,
+std::vector<at::Tensor> compiled_forward(ftc::CompiledModel &compiled, std::vector<at::Tensor> inputs,
                                          int requires_grad) {
   if (requires_grad != 0) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a compiled AOTInductor model (.pt2) cannot record a graph for gradients: "
                                         "run it with requires_grad off, or use the TorchScript export of the model");
   }
-  return ftc::run_compiled(compiled, inputs);
+  return ftc::run_compiled(compiled, std::move(inputs));
 }
 
 // forward of a compiled model: values in (tensors only), a tuple of tensors out.
@@ -45,7 +45,7 @@ c10::IValue call_compiled(ftc::CompiledModel &compiled, const std::vector<c10::I
     }
     inputs.push_back(args[i].toTensor());
   }
-  const auto results = compiled_forward(compiled, inputs, requires_grad);
+  const auto results = compiled_forward(compiled, std::move(inputs), requires_grad);
   return c10::ivalue::Tuple::create(std::vector<c10::IValue>(results.begin(), results.end()));
 }
 
@@ -83,7 +83,7 @@ std::vector<c10::IValue> result_items(const c10::IValue &result) {
 
 // The output tensors of a forward, checked before it runs: the model of m, at least one output.
 ftc::Model &checked_forward(ftc_model m, const ftc_tensor *outputs, int n_outputs) {
-  ftc::tensors_of(outputs, n_outputs, "output tensor");
+  ftc::check_tensors(outputs, n_outputs, "output tensor");
   auto &model = ftc::any_model_of(m);
   if (n_outputs < 1) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, "need at least one output tensor (got " + std::to_string(n_outputs) + ")");
@@ -115,14 +115,14 @@ void run_forward(ftc_model m, std::vector<c10::IValue> args, const ftc_tensor *o
 
 // The same for tensor inputs: a compiled model runs on them directly (no boxing into values and a
 // tuple and back), a TorchScript module as above.
-void run_forward(ftc_model m, const std::vector<at::Tensor> &inputs, const ftc_tensor *outputs, int n_outputs,
+void run_forward(ftc_model m, std::vector<at::Tensor> inputs, const ftc_tensor *outputs, int n_outputs,
                  int requires_grad) {
   auto &model = checked_forward(m, outputs, n_outputs);
   if (!model.compiled) {
     forward_into(model, std::vector<c10::IValue>(inputs.begin(), inputs.end()), outputs, n_outputs, requires_grad);
     return;
   }
-  const auto results = compiled_forward(*model.compiled, inputs, requires_grad);
+  const auto results = compiled_forward(*model.compiled, std::move(inputs), requires_grad);
   check_result_count(results.size(), n_outputs);
   for (int i = 0; i < n_outputs; ++i) {
     ftc::store_result(outputs[i], i, results[static_cast<size_t>(i)], "the model returned");
@@ -149,7 +149,7 @@ torch::jit::Named<at::Tensor> parameter_at(const torch::jit::Module &module, int
 namespace ftc {
 
 void store_result(ftc_tensor out, int index, const at::Tensor &result, const char *source) {
-  auto &slot = tensor_slot(out, ("output tensor " + std::to_string(index + 1)).c_str());
+  auto &slot = tensor_slot(out, "output tensor", index + 1);
   if (slot.value.sizes() != result.sizes()) {
     fail(FTC_ERR_INVALID_ARGUMENT, "output tensor " + std::to_string(index + 1) + " has shape " +
                                        shape_string(slot.value.sizes()) + " but " + source + " shape " +

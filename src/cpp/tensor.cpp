@@ -75,7 +75,8 @@ void require_shape(const at::Tensor &t, const Dims &shape, const char *what) {
 }
 
 // A tensor whose memory or metadata the caller will keep pointing into after the call: a
-// temporary is released when the call returns, so that would dangle.
+// temporary is released when the call returns, so that would dangle; a named one is marked
+// exposed (`=` then always writes into its memory).
 const at::Tensor &lasting_tensor(ftc_tensor h, const char *purpose) {
   auto &slot = ftc::tensor_slot(h);
   if ((slot.flags & ftc::kTemporary) != 0) {
@@ -83,6 +84,7 @@ const at::Tensor &lasting_tensor(ftc_tensor h, const char *purpose) {
                                             " of an expression's result would dangle: assign the expression to a "
                                             "tensor first");
   }
+  slot.flags |= ftc::kExposed;
   return slot.value;
 }
 

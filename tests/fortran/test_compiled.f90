@@ -1,21 +1,45 @@
 !> Compiled models: AOTInductor packages (.pt2, written by tests/models.py build_compiled) through
 !> the same torch_model_load / torch_model_forward as TorchScript, against PyTorch's eager outputs.
+!> Arguments: the data directory; then, optionally, a directory of the same packages written by the
+!> helper (ftorch.export), whose recorded inputs FTorch checks itself.
 program test_compiled
   use, intrinsic :: iso_fortran_env, only: int64, real32, real64
   use ftorch
   use testing, only: check, check_close, summary, read_values, data_path
   implicit none
 
+  ! The helper's packages first: loading torch's (compiled_model.bin, mlp_rules_unreadable.pt2)
+  ! turns the generated checks on for the packages that run after it.
   call several_inputs_and_outputs()
   call dynamic_batch_with_fortran_strides()
-  call chosen_by_content()
   call static_shapes_and_bad_inputs()
   call what_a_compiled_model_cannot_do()
   call load_errors()
   call handles_stay_flat()
+  call batch_outside_the_exported_range()
+  if (helper_packages()) call recorded_inputs()
+  call chosen_by_content()
   call summary()
 
 contains
+
+  !> Whether the packages are the helper's (a second command-line argument).
+  logical function helper_packages()
+    helper_packages = command_argument_count() >= 2
+  end function helper_packages
+
+  !> A package: from the helper's directory when given, else from the data directory.
+  function package_path(name) result(path)
+    character(len=*), intent(in) :: name
+    character(len=:), allocatable :: path
+    character(len=4096) :: dir
+    if (.not. helper_packages()) then
+      path = data_path(name)
+      return
+    end if
+    call get_command_argument(2, dir)
+    path = trim(dir) // "/" // name
+  end function package_path
 
   ! Two inputs, two outputs (a tuple), float64, written into the aliased Fortran arrays.
   subroutine several_inputs_and_outputs()
@@ -31,7 +55,7 @@ contains
     b = reshape(b_ref, [2, 3])
     y1 = 0
     y2 = 0
-    call torch_model_load(model, data_path("multi_io.pt2"), torch_kCPU)
+    call torch_model_load(model, package_path("multi_io.pt2"), torch_kCPU)
     call torch_tensor_from_array(inputs(1), a, torch_kCPU)
     call torch_tensor_from_array(inputs(2), b, torch_kCPU)
     call torch_tensor_from_array(outputs(1), y1, torch_kCPU)
@@ -53,7 +77,7 @@ contains
   ! exported as dynamic: two batch sizes, each equal to the eager model.
   subroutine dynamic_batch_with_fortran_strides()
     type(torch_model) :: model
-    call torch_model_load(model, data_path("mlp_dynamic.pt2"), torch_kCPU)
+    call torch_model_load(model, package_path("mlp_dynamic.pt2"), torch_kCPU)
     call run_mlp(model, 1, "batch 1 (a single row: strides along size-1 dimensions differ)")
     call run_mlp(model, 4, "batch 4")
     call run_mlp(model, 7, "batch 7 (dynamic batch dimension)")
@@ -122,7 +146,7 @@ contains
     b = 1
     a2 = 1
     f = 1
-    call torch_model_load(model, data_path("multi_io.pt2"), torch_kCPU)
+    call torch_model_load(model, package_path("multi_io.pt2"), torch_kCPU)
     call torch_tensor_from_array(in2(1), a, torch_kCPU)
     call torch_tensor_from_array(in2(2), b, torch_kCPU)
     call torch_tensor_from_array(out2(1), y, torch_kCPU)
@@ -163,7 +187,7 @@ contains
     integer :: stat
     character(len=512) :: msg
     x = 0.5
-    call torch_model_load(model, data_path("mlp_dynamic.pt2"), torch_kCPU)
+    call torch_model_load(model, package_path("mlp_dynamic.pt2"), torch_kCPU)
     call torch_tensor_from_array(tx(1), x, torch_kCPU)
     call torch_tensor_from_array(ty(1), y, torch_kCPU)
     msg = ""
@@ -177,7 +201,8 @@ contains
     call torch_model_parameters(model, params, stat=stat, errmsg=msg)
     call check(stat /= 0 .and. index(msg, "AOTInductor") > 0, "parameters: " // trim(msg))
     msg = ""
-    call torch_model_load(model, data_path("mlp_dynamic.pt2"), torch_kCPU, is_training=.true., stat=stat, errmsg=msg)
+    call torch_model_load(model, package_path("mlp_dynamic.pt2"), torch_kCPU, is_training=.true., stat=stat, &
+                          errmsg=msg)
     call check(stat /= 0 .and. index(msg, "training") > 0, "loading a package for training: " // trim(msg))
     y = -1
     call torch_model_forward(model, tx, ty, stat=stat)
@@ -210,7 +235,7 @@ contains
     x = 0.25
     before = ftorch_live_handles()
     do i = 1, 200
-      if (mod(i, 100) == 1) call torch_model_load(model, data_path("mlp_dynamic.pt2"), torch_kCPU)
+      if (mod(i, 100) == 1) call torch_model_load(model, package_path("mlp_dynamic.pt2"), torch_kCPU)
       call torch_tensor_from_array(tx(1), x, torch_kCPU)
       call torch_tensor_from_array(ty(1), y, torch_kCPU)
       call torch_model_forward(model, tx, ty)
@@ -220,5 +245,87 @@ contains
     call torch_delete(model)
     call check(ftorch_live_handles() == before, "200 forwards and reloads leave the live handle count flat")
   end subroutine handles_stay_flat
+
+  ! A dynamic batch beyond the exported range (1..4096) is refused before the compiled code reads
+  ! past the input (by the package's generated checks, or by FTorch's where the helper recorded the
+  ! range): the message names the size and the bound.
+  subroutine batch_outside_the_exported_range()
+    type(torch_model) :: model
+    real(real32), allocatable, target :: x(:,:), y(:,:)
+    type(torch_tensor) :: tx(1), ty(1)
+    integer :: stat
+    character(len=512) :: msg
+    allocate (x(4097, 5), y(4097, 3))
+    x = 0.5
+    y = -1
+    call torch_model_load(model, package_path("mlp_dynamic.pt2"), torch_kCPU)
+    call torch_tensor_from_array(tx(1), x, torch_kCPU)
+    call torch_tensor_from_array(ty(1), y, torch_kCPU)
+    msg = ""
+    call torch_model_forward(model, tx, ty, stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "4097") > 0 .and. index(msg, "4096") > 0 .and. all(y == -1), &
+               "batch 4097 for a package exported for 1..4096: " // trim(msg))
+    call torch_delete(tx)
+    call torch_delete(ty)
+    call torch_delete(model)
+  end subroutine batch_outside_the_exported_range
+
+  ! What only FTorch's checks of the helper's recorded inputs catch: a batch shared by two inputs
+  ! (the compiled code reads it from the first) must agree; errors carry FTorch's statuses; a
+  ! package whose record does not parse falls back to its generated checks.
+  subroutine recorded_inputs()
+    type(torch_model) :: model
+    real(real64), target :: a(3, 3), b(3, 3), b2(2, 3), y1(3, 3), y2(3, 3)
+    real(real32), target :: f(3, 3)
+    real(real32), allocatable, target :: x(:,:), y(:,:)
+    type(torch_tensor) :: tin(2), tout(2), tbad(2), tx(1), ty(1)
+    integer :: stat, i
+    character(len=512) :: msg
+    a = reshape([(0.25d0 * i - 1, i = 1, 9)], [3, 3])
+    b = reshape([(0.5d0 * i, i = 1, 9)], [3, 3])
+    b2 = 1
+    f = 1
+    call get_environment_variable("AOTI_RUNTIME_CHECK_INPUTS", status=stat)
+    call check(stat == 1, "the helper's packages ran without turning on their generated checks")
+    call torch_model_load(model, package_path("multi_io_dynamic.pt2"), torch_kCPU)
+    call torch_tensor_from_array(tin(1), a, torch_kCPU)
+    call torch_tensor_from_array(tin(2), b, torch_kCPU)
+    call torch_tensor_from_array(tout(1), y1, torch_kCPU)
+    call torch_tensor_from_array(tout(2), y2, torch_kCPU)
+    call torch_model_forward(model, tin, tout, stat=stat)
+    call check(stat == 0 .and. all(y1 == a * b + a) .and. all(y2 == 2 * b - a), &
+               "a shared dynamic batch of 3 (exported with 2) runs and equals a*b + a, 2b - a")
+    call torch_tensor_from_array(tbad(1), a, torch_kCPU)
+    call torch_tensor_from_array(tbad(2), b2, torch_kCPU)
+    y1 = -1
+    msg = ""
+    call torch_model_forward(model, tbad, tout, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "batch") > 0 .and. all(y1 == -1), &
+               "inputs with batches 3 and 2 where the package takes one batch: " // trim(msg))
+    call torch_delete(tbad(1))
+    call torch_tensor_from_array(tbad(1), f, torch_kCPU)
+    msg = ""
+    call torch_model_forward(model, [tbad(1), tin(2)], tout, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_DTYPE .and. index(msg, "float32") > 0 .and. index(msg, "float64") > 0, &
+               "a float32 input where float64 was exported: FTORCH_ERR_DTYPE: " // trim(msg))
+    call torch_delete(model)
+    ! The generated checks of a package whose recorded inputs FTorch cannot read.
+    allocate (x(4097, 5), y(4097, 3))
+    x = 0.5
+    y = -1
+    call torch_model_load(model, package_path("mlp_rules_unreadable.pt2"), torch_kCPU)
+    call torch_tensor_from_array(tx(1), x, torch_kCPU)
+    call torch_tensor_from_array(ty(1), y, torch_kCPU)
+    msg = ""
+    call torch_model_forward(model, tx, ty, stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "4097") > 0 .and. all(y == -1), &
+               "an unreadable record: the package's own checks refuse batch 4097: " // trim(msg))
+    call torch_delete(tin)
+    call torch_delete(tout)
+    call torch_delete(tbad)
+    call torch_delete(tx)
+    call torch_delete(ty)
+    call torch_delete(model)
+  end subroutine recorded_inputs
 
 end program test_compiled

@@ -127,6 +127,7 @@ program test_math
 
   call propagation_rules()
   call assignment_semantics()
+  call assignment_take_over()
   if (allocated(v)) deallocate(v)  ! main-program allocatables are not freed at the end (leak checks)
   call summary()
 
@@ -279,4 +280,82 @@ contains
     call torch_delete(r); call torch_delete(s); call torch_delete(tone); call torch_delete(t32b)
     call torch_delete(ones_t)
   end subroutine assignment_semantics
+
+  ! `y = expression` into a tensor over LibTorch's own memory may take the expression's result
+  ! over instead of copying into y (no copy, no CopyBackwards node for backward to run): only
+  ! where nothing can tell the difference. The loop users write keeps its values, gradients and
+  ! handle count; wherever the memory is observed, `=` still writes into it.
+  subroutine assignment_take_over()
+    type(torch_tensor) :: x, x2, y, z, w, leaf, saved, prod, tg, got, loss
+    type(torch_arglist) :: list
+    real(real64), target :: xv(3), x2v(3), gv(3), out(3)
+    real(real64), pointer :: p(:)
+    integer(c_int64_t) :: base
+    integer :: i
+    logical :: ok
+    xv = [1d0, 2d0, 3d0]
+    x2v = [0.5d0, -1d0, 4d0]
+    call torch_tensor_from_array(x, xv, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_from_array(x2, x2v, torch_kCPU)
+    call torch_tensor_from_array(tg, gv, torch_kCPU)
+    y = x * x
+    base = ftorch_live_handles()
+    ok = .true.
+    do i = 1, 50
+      y = x * x * real(i, real64)
+      call torch_tensor_to_array(y, out)
+      ok = ok .and. all(out == xv * xv * i) .and. y%requires_grad()
+      call torch_tensor_backward(torch_sum(y))
+      call torch_tensor_get_gradient(tg, x)
+      ok = ok .and. all(gv == 2 * i * xv)
+      call x%zero_grad()
+    end do
+    call check(ok, "y = x*x*i then backward, 50 times: every step's values and gradient")
+    call check(ftorch_live_handles() == base, "... and no handle left over")
+
+    ! A Fortran pointer into y's memory sees every later `=` (with history and without).
+    call torch_tensor_zeros(z, 1, [3_c_int64_t], torch_kFloat64, torch_kCPU)
+    call torch_tensor_data_pointer(z, p)
+    z = x2 * 2d0
+    call check(all(p == x2v * 2), "a data pointer sees z = x2 * 2")
+    z = x * 3d0
+    call check(all(p == xv * 3) .and. z%requires_grad(), "... and z = x * 3 (z takes x's history)")
+    call torch_tensor_backward(torch_sum(z))
+    call torch_tensor_get_gradient(tg, x)
+    call check(all(gv == 3), "... whose backward reaches x")
+    call x%zero_grad()
+
+    ! A list holding w sees w = ... .
+    call torch_tensor_zeros(w, 1, [3_c_int64_t], torch_kFloat64, torch_kCPU)
+    call torch_arglist_add(list, w)
+    w = x2 + 1d0
+    call torch_arglist_get(list, 1, got)
+    call torch_tensor_to_array(got, out)
+    call check(all(out == x2v + 1), "a list holding w sees w = x2 + 1")
+
+    ! A leaf that requires grad stays one, with the new values.
+    call torch_tensor_zeros(leaf, 1, [3_c_int64_t], torch_kFloat64, torch_kCPU, requires_grad=.true.)
+    leaf = x2 * 2d0
+    call torch_tensor_to_array(leaf, out)
+    call check(all(out == x2v * 2) .and. leaf%requires_grad() .and. torch_tensor_is_leaf(leaf), &
+               "a leaf that requires grad keeps being one after leaf = x2 * 2")
+
+    ! A tensor a graph saved for backward: the graph keeps the values it saved.
+    call torch_tensor_zeros(saved, 1, [3_c_int64_t], torch_kFloat64, torch_kCPU)
+    saved = x2 * 1d0
+    prod = x * saved
+    saved = x2 * 5d0
+    loss = torch_sum(prod)
+    call torch_tensor_backward(loss)
+    call torch_tensor_get_gradient(tg, x)
+    call check(all(gv == x2v), "backward uses the values a graph saved before saved = x2 * 5")
+    call torch_tensor_to_array(saved, out)
+    call check(all(out == x2v * 5), "... and saved has the new ones")
+    call x%zero_grad()
+
+    call torch_arglist_delete(list)
+    call torch_delete(x); call torch_delete(x2); call torch_delete(y); call torch_delete(z); call torch_delete(w)
+    call torch_delete(leaf); call torch_delete(saved); call torch_delete(prod); call torch_delete(tg)
+    call torch_delete(got); call torch_delete(loss)
+  end subroutine assignment_take_over
 end program test_math
