@@ -93,6 +93,8 @@ enum HandleFlags : uint8_t {
   kExposed = 32,   // an address into its memory or metadata was handed out (a Fortran pointer from
                    // a no-copy view or get_shape, a captured CUDA graph's input): `=` keeps
                    // writing into that memory, never takes another tensor over
+  kWrapped = 64,   // made over memory FTorch was given (a Fortran array, device memory): `=`
+                   // writes into it (checked first: the common case of `c = a*b` into an array)
 };
 // Handles of expressions (taken over by `=` into an unconstructed tensor, never referred to).
 constexpr uint8_t kExpression = kTemporary | kFinalized | kResult;

@@ -136,6 +136,11 @@ void require_runtime();
 // symbolically) the models we run. Off by default: every call then runs the same operators,
 // so results do not depend on how many calls came before (bit-identical checkpoint resume).
 std::atomic<bool> &jit_optimize();
+// Applies jit_optimize() to the calling thread's graph executor (LibTorch's per-thread setting,
+// which TorchScript run by anyone in this thread reads) before FTorch runs TorchScript, and leaves
+// it so: setting it runs a debug-log check costing about as much as the rest of a small forward's
+// overhead, so it is set only when it differs, and not set back after every call.
+void apply_jit_optimize();
 
 // The C boundary: run body, translate every exception into a status and a thread-local message.
 }  // namespace ftc

@@ -31,9 +31,10 @@ void finish(at::Tensor &&result, int temporary, ftc_tensor *out, uint8_t flags =
   ftc::out_arg(out, "out") = ftc::new_tensor_handle(std::move(result), flags);
 }
 
-void require_same_device(const at::Tensor &a, const at::Tensor &b, const char *what) {
+// The operands of binary operator op on one device (its name made only for the message).
+void require_same_device(const at::Tensor &a, const at::Tensor &b, int op) {
   if (a.device() != b.device()) {
-    ftc::fail(FTC_ERR_DEVICE, std::string("operands of ") + what + " are on different devices (" +
+    ftc::fail(FTC_ERR_DEVICE, std::string("operands of ") + binary_name(op) + " are on different devices (" +
                                   a.device().str() + " and " + b.device().str() + ")");
   }
 }
@@ -87,8 +88,12 @@ void assign_into(TensorTable::Slot &slot, const at::Tensor &r) {
     // result of earlier operations drops that history. Autograd records nothing when neither
     // side requires grad, so grad mode is switched off (two calls into LibTorch) only for a
     // leaf that requires grad, whose in-place copy it would otherwise refuse.
-    if (!l.is_leaf()) l = l.detach();
-    if (grad_mode && l.requires_grad()) {
+    bool requires_grad = l.requires_grad();
+    if (requires_grad && !l.is_leaf()) {  // (a tensor with history requires grad; detached, it does not)
+      l = l.detach();
+      requires_grad = false;
+    }
+    if (grad_mode && requires_grad) {
       at::NoGradGuard no_grad;
       l.copy_(r);
     } else {
@@ -144,7 +149,7 @@ enum class Stamping { none, bump, check };
 // grad (a leaf that requires grad keeps being one). Saves the copy, and for a result with history
 // the CopyBackwards node that backward would run.
 bool can_take_over(const TensorTable::Slot &left, const TensorTable::Slot &right) {
-  if ((right.flags & kExpression) == 0 || (left.flags & (kShared | kExposed)) != 0) return false;
+  if ((right.flags & kExpression) == 0 || (left.flags & (kWrapped | kShared | kExposed)) != 0) return false;
   const at::Tensor &l = left.value;
   const at::Tensor &r = right.value;
   const c10::DataPtr &memory = l.storage().data_ptr();
@@ -263,7 +268,7 @@ int ftc_tensor_binary(int op, ftc_tensor a, ftc_tensor b, int temporary, ftc_ten
     const auto operand = ftc::operands({a, b}, {"left operand", "right operand"});
     const at::Tensor &x = operand[0]->value;
     const at::Tensor &y = operand[1]->value;
-    require_same_device(x, y, binary_name(op));
+    require_same_device(x, y, op);
     at::Tensor r;
     switch (op) {
       case FTC_ADD: r = at::add(x, y); break;

@@ -54,7 +54,7 @@ c10::IValue call_forward(ftc::Model &model, std::vector<c10::IValue> args, int r
   if (model.compiled) return call_compiled(*model.compiled, args, requires_grad);
   auto &module = model.module;
   torch::AutoGradMode grad_mode(requires_grad != 0);
-  torch::jit::GraphOptimizerEnabledGuard optimize(ftc::jit_optimize());
+  ftc::apply_jit_optimize();
   try {
     return module.forward(std::move(args));
   } catch (const c10::Error &e) {
@@ -161,6 +161,11 @@ void store_result(ftc_tensor out, int index, const at::Tensor &result, const cha
 std::atomic<bool> &jit_optimize() {
   static std::atomic<bool> enabled{false};
   return enabled;
+}
+
+void apply_jit_optimize() {
+  const bool wanted = jit_optimize().load(std::memory_order_relaxed);
+  if (torch::jit::getGraphExecutorOptimize() != wanted) torch::jit::setGraphExecutorOptimize(wanted);
 }
 
 }  // namespace ftc

@@ -208,7 +208,7 @@ int ftc_tensor_from_blob(ftc_tensor *out, void *data, int ndims, const int64_t *
   return ftc::guard([&] {
     auto t = wrap_memory(data, ndims, shape, layout, permute, dtype, device_type, device_index, false);
     if (requires_grad != 0) t.requires_grad_(true);
-    ftc::install(out, std::move(t));
+    ftc::install(out, std::move(t), ftc::kWrapped);
   });
 }
 
@@ -218,7 +218,7 @@ int ftc_tensor_from_device_blob(ftc_tensor *out, void *data, int ndims, const in
   return ftc::guard([&] {
     auto t = wrap_memory(data, ndims, shape, layout, permute, dtype, device_type, device_index, true);
     if (requires_grad != 0) t.requires_grad_(true);
-    ftc::install(out, std::move(t));
+    ftc::install(out, std::move(t), ftc::kWrapped);
   });
 }
 

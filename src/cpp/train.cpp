@@ -247,7 +247,7 @@ TrainStep train_step_of(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_ten
 }
 
 at::Tensor step_loss(TrainStep &step) {
-  torch::jit::GraphOptimizerEnabledGuard optimize(jit_optimize());
+  apply_jit_optimize();
   at::AutoGradMode grad(true);
   std::vector<c10::IValue> args(step.inputs.begin(), step.inputs.end());
   c10::IValue result;
