@@ -9,7 +9,10 @@
 namespace ftc {
 
 void check_callback(int status, const std::string &what) {
-  if (status == FTC_OK) return;
+  if (status != FTC_OK) callback_failed(status, what);
+}
+
+void callback_failed(int status, const std::string &what) {
   const std::string reason = last_error_message();
   fail(FTC_ERR_CALLBACK, what + " failed (status " + std::to_string(status) + ")" +
                              (reason.empty() ? std::string() : ": " + reason));
@@ -35,8 +38,8 @@ std::vector<at::Tensor> run_segment(ftc_segment_fn fn, void *data, const std::ve
                  what);
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < results.handles.size(); ++i) {
-    const std::string name = "output " + std::to_string(i + 1) + " of " + what;
-    out.push_back(take_callback_result(results.handles[i], name.c_str()));
+    out.push_back(take_callback_result_lazy(results.handles[i],
+                                            [&] { return "output " + std::to_string(i + 1) + " of " + what; }));
     if (!out.back().defined()) fail(FTC_ERR_CALLBACK, what + " did not construct output " + std::to_string(i + 1));
   }
   return out;

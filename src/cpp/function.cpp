@@ -266,15 +266,16 @@ variable_list run_backward(FunctionNode &node, const variable_list &grads) {
   node.in_backward = true;
   const int status = node.def->backward(node.def->data, ctx, grad_handles.data(), static_cast<int>(grads.size()),
                                         results.handles.data(), static_cast<int>(n_in), &n_returned);
-  ftc::check_callback(status, "the backward of " + node.label());
+  ftc::check_callback_lazy(status, [&] { return "the backward of " + node.label(); });
   if (n_returned != static_cast<int>(n_in)) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the backward of " + node.label() + " returned " + std::to_string(n_returned) +
                                             " gradients, but the function has " + std::to_string(n_in) + " inputs");
   }
   variable_list out(n_in);
   for (size_t i = 0; i < n_in; ++i) {
-    const std::string what = "gradient " + std::to_string(i + 1) + " returned by the backward of " + node.label();
-    out[i] = ftc::take_callback_result(results.handles[i], what.c_str());
+    out[i] = ftc::take_callback_result_lazy(results.handles[i], [&] {
+      return "gradient " + std::to_string(i + 1) + " returned by the backward of " + node.label();
+    });
   }
   return out;
 }

@@ -249,6 +249,12 @@ std::string shape_string(c10::IntArrayRef sizes);
 
 // A callback's status: Error(FTC_ERR_CALLBACK) naming `what`, with the message it set, if not OK.
 void check_callback(int status, const std::string &what);
+// The same with `what` made by make_what() only on failure (callbacks run on every step).
+[[noreturn]] void callback_failed(int status, const std::string &what);
+template <class MakeWhat>
+void check_callback_lazy(int status, MakeWhat &&make_what) {
+  if (status != FTC_OK) callback_failed(status, make_what());
+}
 
 // Handles given to a callback for the duration of the call, or slots for the handles it returns
 // (whatever is still there is freed when this goes away; take_callback_result empties a slot).
@@ -263,6 +269,12 @@ struct CallbackHandles {
 
 // The tensor of a handle a callback produced (undefined for null), the handle freed and nulled.
 at::Tensor take_callback_result(ftc_tensor &h, const char *what);
+// The same with the name made by make_what() only for an invalid handle.
+template <class MakeWhat>
+at::Tensor take_callback_result_lazy(ftc_tensor &h, MakeWhat &&make_what) {
+  if (h != nullptr && TensorTable::instance().find(h) == nullptr) bad_handle(h, "tensor", make_what().c_str());
+  return take_callback_result(h, "");
+}
 
 // Run fn (a gradcheck function or a checkpointed segment) on inputs: its n_outputs results, each
 // constructed, or an error naming `what`.

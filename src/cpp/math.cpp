@@ -145,9 +145,8 @@ enum class Stamping { none, bump, check };
 // which nothing else refers to (no other handle, list, view, graph, model or optimizer) and whose
 // address was never handed out (kExposed); both have the same dtype, device, sizes and strides.
 // For autograd: with history to carry, the copy would replace left's tensor anyway (a fresh one
-// recording the copy: see assign_into); without, both must be plain tensors that do not require
-// grad (a leaf that requires grad keeps being one). Saves the copy, and for a result with history
-// the CopyBackwards node that backward would run.
+// recording the copy: see assign_into); without, see below. Saves the copy, and for a result with
+// history the CopyBackwards node that backward would run.
 bool can_take_over(const TensorTable::Slot &left, const TensorTable::Slot &right) {
   if ((right.flags & kExpression) == 0 || (left.flags & (kWrapped | kShared | kExposed)) != 0) return false;
   const at::Tensor &l = left.value;
@@ -163,7 +162,10 @@ bool can_take_over(const TensorTable::Slot &left, const TensorTable::Slot &right
     return false;
   }
   if (at::GradMode::is_enabled() && r.requires_grad()) return true;
-  return !l.requires_grad() && !r.requires_grad();
+  // Without history to carry, a tensor with history would be detached (a new tensor over the
+  // same memory) and then receive the values: the same as taking r over. A leaf that requires
+  // grad keeps being one.
+  return !r.requires_grad() && !(l.requires_grad() && l.is_leaf());
 }
 
 // `*lhs = rhs` with Fortran's value semantics (see ftc_tensor_assign); value_before, when given,

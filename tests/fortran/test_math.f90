@@ -312,6 +312,13 @@ contains
     end do
     call check(ok, "y = x*x*i then backward, 50 times: every step's values and gradient")
     call check(ftorch_live_handles() == base, "... and no handle left over")
+    ! Without autograd, y (a result with history) becomes a plain tensor with the new values.
+    call torch_no_grad_begin()
+    y = x2 * 3d0
+    call torch_no_grad_end()
+    call torch_tensor_to_array(y, out)
+    call check(all(out == x2v * 3) .and. .not. y%requires_grad() .and. torch_tensor_is_leaf(y), &
+               "y = x2 * 3 without autograd: y is a plain tensor with the new values")
 
     ! A Fortran pointer into y's memory sees every later `=` (with history and without).
     call torch_tensor_zeros(z, 1, [3_c_int64_t], torch_kFloat64, torch_kCPU)
