@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -42,9 +43,12 @@ class CompiledModel {
         device(device) {}
   torch::inductor::AOTIModelPackageLoader loader;
   c10::Device device;
-  // Sizes and dtypes of the inputs of the last call that passed the package's input checks: calls
-  // with the same ones run without capturing standard error (see run_compiled).
-  std::vector<int64_t> checked_signature;
+  // Sizes and dtypes of the inputs of the calls that passed the package's input checks: calls
+  // with the same ones run without capturing standard error (see run_compiled). The last one
+  // used is published through an atomic pointer (read without a lock on every call); each stays
+  // in the deque (one per distinct signature), so a pointer read by another thread stays valid.
+  std::atomic<const std::vector<int64_t> *> checked_signature{nullptr};
+  std::deque<std::vector<int64_t>> signatures;  // guarded by signature_mutex
   std::mutex signature_mutex;
   // The package's inputs as its exporter recorded them, if it did (see DimRule): checked here.
   std::optional<std::vector<InputRule>> rules;
@@ -451,10 +455,17 @@ std::vector<at::Tensor> run_compiled(CompiledModel &model, std::vector<at::Tenso
   // Whether the inputs pass depends only on their sizes and dtypes (the layout is made what the
   // package expects above): a signature that passed once runs without capturing standard error.
   // Compared in place: nothing is allocated on the calls of a known signature.
-  bool known;
-  {
+  const std::vector<int64_t> *checked = model.checked_signature.load(std::memory_order_acquire);
+  bool known = checked != nullptr && has_signature(*checked, inputs);
+  if (!known) {
     std::lock_guard<std::mutex> lock(model.signature_mutex);
-    known = has_signature(model.checked_signature, inputs);
+    for (const auto &seen : model.signatures) {
+      if (has_signature(seen, inputs)) {
+        known = true;
+        model.checked_signature.store(&seen, std::memory_order_release);
+        break;
+      }
+    }
   }
   std::vector<int64_t> signature;
   if (!known) signature = signature_of(inputs);
@@ -464,7 +475,8 @@ std::vector<at::Tensor> run_compiled(CompiledModel &model, std::vector<at::Tenso
     if (!known) {
       pass_on(capture.finish());
       std::lock_guard<std::mutex> lock(model.signature_mutex);
-      model.checked_signature = std::move(signature);
+      model.signatures.push_back(std::move(signature));
+      model.checked_signature.store(&model.signatures.back(), std::memory_order_release);
     }
     return outputs;
   } catch (const std::exception &e) {

@@ -350,7 +350,7 @@ int ftc_pymodule_call_grouped(ftc_pymodule m, const char *name, ftc_arglist args
     const auto module = ftc::pymodule_of(m);
     if (name == nullptr || name[0] == '\0') ftc::fail(FTC_ERR_INVALID_ARGUMENT, "Python function name is empty");
     if (n_outputs < 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "negative number of output tensors");
-    ftc::tensors_of(outputs, n_outputs, "output tensor");
+    ftc::check_tensors(outputs, n_outputs, "output tensor");
     if (results != nullptr && *results != nullptr) ftc::arglist_of(*results, false);  // a bad results handle fails before Python runs
     const auto &api = ftc::bridge();
     ftc::Arguments arguments(ftc::arglist_of(args), n_grouped);

@@ -163,14 +163,15 @@ PyObject *to_python(const ftc_bridge_value &v) {
 int from_python(PyObject *item, Py_ssize_t index, const char *function, ftc_bridge_sink sink, void *ctx) {
   ftc_bridge_value v{};
   std::string text;
-  const std::string where = std::string("result ") + std::to_string(index + 1) + " of " + function + "()";
+  // Named only in messages: made on failure (this runs for every result of every call).
+  auto where = [&] { return std::string("result ") + std::to_string(index + 1) + " of " + function + "()"; };
   if (PyBool_Check(item)) {
     v.kind = FTC_ARG_LOGICAL;
     v.integer = item == Py_True ? 1 : 0;
   } else if (PyLong_Check(item)) {
     v.kind = FTC_ARG_INT;
     v.integer = PyLong_AsLongLong(item);
-    if (v.integer == -1 && PyErr_Occurred() != nullptr) return python_failure(where);
+    if (v.integer == -1 && PyErr_Occurred() != nullptr) return python_failure(where());
   } else if (PyFloat_Check(item)) {
     v.kind = FTC_ARG_REAL;
     v.real = PyFloat_AsDouble(item);
@@ -181,25 +182,25 @@ int from_python(PyObject *item, Py_ssize_t index, const char *function, ftc_brid
     v.length = static_cast<int64_t>(text.size());
   } else {
     const int is_tensor = PyObject_IsInstance(item, state.tensor_type);
-    if (is_tensor < 0) return python_failure(where);
+    if (is_tensor < 0) return python_failure(where());
     if (is_tensor == 0) {
       Ref type(PyObject_Type(item));
       Ref name(type ? PyObject_GetAttrString(type.get(), "__name__") : nullptr);
       PyErr_Clear();
-      return fail(where + " is a " + (name ? utf8(name.get()) : std::string("?")) +
+      return fail(where() + " is a " + (name ? utf8(name.get()) : std::string("?")) +
                   "; return tensors, integers, floats, bools or strings (or a tuple or list of them)");
     }
     Ref detached(PyObject_CallMethod(item, "detach", nullptr));
-    if (!detached) return python_failure(where);
+    if (!detached) return python_failure(where());
     Ref cap(PyObject_CallFunctionObjArgs(state.to_dlpack, detached.get(), nullptr));
-    if (!cap) return python_failure(where);
+    if (!cap) return python_failure(where());
     void *p = PyCapsule_GetPointer(cap.get(), kCapsuleName);
-    if (p == nullptr) return python_failure(where);
-    if (PyCapsule_SetName(cap.get(), kUsedCapsuleName) != 0) return python_failure(where);
+    if (p == nullptr) return python_failure(where());
+    if (PyCapsule_SetName(cap.get(), kUsedCapsuleName) != 0) return python_failure(where());
     v.kind = FTC_ARG_TENSOR;
     v.dlpack = p;  // ours now: the renamed capsule no longer frees it
   }
-  if (sink(ctx, &v) != 0) return fail(where + ": out of memory");
+  if (sink(ctx, &v) != 0) return fail(where() + ": out of memory");
   return 0;
 }
 
