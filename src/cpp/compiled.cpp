@@ -434,12 +434,15 @@ std::vector<at::Tensor> run_compiled(CompiledModel &model, std::vector<at::Tenso
   }
   if (model.rules) check_inputs(*model.rules, inputs);
   // The package's first run reads AOTI_RUNTIME_CHECK_INPUTS: under the lock that loads set it with.
+  // Decided for good only once a run succeeded (the package has read the variable by then); a
+  // run that failed first decides again (the variable only ever goes from unset to set, and
+  // assuming the checks run costs only a TensorImpl for a Fortran (1, n) array).
   std::unique_lock<std::mutex> first_run;
   int generated_checks = model.generated_checks.load(std::memory_order_acquire);
   if (generated_checks < 0) {
     first_run = std::unique_lock<std::mutex>(environment_mutex());
-    generated_checks = generated_checks_on() ? 1 : 0;
-    model.generated_checks.store(generated_checks, std::memory_order_release);
+    generated_checks = model.generated_checks.load(std::memory_order_acquire);
+    if (generated_checks < 0) generated_checks = generated_checks_on() ? 1 : 0;
   }
   // Row-major memory, as exported (a copy only when the layout differs); the exported strides
   // along size-1 dimensions too only where the generated checks compare them (the compiled code
@@ -472,6 +475,7 @@ std::vector<at::Tensor> run_compiled(CompiledModel &model, std::vector<at::Tenso
   StderrCapture capture(!known);
   try {
     auto outputs = model.loader.boxed_run(std::move(inputs));  // hands the inputs over, no copy
+    if (first_run.owns_lock()) model.generated_checks.store(generated_checks, std::memory_order_release);
     if (!known) {
       pass_on(capture.finish());
       std::lock_guard<std::mutex> lock(model.signature_mutex);

@@ -129,8 +129,13 @@ std::string enum_choices(const EnumTable &table, bool (*accepted)(int) = nullptr
 void set_last_error(std::string msg) noexcept;
 std::string last_error_message();
 const std::string &last_error_ref() noexcept;
-// Throws Error(FTC_ERR_VERSION) when the loaded LibTorch is not the one we were built with.
-void require_runtime();
+// Throws Error(FTC_ERR_VERSION) when the loaded LibTorch is not the one we were built with:
+// checked once per process (check_runtime), then one flag read inline on every call.
+inline std::atomic<bool> runtime_checked{false};
+void check_runtime();
+inline void require_runtime() {
+  if (!runtime_checked.load(std::memory_order_relaxed)) check_runtime();
+}
 
 // Whether TorchScript's graph executor optimizes (profiles, specializes, differentiates
 // symbolically) the models we run. Off by default: every call then runs the same operators,

@@ -152,7 +152,12 @@ bool can_take_over(const TensorTable::Slot &left, const TensorTable::Slot &right
   const at::Tensor &l = left.value;
   const at::Tensor &r = right.value;
   const c10::DataPtr &memory = l.storage().data_ptr();
-  const c10::Allocator *allocator = c10::GetAllocator(l.device().type());
+  const c10::Allocator *allocator = nullptr;
+  try {
+    allocator = c10::GetAllocator(l.device().type());  // throws for a device type without one
+  } catch (const std::exception &) {
+    return false;
+  }
   if (allocator == nullptr || allocator->raw_deleter() == nullptr || memory.get_deleter() != allocator->raw_deleter()) {
     return false;
   }
@@ -163,9 +168,10 @@ bool can_take_over(const TensorTable::Slot &left, const TensorTable::Slot &right
   }
   if (at::GradMode::is_enabled() && r.requires_grad()) return true;
   // Without history to carry, a tensor with history would be detached (a new tensor over the
-  // same memory) and then receive the values: the same as taking r over. A leaf that requires
-  // grad keeps being one.
-  return !r.requires_grad() && !(l.requires_grad() && l.is_leaf());
+  // same memory) and then receive the values: the same as taking r over. A leaf keeps its
+  // TensorImpl when it has autograd state (requires grad, or a gradient or hooks from before).
+  if (r.requires_grad()) return false;
+  return !l.is_leaf() || l.unsafeGetTensorImpl()->autograd_meta() == nullptr;
 }
 
 // `*lhs = rhs` with Fortran's value semantics (see ftc_tensor_assign); value_before, when given,

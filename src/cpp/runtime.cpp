@@ -114,13 +114,10 @@ int report_exception() noexcept {
   }
 }
 
-void require_runtime() {
-  // Checked once per process; every call after a successful check reads one flag.
-  static std::atomic<bool> matches{false};
-  if (matches.load(std::memory_order_relaxed)) return;
+void check_runtime() {
   const RuntimeState &s = runtime_state();
   if (!s.problem.empty()) fail(FTC_ERR_VERSION, s.problem);
-  matches.store(true, std::memory_order_relaxed);
+  runtime_checked.store(true, std::memory_order_relaxed);
 }
 
 std::string enum_choices(const EnumTable &table, bool (*accepted)(int)) {

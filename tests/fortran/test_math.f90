@@ -286,7 +286,7 @@ contains
   ! where nothing can tell the difference. The loop users write keeps its values, gradients and
   ! handle count; wherever the memory is observed, `=` still writes into it.
   subroutine assignment_take_over()
-    type(torch_tensor) :: x, x2, y, z, w, leaf, saved, prod, tg, got, loss
+    type(torch_tensor) :: x, x2, y, z, w, leaf, saved, prod, tg, got, loss, kept
     type(torch_arglist) :: list
     real(real64), target :: xv(3), x2v(3), gv(3), out(3)
     real(real64), pointer :: p(:)
@@ -347,6 +347,18 @@ contains
     call check(all(out == x2v * 2) .and. leaf%requires_grad() .and. torch_tensor_is_leaf(leaf), &
                "a leaf that requires grad keeps being one after leaf = x2 * 2")
 
+    ! A leaf with a gradient from before, requires_grad switched off since: it keeps its
+    ! gradient (its TensorImpl) after kept = x2 * 4.
+    call torch_tensor_zeros(kept, 1, [3_c_int64_t], torch_kFloat64, torch_kCPU, requires_grad=.true.)
+    loss = torch_sum(kept * x2)
+    call torch_tensor_backward(loss)
+    call torch_delete(loss)  ! (its graph, while alive, refers to kept: = would not take over then)
+    call torch_tensor_set_requires_grad(kept, .false.)
+    kept = x2 * 4d0
+    call torch_tensor_get_gradient(tg, kept)
+    call torch_tensor_to_array(kept, out)
+    call check(all(gv == x2v) .and. all(out == x2v * 4), "a leaf keeps its gradient after kept = x2 * 4")
+
     ! A tensor a graph saved for backward: the graph keeps the values it saved.
     call torch_tensor_zeros(saved, 1, [3_c_int64_t], torch_kFloat64, torch_kCPU)
     saved = x2 * 1d0
@@ -363,6 +375,6 @@ contains
     call torch_arglist_delete(list)
     call torch_delete(x); call torch_delete(x2); call torch_delete(y); call torch_delete(z); call torch_delete(w)
     call torch_delete(leaf); call torch_delete(saved); call torch_delete(prod); call torch_delete(tg)
-    call torch_delete(got); call torch_delete(loss)
+    call torch_delete(got); call torch_delete(loss); call torch_delete(kept)
   end subroutine assignment_take_over
 end program test_math
