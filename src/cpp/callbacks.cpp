@@ -45,16 +45,6 @@ std::vector<at::Tensor> run_segment(ftc_segment_fn fn, void *data, const std::ve
   return out;
 }
 
-at::Tensor take_callback_result(ftc_tensor &h, const char *what) {
-  if (h == nullptr) return at::Tensor();
-  auto *s = TensorTable::instance().find(h);
-  if (s == nullptr) bad_handle(h, "tensor", what);
-  at::Tensor t = s->value;
-  TensorTable::instance().release(h);
-  h = nullptr;
-  return t;
-}
-
 }  // namespace ftc
 
 extern "C" {

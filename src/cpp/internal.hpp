@@ -272,13 +272,20 @@ struct CallbackHandles {
   ftc_tensor add(const at::Tensor &t);
 };
 
-// The tensor of a handle a callback produced (undefined for null), the handle freed and nulled.
-at::Tensor take_callback_result(ftc_tensor &h, const char *what);
-// The same with the name made by make_what() only for an invalid handle.
+// The tensor of a handle a callback produced (undefined for null), the handle freed and nulled;
+// an invalid handle is an error naming make_what() (made only then).
 template <class MakeWhat>
 at::Tensor take_callback_result_lazy(ftc_tensor &h, MakeWhat &&make_what) {
-  if (h != nullptr && TensorTable::instance().find(h) == nullptr) bad_handle(h, "tensor", make_what().c_str());
-  return take_callback_result(h, "");
+  if (h == nullptr) return at::Tensor();
+  auto *s = TensorTable::instance().find(h);
+  if (s == nullptr) bad_handle(h, "tensor", make_what().c_str());
+  at::Tensor t = s->value;
+  TensorTable::instance().release(h);
+  h = nullptr;
+  return t;
+}
+inline at::Tensor take_callback_result(ftc_tensor &h, const char *what) {
+  return take_callback_result_lazy(h, [what] { return std::string(what); });
 }
 
 // Run fn (a gradcheck function or a checkpointed segment) on inputs: its n_outputs results, each
