@@ -68,6 +68,18 @@ at::Tensor relocate(const at::Tensor &t) {
   return fresh;
 }
 
+// Whether `=` into t, which something else refers to, first moves t's old contents to new memory
+// for those others (relocate) rather than writing in place. Not for a view: its memory is its
+// base's, which must stay where it is (a Fortran array), and the base and the other views see the
+// write, as in PyTorch. Not for a leaf with autograd state (requires grad, or keeps a gradient or
+// hooks) that stays a leaf (no history to carry): it is written in place and keeps its TensorImpl,
+// its gradient and hooks, and the graphs that accumulate into it; a graph that saved it reports
+// the in-place change at backward, as PyTorch does.
+bool moves_old_contents(const at::Tensor &t, bool carries_history) {
+  if (t.is_view()) return false;
+  return carries_history || !t.is_leaf() || t.unsafeGetTensorImpl()->autograd_meta() == nullptr;
+}
+
 }  // namespace
 
 namespace ftc {
@@ -77,11 +89,9 @@ void assign_into(TensorTable::Slot &slot, const at::Tensor &r) {
   // Across devices too: the lhs keeps its device and memory and receives a copy (FTorch's idiom:
   // a model on the GPU writes into outputs that wrap CPU arrays).
   const bool grad_mode = at::GradMode::is_enabled();
-  if ((slot.flags & kShared) == 0 && is_shared(l)) {
+  if ((slot.flags & kShared) == 0 && is_shared(l) && moves_old_contents(l, grad_mode && r.requires_grad())) {
     at::NoGradGuard no_grad;
-    const bool leaf_requires_grad = l.is_leaf() && l.requires_grad();
-    l = relocate(l);
-    if (leaf_requires_grad) l.requires_grad_(true);
+    l = relocate(l);  // (a leaf requiring grad gets here only to take rhs's history below)
   }
   if (!grad_mode || !r.requires_grad()) {
     // No history to carry: a plain copy. A leaf stays a leaf (and keeps requires_grad); a

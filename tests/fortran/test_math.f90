@@ -128,6 +128,7 @@ program test_math
   call propagation_rules()
   call assignment_semantics()
   call assignment_take_over()
+  call assignment_with_other_holders()
   if (allocated(v)) deallocate(v)  ! main-program allocatables are not freed at the end (leak checks)
   call summary()
 
@@ -377,4 +378,71 @@ contains
     call torch_delete(leaf); call torch_delete(saved); call torch_delete(prod); call torch_delete(tg)
     call torch_delete(got); call torch_delete(loss); call torch_delete(kept)
   end subroutine assignment_take_over
+
+  ! `=` into a tensor that something else refers to: a view writes into its base's memory (the
+  ! base keeps its Fortran array); a leaf with autograd state stays itself (gradient, hooks, the
+  ! graphs that accumulate into it); a leaf that takes history while a graph holds it still does.
+  subroutine assignment_with_other_holders()
+    real(real64), target :: av(4), out4(4), out22(2, 2), wv(3), xv(3), gv(3), uv(1)
+    type(torch_tensor) :: t, v, w, x, tg, loss, u
+    integer :: stat
+    character(len=256) :: msg
+    av = [1d0, 2d0, 3d0, 4d0]
+    call torch_tensor_from_array(t, av, torch_kCPU)
+    v = torch_reshape(t, [2, 2])
+    v = 5d0
+    av(1) = 9d0
+    call torch_tensor_to_array(t, out4)
+    call check(all(out4 == [9d0, 5d0, 5d0, 5d0]), &
+               "v = 5 into a view writes the base's array, which the base still wraps")
+    t = 7d0
+    call torch_tensor_to_array(v, out22)
+    call check(all(av == 7d0) .and. all(out22 == reshape([9d0, 5d0, 5d0, 5d0], [2, 2])), &
+               "t = 7 into the base: the view made before keeps its values")
+
+    wv = [1d0, 2d0, 3d0]
+    xv = [4d0, 5d0, 6d0]
+    call torch_tensor_from_array(w, wv, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_from_array(x, xv, torch_kCPU)
+    call torch_tensor_from_array(tg, gv, torch_kCPU)
+    call torch_tensor_register_hook(w, doubling_hook)
+    loss = torch_sum(w * x)                ! its graph accumulates into w (and saves x only)
+    call torch_tensor_backward(loss, retain_graph=.true.)
+    call torch_no_grad_begin()
+    w = x * 0.5d0
+    call torch_no_grad_end()
+    call torch_tensor_get_gradient(tg, w)
+    call check(all(wv == xv * 0.5d0) .and. all(gv == 2 * xv) .and. torch_tensor_is_leaf(w) .and. w%requires_grad(), &
+               "w = x/2 while a graph holds leaf w: new values, w keeps its gradient")
+    call torch_tensor_backward(loss)
+    call torch_tensor_get_gradient(tg, w)
+    call check(all(gv == 4 * xv), "... and the graph's next backward accumulates into w, through w's hook")
+
+    call w%zero_grad()
+    loss = torch_sum(w * w)                ! saves w
+    call torch_no_grad_begin()
+    w = x * 1d0
+    call torch_no_grad_end()
+    call torch_tensor_backward(loss, stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "torch_tensor_backward") > 0, &
+               "backward through a graph that saved leaf w, after w = x: an error, as in PyTorch")
+
+    uv = 1.5d0
+    call torch_tensor_from_array(u, uv, torch_kCPU, requires_grad=.true.)
+    u = u * u                              ! the leaf takes history: its old values stay with the graph
+    u = u * u
+    call torch_tensor_backward(u)
+    call check(all(uv == 1.5d0 ** 4) .and. .not. torch_tensor_is_leaf(u), "u = u * u twice from leaf u, then backward")
+
+    call torch_delete(t); call torch_delete(v); call torch_delete(w); call torch_delete(x); call torch_delete(tg)
+    call torch_delete(loss); call torch_delete(u)
+  end subroutine assignment_with_other_holders
+
+  subroutine doubling_hook(grad, new_grad, stat, errmsg)
+    type(torch_tensor), intent(in) :: grad
+    type(torch_tensor), intent(inout) :: new_grad
+    integer, intent(inout) :: stat
+    character(len=*), intent(inout) :: errmsg
+    new_grad = grad * 2d0
+  end subroutine doubling_hook
 end program test_math
