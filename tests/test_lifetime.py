@@ -48,10 +48,14 @@ def test_growing_handles_warn_at_run_time(lifetime):
         assert leaked == 0 and not warned, proc.stderr
 
 
-def _form(binary, name):
-    env = tool_env()
-    env["FTORCH_LIVE_HANDLES_WARN"] = "0"
-    return run([binary, f"--{name}"], env=env, check=False)
+SELF_ASSIGNMENT = "FTorch warning: `x = x` with the same tensor on both sides"
+
+
+def _form(binary, name, env=None):
+    full = tool_env()
+    full["FTORCH_LIVE_HANDLES_WARN"] = "0"
+    full.update(env or {})
+    return run([binary, f"--{name}"], env=full, check=False)
 
 
 def test_array_constructor_of_user_types(lifetime):
@@ -75,14 +79,15 @@ def test_allocating_assignment(lifetime, form):
     """`hist = [hist, t]` and `ts2 = ts1` into an unallocated array: a defined assignment never
     allocates (Fortran's rule). Where `assignment(=)` is imported, flang resolves these to FTorch's
     array `=`, which reports the shapes; gfortran 11 and 12 call the elemental `=` on the old
-    elements, so `hist` keeps its size, silently (the unallocated `ts2` is undefined behaviour
-    there and is not run)."""
+    elements, so `hist` keeps its size (each old element assigned to itself, which FTorch reports
+    once on standard error); the unallocated `ts2` is undefined behaviour there and is not run."""
     compiler, binary = lifetime
     if compiler.startswith("gfortran") and form == "copy-into-unallocated":
         pytest.skip("undefined behaviour with gfortran (the README says so; -fcheck=bounds reports it)")
     proc = _form(binary, form)
     if compiler.startswith("gfortran"):
         assert proc.returncode == 0 and "history size 1" in proc.stdout, proc.stdout + proc.stderr
+        assert proc.stderr.count(SELF_ASSIGNMENT) == 1 and "hist = [hist, t]" in proc.stderr, proc.stderr
     else:
         assert proc.returncode != 0, proc.stdout
         assert "[assignment(=)] the arrays of tensors have different shapes" in proc.stderr, proc.stderr
@@ -91,8 +96,9 @@ def test_allocating_assignment(lifetime, form):
 @pytest.mark.parametrize("form", ["grow-history-only-type", "copy-into-unallocated-only-type"])
 def test_allocating_assignment_where_only_the_type_is_imported(lifetime, form):
     """The same in a scope that imports only `torch_tensor`: the type-bound elemental `=` is all
-    there is, and no compiler reports the mismatch (flang: `hist` keeps its size, `ts2` stays
-    unallocated)."""
+    there is, and no compiler reports the mismatch: `hist` keeps its size (the self-assignments
+    of its old elements reported once on standard error); with flang, `ts2` stays unallocated and
+    nothing reaches FTorch."""
     compiler, binary = lifetime
     if compiler.startswith("gfortran") and form.startswith("copy"):
         pytest.skip("undefined behaviour with gfortran (the README says so; -fcheck=bounds reports it)")
@@ -100,3 +106,12 @@ def test_allocating_assignment_where_only_the_type_is_imported(lifetime, form):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     expected = "history size 1" if form.startswith("grow") else "copy allocated F"
     assert expected in proc.stdout, proc.stdout
+    assert proc.stderr.count(SELF_ASSIGNMENT) == (1 if form.startswith("grow") else 0), proc.stderr
+
+
+def test_self_assignment_warning_can_be_silenced(lifetime):
+    """FTORCH_SELF_ASSIGNMENT_WARN=0 turns the report of `x = x` off."""
+    _, binary = lifetime
+    proc = _form(binary, "grow-history-only-type", env={"FTORCH_SELF_ASSIGNMENT_WARN": "0"})
+    assert proc.returncode == 0 and "history size 1" in proc.stdout, proc.stdout + proc.stderr
+    assert SELF_ASSIGNMENT not in proc.stderr, proc.stderr

@@ -33,7 +33,9 @@ FTC_API int ftc_tensor_assign(ftc_tensor *lhs, ftc_tensor rhs);
  * write stamp (a value that names the same tensor for every call). An rhs whose stamp is older
  * than its tensor's -- a copy of the handle taken before an `=` wrote that tensor, as in the
  * element-by-element assignment of overlapping array sections by gfortran <= 12 -- is refused
- * (FTC_ERR_NULL_HANDLE) instead of silently reading the new values. */
+ * (FTC_ERR_NULL_HANDLE) instead of silently reading the new values. The same handle on both sides
+ * does nothing and prints a warning once per process (what compilers run for `hist = [hist, t]`,
+ * which a defined assignment cannot enlarge; FTORCH_SELF_ASSIGNMENT_WARN=0 silences it). */
 FTC_API int ftc_tensor_assign_element(ftc_tensor *lhs, ftc_tensor rhs);
 /* lhs[i] = rhs[i] for i = 0..n-1 in order, as one Fortran array assignment: every rhs element is
  * read as it was before the first element was assigned, also where rhs elements are lhs elements

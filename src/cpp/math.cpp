@@ -1,5 +1,9 @@
 // math.cpp - C API for tensor arithmetic: assignment, operators, elementwise functions,
 // reductions and views, with the release protocol for temporaries (see ftorch_c_math.h).
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <unordered_map>
 #include <vector>
 
@@ -142,6 +146,25 @@ void store_result(ftc_tensor *out, const at::Tensor &value, const std::string &w
        "use call torch_assign(lhs, rhs), which reads the right-hand side as it was");
 }
 
+// Fortran's `x = x` (element `=` with one handle on both sides) does nothing, and is what
+// gfortran 11/12 (and flang where only the type is imported) run for an allocating assignment
+// that a defined assignment cannot perform: `hist = [hist, t]` assigns each old element to itself
+// and drops t. Said once per process on standard error (FTORCH_SELF_ASSIGNMENT_WARN=0 silences it).
+__attribute__((cold, noinline)) void note_self_assignment() noexcept {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true, std::memory_order_relaxed)) return;
+  const char *env = std::getenv("FTORCH_SELF_ASSIGNMENT_WARN");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return;
+  std::fprintf(stderr,
+               "FTorch warning: `x = x` with the same tensor on both sides (it does nothing). If it comes from "
+               "an array assignment that should allocate or enlarge the left-hand side, such as "
+               "`hist = [hist, t]`, the compiler did not do that: a type with a defined `=` is never "
+               "reallocated by `=` (gfortran 11/12, and flang where only the type is imported, assign each old "
+               "element to itself; the array keeps its size). Allocate the new size, then assign the elements. "
+               "(FTORCH_SELF_ASSIGNMENT_WARN=0 silences this.)\n");
+  std::fflush(stderr);
+}
+
 // What `=` does with write stamps (handles.hpp): C's assignment ignores them; Fortran's array
 // assignment (ftc_tensor_assign_many) bumps the stamp of each constructed lhs it writes; Fortran's
 // elemental `=` also refuses an rhs whose stamp is older than its tensor's (a copy taken before an
@@ -194,7 +217,12 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
   TensorTable::Slot *right = nullptr;
   if (rhs != nullptr) right = &tensor_slot(rhs, "right-hand side tensor");
   if (lhs == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "left-hand side handle pointer is null");
-  if (*lhs == rhs && value_before == nullptr) return;  // t = t
+  if (*lhs == rhs && value_before == nullptr) {  // t = t
+    if constexpr (stamping == Stamping::check) {
+      if (rhs != nullptr) note_self_assignment();
+    }
+    return;
+  }
   if constexpr (stamping == Stamping::check) {
     if (right != nullptr && TensorTable::stamp_of(rhs) != right->stamp) stale_right_hand_side();
   }
