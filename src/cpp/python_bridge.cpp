@@ -19,7 +19,8 @@ namespace {
 
 thread_local std::string last_error;
 
-// Set once by initialize (under libftorch_c's lock), read-only afterwards.
+// Set once by initialize (under libftorch_c's lock), read-only afterwards (but the last function
+// name, which calls change holding the GIL).
 struct State {
   bool started_here = false;      // we called Py_Initialize (and finalize at exit)
   bool finalized = false;
@@ -31,6 +32,9 @@ struct State {
   PyObject *tensor_type = nullptr;  // torch.Tensor
   PyObject *load = nullptr;         // ftorch._embed.load
   PyObject *describe = nullptr;     // ftorch._embed.describe
+  // The name of the function called last, and its Python string (changed under the GIL).
+  std::string last_function_text;
+  PyObject *last_function = nullptr;
 } state;
 
 const char kCapsuleName[] = "dltensor";
@@ -294,6 +298,20 @@ void bridge_release(void *module) {
   Py_DECREF(static_cast<PyObject *>(module));
 }
 
+// The function's name as a Python string (a borrowed reference), kept for the next call (the GIL
+// guards it): a loop calling one function looks the attribute up by an interned, hashed name
+// instead of making and hashing a new string each call.
+PyObject *function_name(const char *function) {
+  if (state.last_function == nullptr || state.last_function_text != function) {
+    PyObject *fresh = PyUnicode_InternFromString(function);
+    if (fresh == nullptr) return nullptr;
+    Py_XDECREF(state.last_function);
+    state.last_function = fresh;
+    state.last_function_text = function;
+  }
+  return state.last_function;
+}
+
 // How many of the values after a FTC_BRIDGE_LIST value at `at` it groups (clipped to those there).
 int64_t group_size(const ftc_bridge_value &v, int64_t at, int64_t n_args) {
   return std::max<int64_t>(0, std::min<int64_t>(v.integer, n_args - at - 1));
@@ -348,7 +366,8 @@ int bridge_call(void *module, const char *function, const ftc_bridge_value *args
     }
     return python_failure(std::string("cannot pass argument ") + std::to_string(converted) + " to " + function + "()");
   }
-  Ref fn(PyObject_GetAttrString(static_cast<PyObject *>(module), function));
+  PyObject *name = function_name(function);
+  Ref fn(name != nullptr ? PyObject_GetAttr(static_cast<PyObject *>(module), name) : nullptr);
   if (!fn) return python_failure(std::string("no function ") + function);
   Ref result(PyObject_CallObject(fn.get(), tuple.get()));
   if (!result) return python_failure(std::string(function) + "() raised");
@@ -377,6 +396,7 @@ void bridge_finalize() {
   Py_CLEAR(state.tensor_type);
   Py_CLEAR(state.load);
   Py_CLEAR(state.describe);
+  Py_CLEAR(state.last_function);
   Py_FinalizeEx();
 }
 
