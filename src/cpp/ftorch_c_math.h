@@ -25,7 +25,10 @@ extern "C" {
  * broadcast and converted to its dtype) and takes rhs's autograd history in place of its own.
  * If something else still refers to that memory (a graph that saved it for backward, a view),
  * its old contents are first moved to new memory that those keep, so `x = f(x)` never changes a
- * value saved for backward; tensors bound to model or optimizer parameters are written in place.
+ * value saved for backward. Written in place instead: tensors bound to model or optimizer
+ * parameters, views (the base keeps its memory and sees the values), and a leaf with autograd
+ * state (requires grad, a gradient or hooks) given a value without history (it keeps its gradient
+ * and hooks; a graph that saved it reports the change at backward, as in PyTorch).
  * An unconstructed lhs takes a temporary rhs itself, a copy of a named one otherwise; an
  * unconstructed rhs makes lhs unconstructed. */
 FTC_API int ftc_tensor_assign(ftc_tensor *lhs, ftc_tensor rhs);
