@@ -72,7 +72,7 @@ step "installing it"
 PATH="$venv/bin:$PATH" "$py" -m ftorch doctor
 
 if [ $# -eq 0 ]; then
-  set -- tests/test_math.py tests/test_function.py tests/test_train.py -k "not flang"
+  set -- tests/test_math.py tests/test_function.py tests/test_train.py tests/test_compiled.py -k "not flang"
 fi
 step "tests: $*"
 cd "$repo"
