@@ -202,10 +202,15 @@ T &out_arg(T *p, const char *what) {
   return *p;
 }
 
+// Whether t's memory is its device allocator's own allocation (math.cpp), rather than memory
+// given to LibTorch (a Fortran array, device memory the caller wrapped) or from elsewhere.
+bool allocator_owns_memory(const at::Tensor &t);
+
 // `=` into a constructed tensor (math.cpp): the values land in its memory, and it takes the
 // history of r when autograd records. If anything else still refers to that memory (a graph that
-// saved it, a view), the old contents move to new memory first, so nothing saved changes;
-// tensors flagged kShared (model and optimizer parameters) are always written in place.
+// saved it), the old contents move to new memory first, so nothing saved changes; tensors
+// flagged kShared (model and optimizer parameters), views and leaves with autograd state are
+// written in place.
 void assign_into(TensorTable::Slot &slot, const at::Tensor &r);
 
 // Result `index` (0-based) of a model or a Python function (`source` says which, for the shape

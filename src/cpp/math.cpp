@@ -88,6 +88,17 @@ bool moves_old_contents(const at::Tensor &t, bool carries_history) {
 
 namespace ftc {
 
+bool allocator_owns_memory(const at::Tensor &t) {
+  const c10::Allocator *allocator = nullptr;
+  try {
+    allocator = c10::GetAllocator(t.device().type());  // throws for a device type without one
+  } catch (const std::exception &) {
+    return false;
+  }
+  return allocator != nullptr && allocator->raw_deleter() != nullptr &&
+         t.storage().data_ptr().get_deleter() == allocator->raw_deleter();
+}
+
 void assign_into(TensorTable::Slot &slot, const at::Tensor &r) {
   at::Tensor &l = slot.value;
   // Across devices too: the lhs keeps its device and memory and receives a copy (FTorch's idiom:
@@ -184,16 +195,7 @@ bool can_take_over(const TensorTable::Slot &left, const TensorTable::Slot &right
   if ((right.flags & kExpression) == 0 || (left.flags & (kWrapped | kShared | kExposed)) != 0) return false;
   const at::Tensor &l = left.value;
   const at::Tensor &r = right.value;
-  const c10::DataPtr &memory = l.storage().data_ptr();
-  const c10::Allocator *allocator = nullptr;
-  try {
-    allocator = c10::GetAllocator(l.device().type());  // throws for a device type without one
-  } catch (const std::exception &) {
-    return false;
-  }
-  if (allocator == nullptr || allocator->raw_deleter() == nullptr || memory.get_deleter() != allocator->raw_deleter()) {
-    return false;
-  }
+  if (!allocator_owns_memory(l)) return false;
   if (is_shared(l) || is_shared(r) || l.is_view() || r.is_view()) return false;
   if (l.scalar_type() != r.scalar_type() || l.device() != r.device() || l.sizes() != r.sizes() ||
       l.strides() != r.strides() || l.storage_offset() != r.storage_offset() || l.is_inference() != r.is_inference()) {

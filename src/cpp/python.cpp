@@ -12,6 +12,8 @@
 #include <mutex>
 #include <regex>
 
+#include <c10/util/SmallVector.h>
+
 #include "arglist.hpp"
 #include "ftorch_c_python.h"
 #include "python_bridge.h"
@@ -133,6 +135,15 @@ void dlpack_delete(void *p) {
   if (m != nullptr && m->deleter != nullptr) m->deleter(m);
 }
 
+// A DLPack structure for a reusable argument (the at::Tensor of an argument list), or null.
+void *make_dlpack(const void *source) noexcept {
+  try {
+    return at::toDLPack(*static_cast<const at::Tensor *>(source));
+  } catch (...) {
+    return nullptr;
+  }
+}
+
 // The bridge, started once per process (the first caller does it; a failure is kept and reported
 // to every later caller).
 struct Runtime {
@@ -174,7 +185,7 @@ void start(Runtime &rt) {
     fail(FTC_ERR_PYTHON, bridge + " is not the Python bridge of this FTorch version");
   }
   if (rt.api.initialize(loc.executable.c_str(), loc.site_dir.c_str(), FTORCH_TORCH_VERSION, loc.torch_dir.c_str(),
-                        dlpack_delete) != 0) {
+                        dlpack_delete, make_dlpack) != 0) {
     fail(FTC_ERR_PYTHON, std::string("cannot start the embedded Python (") +
                              (loc.libpython.empty() ? std::string("the program's own interpreter") : loc.libpython) +
                              "): " + rt.api.last_error());
@@ -278,8 +289,18 @@ class Arguments {
       switch (item.kind) {
         case FTC_ARG_TENSOR: {
           const at::Tensor &t = item_tensor(item);
-          v.dlpack = at::toDLPack(t);
           v.requires_grad = t.requires_grad() ? 1 : 0;
+          // Memory the caller owns (a Fortran array): a Python tensor the bridge keeps over it
+          // keeps no LibTorch allocation alive after the Fortran tensor is deleted.
+          if (v.requires_grad == 0 && t.layout() == c10::kStrided && t.has_storage() && !allocator_owns_memory(t)) {
+            v.reusable = 1;
+            v.source = &t;
+            v.layout = {t.data_ptr(), static_cast<int32_t>(t.device().type()), t.device().index(),
+                        static_cast<int32_t>(t.scalar_type()), static_cast<int32_t>(t.dim()), t.sizes().data(),
+                        t.strides().data(), t.storage_offset()};
+          } else {
+            v.dlpack = at::toDLPack(t);
+          }
           break;
         }
         case FTC_ARG_REAL: v.real = item.real; break;
@@ -309,7 +330,7 @@ class Arguments {
   int64_t size() const { return static_cast<int64_t>(values_.size()); }
 
  private:
-  std::vector<ftc_bridge_value> values_;
+  c10::SmallVector<ftc_bridge_value, 8> values_;  // (no allocation for a call of up to 8 arguments)
   bool owned_ = true;
 };
 

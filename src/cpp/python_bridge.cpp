@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <thread>
 
@@ -27,6 +28,7 @@ struct State {
   PyThreadState *main_state = nullptr;
   std::thread::id init_thread;
   void (*dlpack_delete)(void *) = nullptr;
+  void *(*make_dlpack)(const void *) = nullptr;
   PyObject *from_dlpack = nullptr;  // torch.utils.dlpack.from_dlpack
   PyObject *to_dlpack = nullptr;    // torch.utils.dlpack.to_dlpack
   PyObject *tensor_type = nullptr;  // torch.Tensor
@@ -137,13 +139,95 @@ PyObject *import_attr(const char *module, const char *name) {
   return PyObject_GetAttrString(m.get(), name);
 }
 
+// Python tensors made for reusable arguments (memory the caller owns), kept per position of the
+// call's arguments and passed again while they still match -- as a Python caller passes the same
+// tensor object each step. Making a tensor from DLPack and freeing it is most of a call's cost
+// (both touch code the Python function's work has pushed out of the caches). Changed under the GIL.
+struct KeptTensor {
+  PyObject *tensor = nullptr;  // the tensor Python got (a strong reference)
+  long long version = 0;       // its version counter then (every in-place operation bumps it)
+  ftc_bridge_layout layout{};  // what it was made for (sizes and strides below)
+  int64_t sizes[8] = {0};
+  int64_t strides[8] = {0};
+};
+constexpr Py_ssize_t kKeptPositions = 8;
+KeptTensor kept[kKeptPositions];
+PyObject *name_requires_grad = nullptr;  // interned attribute names
+PyObject *name_version = nullptr;
+
+void forget(KeptTensor &k) { Py_CLEAR(k.tensor); }
+
+// A tensor's version counter, or -1 with no Python error left.
+long long version_of(PyObject *tensor) {
+  Ref v(PyObject_GetAttr(tensor, name_version));
+  const long long n = v ? PyLong_AsLongLong(v.get()) : -1;
+  if (n < 0) PyErr_Clear();
+  return n;
+}
+
+// Whether k was made for the same memory and layout as t.
+bool describes(const KeptTensor &k, const ftc_bridge_layout &t) {
+  const ftc_bridge_layout &m = k.layout;
+  if (m.data != t.data || m.device_type != t.device_type || m.device_index != t.device_index || m.dtype != t.dtype ||
+      m.ndim != t.ndim || m.offset != t.offset) {
+    return false;
+  }
+  return std::equal(t.sizes, t.sizes + t.ndim, k.sizes) && std::equal(t.strides, t.strides + t.ndim, k.strides);
+}
+
+// Whether a kept tensor is as it was made: nothing in Python refers to it, no in-place operation
+// ran on it (on values, or on sizes and strides: resize_, t_, unsqueeze_, set_ ... all bump the
+// version counter) and it does not require grad (so it has no gradient: Python cannot give a
+// tensor that does not require grad one). Clears a Python error.
+bool unchanged(const KeptTensor &k) {
+  if (Py_REFCNT(k.tensor) != 1 || version_of(k.tensor) != k.version) return false;
+  Ref requires_grad(PyObject_GetAttr(k.tensor, name_requires_grad));
+  PyErr_Clear();
+  return requires_grad.get() == Py_False;
+}
+
+PyObject *to_python(const ftc_bridge_value &v);
+
+// Argument `position` of a call as a Python object: the tensor kept for that position when it
+// still stands for v, else a new one, kept if v is reusable.
+PyObject *argument_to_python(const ftc_bridge_value &v, Py_ssize_t position) {
+  if (v.kind != FTC_ARG_TENSOR || v.reusable == 0 || position >= kKeptPositions) return to_python(v);
+  const ftc_bridge_layout &t = v.layout;
+  KeptTensor &k = kept[position];
+  if (k.tensor != nullptr) {
+    if (describes(k, t) && unchanged(k)) {
+      Py_INCREF(k.tensor);
+      return k.tensor;
+    }
+    forget(k);
+  }
+  PyObject *tensor = to_python(v);
+  if (tensor == nullptr || t.ndim > 8) return tensor;
+  KeptTensor fresh;
+  fresh.version = version_of(tensor);
+  if (fresh.version < 0) return tensor;  // passed, not kept
+  fresh.layout = t;
+  std::copy(t.sizes, t.sizes + t.ndim, fresh.sizes);
+  std::copy(t.strides, t.strides + t.ndim, fresh.strides);
+  fresh.layout.sizes = fresh.layout.strides = nullptr;  // (the arrays above hold them)
+  Py_INCREF(tensor);
+  fresh.tensor = tensor;
+  k = fresh;
+  return tensor;
+}
+
 // One argument as a Python object (a new reference), or nullptr with a Python error set.
 PyObject *to_python(const ftc_bridge_value &v) {
   switch (v.kind) {
     case FTC_ARG_TENSOR: {
-      PyObject *capsule = PyCapsule_New(v.dlpack, kCapsuleName, capsule_destructor);
+      void *dlpack = v.dlpack != nullptr ? v.dlpack : state.make_dlpack(v.source);
+      if (dlpack == nullptr) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot hand the tensor to Python (DLPack)");
+        return nullptr;
+      }
+      PyObject *capsule = PyCapsule_New(dlpack, kCapsuleName, capsule_destructor);
       if (capsule == nullptr) {
-        state.dlpack_delete(v.dlpack);
+        state.dlpack_delete(dlpack);
         return nullptr;
       }
       Ref cap(capsule);
@@ -209,8 +293,9 @@ int from_python(PyObject *item, Py_ssize_t index, const char *function, ftc_brid
 }
 
 int bridge_initialize(const char *program, const char *site_dir, const char *torch_version, const char *torch_dir,
-                      void (*dlpack_delete)(void *)) {
+                      void (*dlpack_delete)(void *), void *(*make_dlpack)(const void *)) {
   state.dlpack_delete = dlpack_delete;
+  state.make_dlpack = make_dlpack;
   if (Py_IsInitialized() == 0) {
     // Py_SetProgramName makes sys.prefix (and a virtual environment's site-packages) follow the
     // environment's interpreter rather than the Fortran executable; it is deprecated, so it is
@@ -269,8 +354,10 @@ int bridge_initialize(const char *program, const char *site_dir, const char *tor
           }
           state.to_dlpack = import_attr("torch.utils.dlpack", "to_dlpack");
           state.tensor_type = import_attr("torch", "Tensor");
+          name_requires_grad = PyUnicode_InternFromString("requires_grad");
+          name_version = PyUnicode_InternFromString("_version");
           if (state.load == nullptr || state.from_dlpack == nullptr || state.to_dlpack == nullptr ||
-              state.tensor_type == nullptr) {
+              state.tensor_type == nullptr || name_requires_grad == nullptr || name_version == nullptr) {
             status = python_failure("cannot find torch's DLPack functions");
           }
         }
@@ -354,7 +441,7 @@ int bridge_call(void *module, const char *function, const ftc_bridge_value *args
         PyList_SetItem(item, static_cast<Py_ssize_t>(j), o);  // steals o (the index is in range)
       }
     } else {
-      item = to_python(v);
+      item = argument_to_python(v, k);
       ++converted;
     }
     // PyTuple_SetItem steals item (the index is in range).
@@ -397,6 +484,7 @@ void bridge_finalize() {
   Py_CLEAR(state.load);
   Py_CLEAR(state.describe);
   Py_CLEAR(state.last_function);
+  for (auto &k : kept) forget(k);
   Py_FinalizeEx();
 }
 

@@ -237,6 +237,63 @@ program test_python
     call torch_model_delete(model)
   end block
 
+  ! The Python tensor of an argument over a Fortran array is passed again, as a Python loop passes
+  ! the same tensor, while its memory and layout are unchanged and the last call neither kept it nor
+  ! changed it (in place, or by requiring grad); Python always sees the array's current values.
+  block
+    real(real64), target :: pv(2, 3), qv(2, 3)
+    type(torch_tensor) :: p, q, z
+    logical :: first, again
+    integer(int64) :: d1, d2
+    real(real64) :: s1, s2
+    pv = 1
+    qv = 5
+    call torch_tensor_from_array(p, pv, torch_kCPU)
+    call torch_tensor_from_array(q, qv, torch_kCPU)
+    call torch_arglist_clear(args)
+    call torch_arglist_add(args, p)
+    call torch_pymodule_call(py, "identity_of", args, results)
+    call torch_arglist_get(results, 1, first)
+    call torch_pymodule_call(py, "identity_of", args, results)
+    call torch_arglist_get(results, 1, again)
+    call check(.not. first .and. again, &
+               "an unchanged argument over a Fortran array is the same Python tensor again")
+    pv = 2
+    call torch_pymodule_call(py, "total", args, results)
+    call torch_arglist_get(results, 1, s1)
+    call check(s1 == 12d0, "... which sees the array's current values")
+    call torch_pymodule_call(py, "add_one", args)
+    call torch_pymodule_call(py, "identity_of", args, results)
+    call torch_arglist_get(results, 1, again)
+    call check(all(pv == 3d0) .and. .not. again, &
+               "changed in place by Python: the array has the values, the next call a new tensor")
+    call torch_pymodule_call(py, "add_dim", args, results)
+    call torch_arglist_get(results, 1, d1)
+    call torch_pymodule_call(py, "add_dim", args, results)
+    call torch_arglist_get(results, 1, d2)
+    call check(d1 == 3 .and. d2 == 3, "sizes changed in place by the last call are not seen by the next")
+    call torch_pymodule_call(py, "input_gradient", args, results)
+    call torch_arglist_get(results, 1, s1)
+    call torch_pymodule_call(py, "input_gradient", args, results)
+    call torch_arglist_get(results, 1, s2)
+    call check(s1 == 36d0 .and. s2 == 36d0, "a gradient Python took of the argument does not accumulate over calls")
+    call torch_arglist_clear(args)
+    call torch_arglist_add(args, q)
+    call torch_pymodule_call(py, "identity_of", args, results)
+    call torch_arglist_get(results, 1, again)
+    call torch_pymodule_call(py, "total", args, results)
+    call torch_arglist_get(results, 1, s1)
+    call check(.not. again .and. s1 == 30d0, "another array in the same place: another tensor, over that array")
+    call torch_tensor_zeros(z, 2, [2_int64, 3_int64], torch_kFloat64, torch_kCPU)
+    call torch_arglist_clear(args)
+    call torch_arglist_add(args, z)
+    call torch_pymodule_call(py, "identity_of", args, results)
+    call torch_pymodule_call(py, "identity_of", args, results)
+    call torch_arglist_get(results, 1, again)
+    call check(.not. again, "a tensor over LibTorch's memory is not kept (deleting it frees its memory)")
+    call torch_delete(p); call torch_delete(q); call torch_delete(z)
+  end block
+
   ! Memory stays flat over 10^4 calls (handles and resident memory).
   call torch_arglist_clear(args)
   call torch_arglist_add(args, a)

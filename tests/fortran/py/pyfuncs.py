@@ -71,3 +71,37 @@ def scalar_tensor(x):
 def square_sum(x):
     """A result with autograd history (it is detached when it crosses back)."""
     return (x * x).sum()
+
+
+last_seen = None  # a weak reference to the tensor identity_of got last
+
+
+def identity_of(x):
+    """Whether x is the very tensor object the previous call of identity_of got."""
+    import weakref
+
+    global last_seen
+    same = last_seen is not None and last_seen() is x
+    last_seen = weakref.ref(x)
+    return same
+
+
+def total(x):
+    return float(x.sum())
+
+
+def add_one(x):
+    x.add_(1)
+
+
+def add_dim(x):
+    """Changes its argument's sizes in place, and returns its number of dimensions after that."""
+    x.unsqueeze_(0)
+    return x.dim()
+
+
+def input_gradient(x):
+    """The gradient of sum(x**2) with respect to the argument itself (2 * sum(x))."""
+    x.requires_grad_()
+    (x * x).sum().backward()
+    return float(x.grad.sum())
