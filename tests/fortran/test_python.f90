@@ -252,44 +252,32 @@ program test_python
     call torch_tensor_from_array(q, qv, torch_kCPU)
     call torch_arglist_clear(args)
     call torch_arglist_add(args, p)
-    call torch_pymodule_call(py, "identity_of", args, results)
-    call torch_arglist_get(results, 1, first)
-    call torch_pymodule_call(py, "identity_of", args, results)
-    call torch_arglist_get(results, 1, again)
+    first = logical_result("identity_of")
+    again = logical_result("identity_of")
     call check(.not. first .and. again, &
                "an unchanged argument over a Fortran array is the same Python tensor again")
     pv = 2
-    call torch_pymodule_call(py, "total", args, results)
-    call torch_arglist_get(results, 1, s1)
-    call check(s1 == 12d0, "... which sees the array's current values")
+    call check(real_result("total") == 12d0, "... which sees the array's current values")
     call torch_pymodule_call(py, "add_one", args)
-    call torch_pymodule_call(py, "identity_of", args, results)
-    call torch_arglist_get(results, 1, again)
+    again = logical_result("identity_of")
     call check(all(pv == 3d0) .and. .not. again, &
                "changed in place by Python: the array has the values, the next call a new tensor")
-    call torch_pymodule_call(py, "add_dim", args, results)
-    call torch_arglist_get(results, 1, d1)
-    call torch_pymodule_call(py, "add_dim", args, results)
-    call torch_arglist_get(results, 1, d2)
+    d1 = int_result("add_dim")
+    d2 = int_result("add_dim")
     call check(d1 == 3 .and. d2 == 3, "sizes changed in place by the last call are not seen by the next")
-    call torch_pymodule_call(py, "input_gradient", args, results)
-    call torch_arglist_get(results, 1, s1)
-    call torch_pymodule_call(py, "input_gradient", args, results)
-    call torch_arglist_get(results, 1, s2)
+    s1 = real_result("input_gradient")
+    s2 = real_result("input_gradient")
     call check(s1 == 36d0 .and. s2 == 36d0, "a gradient Python took of the argument does not accumulate over calls")
     call torch_arglist_clear(args)
     call torch_arglist_add(args, q)
-    call torch_pymodule_call(py, "identity_of", args, results)
-    call torch_arglist_get(results, 1, again)
-    call torch_pymodule_call(py, "total", args, results)
-    call torch_arglist_get(results, 1, s1)
-    call check(.not. again .and. s1 == 30d0, "another array in the same place: another tensor, over that array")
+    again = logical_result("identity_of")
+    call check(.not. again .and. real_result("total") == 30d0, &
+               "another array in the same place: another tensor, over that array")
     call torch_tensor_zeros(z, 2, [2_int64, 3_int64], torch_kFloat64, torch_kCPU)
     call torch_arglist_clear(args)
     call torch_arglist_add(args, z)
-    call torch_pymodule_call(py, "identity_of", args, results)
-    call torch_pymodule_call(py, "identity_of", args, results)
-    call torch_arglist_get(results, 1, again)
+    first = logical_result("identity_of")
+    again = logical_result("identity_of")
     call check(.not. again, "a tensor over LibTorch's memory is not kept (deleting it frees its memory)")
     call torch_delete(p); call torch_delete(q); call torch_delete(z)
   end block
@@ -329,4 +317,25 @@ program test_python
   call torch_pymodule_delete(math)
   call check(ftorch_live_handles() == 0, "no live handles at the end")
   call summary()
+
+contains
+
+  ! The first result of py's function fn called with args.
+  logical function logical_result(fn)
+    character(len=*), intent(in) :: fn
+    call torch_pymodule_call(py, fn, args, results)
+    call torch_arglist_get(results, 1, logical_result)
+  end function logical_result
+
+  real(real64) function real_result(fn)
+    character(len=*), intent(in) :: fn
+    call torch_pymodule_call(py, fn, args, results)
+    call torch_arglist_get(results, 1, real_result)
+  end function real_result
+
+  integer(int64) function int_result(fn)
+    character(len=*), intent(in) :: fn
+    call torch_pymodule_call(py, fn, args, results)
+    call torch_arglist_get(results, 1, int_result)
+  end function int_result
 end program test_python
