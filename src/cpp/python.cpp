@@ -135,10 +135,23 @@ void dlpack_delete(void *p) {
   if (m != nullptr && m->deleter != nullptr) m->deleter(m);
 }
 
-// A DLPack structure for a reusable argument (the at::Tensor of an argument list), or null.
+// Whether an argument is a plain tensor over memory FTorch was given (a Fortran array, device
+// memory: the handle's kWrapped), which nothing in LibTorch owns: the bridge may keep a Python
+// tensor over it between calls (see make_dlpack).
+bool over_callers_memory(const ArgItem &item, const at::Tensor &t) {
+  if (item.handle == nullptr || t.layout() != c10::kStrided || t.is_conj() || t.is_neg()) return false;
+  const auto *slot = TensorTable::instance().find(item.handle);
+  return slot != nullptr && (slot->flags & kWrapped) != 0;
+}
+
+// A DLPack structure for a reusable argument (the at::Tensor of an argument list), or null. It
+// holds a tensor of its own over the same memory, not the argument's storage: a Python tensor the
+// bridge keeps does not make the Fortran tensor look shared (which would make `=` move its
+// contents) and keeps nothing alive (the memory is the caller's).
 void *make_dlpack(const void *source) noexcept {
   try {
-    return at::toDLPack(*static_cast<const at::Tensor *>(source));
+    const auto &t = *static_cast<const at::Tensor *>(source);
+    return at::toDLPack(at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options()));
   } catch (...) {
     return nullptr;
   }
@@ -290,9 +303,7 @@ class Arguments {
         case FTC_ARG_TENSOR: {
           const at::Tensor &t = item_tensor(item);
           v.requires_grad = t.requires_grad() ? 1 : 0;
-          // Memory the caller owns (a Fortran array): a Python tensor the bridge keeps over it
-          // keeps no LibTorch allocation alive after the Fortran tensor is deleted.
-          if (v.requires_grad == 0 && t.layout() == c10::kStrided && t.has_storage() && !allocator_owns_memory(t)) {
+          if (v.requires_grad == 0 && over_callers_memory(item, t)) {
             v.reusable = 1;
             v.source = &t;
             v.layout = {t.data_ptr(), static_cast<int32_t>(t.device().type()), t.device().index(),

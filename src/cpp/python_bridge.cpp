@@ -153,6 +153,8 @@ struct KeptTensor {
 constexpr Py_ssize_t kKeptPositions = 8;
 KeptTensor kept[kKeptPositions];
 PyObject *name_requires_grad = nullptr;  // interned attribute names
+PyObject *name_grad = nullptr;
+PyObject *name_backward_hooks = nullptr;
 PyObject *name_version = nullptr;
 
 void forget(KeptTensor &k) { Py_CLEAR(k.tensor); }
@@ -177,13 +179,15 @@ bool describes(const KeptTensor &k, const ftc_bridge_layout &t) {
 
 // Whether a kept tensor is as it was made: nothing in Python refers to it, no in-place operation
 // ran on it (on values, or on sizes and strides: resize_, t_, unsqueeze_, set_ ... all bump the
-// version counter) and it does not require grad (so it has no gradient: Python cannot give a
-// tensor that does not require grad one). Clears a Python error.
+// version counter), it does not require grad and has neither a gradient nor hooks (which a call
+// that switched requires_grad on and off again leaves). Clears a Python error.
 bool unchanged(const KeptTensor &k) {
   if (Py_REFCNT(k.tensor) != 1 || version_of(k.tensor) != k.version) return false;
   Ref requires_grad(PyObject_GetAttr(k.tensor, name_requires_grad));
+  Ref grad(requires_grad.get() == Py_False ? PyObject_GetAttr(k.tensor, name_grad) : nullptr);
+  Ref hooks(grad.get() == Py_None ? PyObject_GetAttr(k.tensor, name_backward_hooks) : nullptr);
   PyErr_Clear();
-  return requires_grad.get() == Py_False;
+  return hooks.get() == Py_None;
 }
 
 PyObject *to_python(const ftc_bridge_value &v);
@@ -212,6 +216,7 @@ PyObject *argument_to_python(const ftc_bridge_value &v, Py_ssize_t position) {
   fresh.layout.sizes = fresh.layout.strides = nullptr;  // (the arrays above hold them)
   Py_INCREF(tensor);
   fresh.tensor = tensor;
+  forget(k);  // (what another thread kept here while to_python ran Python code)
   k = fresh;
   return tensor;
 }
@@ -355,9 +360,12 @@ int bridge_initialize(const char *program, const char *site_dir, const char *tor
           state.to_dlpack = import_attr("torch.utils.dlpack", "to_dlpack");
           state.tensor_type = import_attr("torch", "Tensor");
           name_requires_grad = PyUnicode_InternFromString("requires_grad");
+          name_grad = PyUnicode_InternFromString("grad");
+          name_backward_hooks = PyUnicode_InternFromString("_backward_hooks");
           name_version = PyUnicode_InternFromString("_version");
           if (state.load == nullptr || state.from_dlpack == nullptr || state.to_dlpack == nullptr ||
-              state.tensor_type == nullptr || name_requires_grad == nullptr || name_version == nullptr) {
+              state.tensor_type == nullptr || name_requires_grad == nullptr || name_grad == nullptr ||
+              name_backward_hooks == nullptr || name_version == nullptr) {
             status = python_failure("cannot find torch's DLPack functions");
           }
         }
@@ -385,7 +393,7 @@ void bridge_release(void *module) {
   Py_DECREF(static_cast<PyObject *>(module));
 }
 
-// The function's name as a Python string (a borrowed reference), kept for the next call (the GIL
+// The function's name as a Python string (a new reference), kept for the next call (the GIL
 // guards it): a loop calling one function looks the attribute up by an interned, hashed name
 // instead of making and hashing a new string each call.
 PyObject *function_name(const char *function) {
@@ -396,6 +404,7 @@ PyObject *function_name(const char *function) {
     state.last_function = fresh;
     state.last_function_text = function;
   }
+  Py_INCREF(state.last_function);
   return state.last_function;
 }
 
@@ -453,8 +462,9 @@ int bridge_call(void *module, const char *function, const ftc_bridge_value *args
     }
     return python_failure(std::string("cannot pass argument ") + std::to_string(converted) + " to " + function + "()");
   }
-  PyObject *name = function_name(function);
-  Ref fn(name != nullptr ? PyObject_GetAttr(static_cast<PyObject *>(module), name) : nullptr);
+  // (a reference of our own: the lookup may run Python code, and another thread replace the name)
+  Ref name(function_name(function));
+  Ref fn(name ? PyObject_GetAttr(static_cast<PyObject *>(module), name.get()) : nullptr);
   if (!fn) return python_failure(std::string("no function ") + function);
   Ref result(PyObject_CallObject(fn.get(), tuple.get()));
   if (!result) return python_failure(std::string(function) + "() raised");
@@ -485,6 +495,10 @@ void bridge_finalize() {
   Py_CLEAR(state.describe);
   Py_CLEAR(state.last_function);
   for (auto &k : kept) forget(k);
+  Py_CLEAR(name_requires_grad);
+  Py_CLEAR(name_grad);
+  Py_CLEAR(name_backward_hooks);
+  Py_CLEAR(name_version);
   Py_FinalizeEx();
 }
 

@@ -105,3 +105,11 @@ def input_gradient(x):
     x.requires_grad_()
     (x * x).sum().backward()
     return float(x.grad.sum())
+
+
+def gradient_then_off(x):
+    """input_gradient, with requires_grad switched off again (the gradient stays on the tensor)."""
+    x.requires_grad_()
+    (x * x).sum().backward()
+    x.requires_grad_(False)
+    return float(x.grad.sum())
