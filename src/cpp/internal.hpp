@@ -202,10 +202,6 @@ T &out_arg(T *p, const char *what) {
   return *p;
 }
 
-// Whether t's memory is its device allocator's own allocation (math.cpp), rather than memory
-// given to LibTorch (a Fortran array, device memory the caller wrapped) or from elsewhere.
-bool allocator_owns_memory(const at::Tensor &t);
-
 // `=` into a constructed tensor (math.cpp): the values land in its memory, and it takes the
 // history of r when autograd records. If anything else still refers to that memory (a graph that
 // saved it), the old contents move to new memory first, so nothing saved changes; tensors

@@ -88,7 +88,9 @@ bool moves_old_contents(const at::Tensor &t, bool carries_history) {
 
 namespace ftc {
 
-bool allocator_owns_memory(const at::Tensor &t) {
+// Whether t's memory is its device allocator's own allocation, rather than memory given to
+// LibTorch (a Fortran array, device memory the caller wrapped) or from elsewhere.
+static bool allocator_owns_memory(const at::Tensor &t) {
   const c10::Allocator *allocator = nullptr;
   try {
     allocator = c10::GetAllocator(t.device().type());  // throws for a device type without one
