@@ -6,7 +6,12 @@ check on one machine (absolute counts differ between CPUs: the ratio is what is 
     python bench/instructions.py --check    # also fail (exit 1) on a regression: a ratio more than 5%
                                             # above max(target, the ratio recorded in results/)
     python bench/instructions.py --all      # every row of bench/run.py (inference, custom functions,
-                                            # .pt2 packages too: several more minutes)
+                                            # .pt2 packages, embedded Python: several more minutes)
+
+A run without --all keeps the recorded counts of the rows it does not measure. The embedded Python
+rows compare a call from Fortran with the same call from Python (bench/python/pystep.py). Not
+counted: data parallel (bench/distributed.py: MPI ranks wait by polling, so instructions measure
+waiting, not work) and the GPU rows (valgrind runs no CUDA).
 
 Each program runs each case at two loop lengths; the difference cancels start-up and set-up, so
 a count is the cost of one step (each run also warms up for a tenth of its length, included in
@@ -37,24 +42,40 @@ TOLERANCE = 1.05  # --check fails beyond budget * TOLERANCE
 
 
 def cases(model: Path, package: Path | None):
-    """The checked rows (issue 21's targets), then with a package (--all) the other rows, whose
-    target is the training step's."""
+    """name -> (arguments for n steps, target, reference program): the checked rows (issue 21's
+    targets), then with a package (--all) the other rows, against C++ LibTorch; and the embedded
+    Python rows, against the same function called from Python (target None: the issue sets it in
+    microseconds of wall clock, bench/run.py --only embedded)."""
     table = {
-        "c = a*b + a - b/2, 1 element": (lambda n: ["ops", 1, n], 1.05),
-        "c = a*b + a - b/2, 1000 elements": (lambda n: ["ops", 1000, n], 1.05),
-        "from_array + delete, 10^2 elements": (lambda n: ["from_array", 100, n], 1.05),
-        "training step, batch 1, hidden 32": (lambda n: ["train", model, 1, 16, 16, n], 1.02),
+        "c = a*b + a - b/2, 1 element": (lambda n: ["ops", 1, n], 1.05, "cpp"),
+        "c = a*b + a - b/2, 1000 elements": (lambda n: ["ops", 1000, n], 1.05, "cpp"),
+        "from_array + delete, 10^2 elements": (lambda n: ["from_array", 100, n], 1.05, "cpp"),
+        "training step, batch 1, hidden 32": (lambda n: ["train", model, 1, 16, 16, n], 1.02, "cpp"),
         # `y = x * x` into an existing y, then backward: `=` takes the expression's result over
         # (no copy, no CopyBackwards node) where nothing can tell the difference.
-        "built-in y = x*x + backward, 1 element": (lambda n: ["builtin", 1, n], 1.05),
+        "built-in y = x*x + backward, 1 element": (lambda n: ["builtin", 1, n], 1.05, "cpp"),
     }
     if package is not None:
+        script = HERE / "python" / "pystep.py"
         table.update({
-            "inference, batch 1, hidden 32": (lambda n: ["infer", model, 1, 16, 16, n], 1.05),
-            "compiled .pt2 inference, batch 1, hidden 32": (lambda n: ["compiled", package, 1, 16, 16, n], 1.05),
-            "custom function y = x*x + backward, 1 element": (lambda n: ["custom", 1, n], 1.05),
+            "inference, batch 1, hidden 32": (lambda n: ["infer", model, 1, 16, 16, n], 1.05, "cpp"),
+            "compiled .pt2 inference, batch 1, hidden 32": (lambda n: ["compiled", package, 1, 16, 16, n], 1.05, "cpp"),
+            "custom function y = x*x + backward, 1 element": (lambda n: ["custom", 1, n], 1.05, "cpp"),
+            "embedded Python training step (reference: called from Python)":
+                (lambda n: ["pymodule", model, 1, 16, 16, n, script], None, "python"),
+            "embedded Python empty call (reference: called from Python)":
+                (lambda n: ["pycall", model, 1, 16, 16, n, script], None, "python"),
         })
     return table
+
+
+def table_row(name: str, r: dict) -> str:
+    """A row of the table, from a result as recorded in results/instructions.json. Rows without a
+    budget (embedded Python) also show the difference: their target is a time per call."""
+    if r["budget"] is None:
+        return (f"| {name} | {r['fortran']:,.0f} | {r['reference']:,.0f} | {r['ratio']:.3f} "
+                f"(+{r['fortran'] - r['reference']:,.0f}) | +2 µs per call |")
+    return f"| {name} | {r['fortran']:,.0f} | {r['reference']:,.0f} | {r['ratio']:.3f} | {r['budget']:.2f} |"
 
 
 def avx512() -> bool:
@@ -97,24 +118,28 @@ def main() -> int:
     table = cases(model, package)
     jobs = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for name, (make_args, _) in table.items():
-            for program in ("fortran", "cpp"):
+        for name, (make_args, _, reference) in table.items():
+            for program in ("fortran", reference):
                 for n in LENGTHS:
                     jobs[name, program, n] = pool.submit(bench.valgrind_instructions,
                                                          [*commands[program], *make_args(n)])
     recorded_file = HERE / "results" / "instructions.json"
     recorded = json.loads(recorded_file.read_text()) if recorded_file.exists() else {}
-    results = {}
-    for name, (_, budget) in table.items():
-        per_step = {p: bench.per_step(jobs[name, p, LENGTHS[0]].result(), jobs[name, p, LENGTHS[1]].result())
-                    for p in ("fortran", "cpp")}
-        results[name] = {**per_step, "ratio": per_step["fortran"] / per_step["cpp"], "budget": budget}
+    # Rows not measured now (a run without --all) keep what the last run measured: the table stays whole.
+    results = {name: r for name, r in recorded.items() if name not in table}
+    for name, (_, budget, reference) in table.items():
+        ours, theirs = (bench.per_step(jobs[name, p, LENGTHS[0]].result(), jobs[name, p, LENGTHS[1]].result())
+                        for p in ("fortran", reference))
+        results[name] = {"fortran": ours, "reference": theirs, "reference_program": reference,
+                         "ratio": ours / theirs, "budget": budget}
 
-    lines = ["| instructions per step (valgrind) | FTorch (Fortran) | C++ LibTorch | ratio | target |",
+    lines = ["| instructions per step (valgrind) | FTorch (Fortran) | C++ LibTorch (or as named) | ratio | target |",
              "|---|---|---|---|---|"]
     failed = []
     for name, r in results.items():
-        lines.append(f"| {name} | {r['fortran']:,.0f} | {r['cpp']:,.0f} | {r['ratio']:.3f} | {r['budget']:.2f} |")
+        lines.append(table_row(name, r))
+        if r["budget"] is None or name not in table:
+            continue
         limit = max(r["budget"], recorded.get(name, {}).get("ratio", r["budget"])) * TOLERANCE
         if r["ratio"] > limit:
             failed.append(f"{name}: {r['ratio']:.3f} > {limit:.3f}")

@@ -176,12 +176,14 @@ INSTRUCTION_LENGTHS = (200, 1200)
 
 
 def valgrind_instructions(command) -> int:
-    """Instructions a program executes (valgrind's cachegrind, one intra-op thread)."""
+    """Instructions a program executes (valgrind's cachegrind, one intra-op thread; Python's string
+    hashing fixed, which otherwise changes dictionary probes from run to run)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cg.out"
         proc = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
                                *map(str, command)], capture_output=True, text=True,
-                              env=dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
+                              env=dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                                       PYTHONHASHSEED="0"))
         m = re.search(r"summary: (\d+)", out.read_text()) if out.exists() else None
         if proc.returncode != 0 or m is None:
             raise RuntimeError(f"valgrind {' '.join(map(str, command))} failed:\n{proc.stderr[-3000:]}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import assert_all_passed, require_compiler, run, tool_env, TESTS
+from conftest import IN_CI, assert_all_passed, require_compiler, run, tool_env, TESTS
 
 LIFETIME_COMPILERS = ["gfortran-11", "gfortran", "flang-new-19"]
 _builds = {}
@@ -14,6 +14,10 @@ _builds = {}
 @pytest.fixture(scope="module", params=LIFETIME_COMPILERS)
 def lifetime(request, installed, cmake_consumer, data_dir, tmp_path_factory):
     compiler = request.param
+    if compiler.startswith("gfortran") and IN_CI:
+        # The README's table names gfortran 11 and 12: CI's `gfortran` must be 12 (Debian 12's).
+        major = run([require_compiler(compiler), "-dumpversion"]).stdout.strip().split(".")[0]
+        assert major == {"gfortran-11": "11", "gfortran": "12"}[compiler], (compiler, major)
     if compiler in ("gfortran", "flang-new-19"):
         return compiler, cmake_consumer(compiler) / "test_lifetime"
     fc = require_compiler(compiler)
@@ -21,7 +25,8 @@ def lifetime(request, installed, cmake_consumer, data_dir, tmp_path_factory):
     run(["cmake", "-S", TESTS / "projects" / "cmake", "-B", bdir, "-G", "Ninja", f"-DCMAKE_Fortran_COMPILER={fc}",
          f"-DCMAKE_PREFIX_PATH={installed['prefix']}", f"-DFTORCH_TEST_DATA={data_dir}", "-DCMAKE_BUILD_TYPE=Debug"],
         env=tool_env())
-    run(["cmake", "--build", bdir, "--target", "test_lifetime"], env=tool_env())
+    run(["cmake", "--build", bdir, "--target", "test_lifetime", "test_lifetime_checked", "test_memory"],
+        env=tool_env())
     return compiler, bdir / "test_lifetime"
 
 
@@ -30,6 +35,16 @@ def test_value_semantics_and_lifetime(lifetime):
     env = tool_env()
     env["FTORCH_LIVE_HANDLES_WARN"] = "0"
     assert_all_passed(run([binary], env=env, check=False))
+
+
+def test_expressions_and_temporaries(lifetime, data_dir):
+    """The README table's first row (expressions, temporaries, `x = f(x)`: no leak, no shared
+    handle) rests on tests/fortran/test_memory.f90 too; test_cmake_consumer runs it with gfortran 12
+    and flang, this with gfortran 11."""
+    compiler, binary = lifetime
+    if compiler != "gfortran-11":
+        pytest.skip("run by test_cmake_consumer with this compiler")
+    assert_all_passed(run([binary.parent / "test_memory", data_dir], check=False, timeout=600))
 
 
 def test_growing_handles_warn_at_run_time(lifetime):
@@ -58,20 +73,34 @@ def _form(binary, name, env=None):
     return run([binary, f"--{name}"], env=full, check=False)
 
 
-def test_array_constructor_of_user_types(lifetime):
-    """`arr = [s1, s2]` into an unallocated array of a type with a tensor component: flang copies;
-    gfortran 11 and 12 copy the handles bitwise (a compiler bug: the component's `=` is not
-    called), so the elements share the tensors until one side is deleted; the other side is then
-    an error to use and a no-op to delete (never a double free)."""
+def _assert_bounds_check_reports(binary, form):
+    """gfortran: `ts2 = ts1` into an unallocated array is undefined behaviour (the elemental `=` is
+    called on elements that do not exist: a crash or an error, run to run), so it is run only as
+    the README advises finding it, built with -fcheck=bounds, which stops at the statement."""
+    proc = _form(binary.parent / "test_lifetime_checked", form)
+    assert proc.returncode != 0 and "Array bound mismatch" in proc.stderr, proc.stdout + proc.stderr
+    assert "copy allocated" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("form", ["constructor-of-user-types", "copy-user-array-into-unallocated"])
+def test_allocating_an_array_of_user_types(lifetime, form):
+    """`arr = [s1, s2]` or `arr = src` into an unallocated array of a type with a tensor component:
+    flang copies; gfortran 11 and 12 copy the handles bitwise and then assign each copied component
+    to itself (a compiler bug: the components' `=` gets the copy on both sides), so the elements
+    share the tensors until one side is deleted, and FTorch says so once on standard error (the
+    `x = x` warning); the other side is then an error to use and a no-op to delete (never a
+    double free)."""
     compiler, binary = lifetime
-    proc = _form(binary, "constructor-of-user-types")
+    proc = _form(binary, form)
     assert_all_passed(proc)
     new = int(proc.stdout.split("new tensors ")[1].split()[0])
     usable = proc.stdout.split("element usable after deleting the original ")[1].split()[0] == "T"
     if compiler.startswith("gfortran"):
         assert (new, usable) == (0, False), proc.stdout
+        assert proc.stderr.count(SELF_ASSIGNMENT) == 1 and "share their tensors" in proc.stderr, proc.stderr
     else:
         assert (new, usable) == (2, True), proc.stdout
+        assert SELF_ASSIGNMENT not in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("form", ["grow-history", "copy-into-unallocated"])
@@ -80,10 +109,12 @@ def test_allocating_assignment(lifetime, form):
     allocates (Fortran's rule). Where `assignment(=)` is imported, flang resolves these to FTorch's
     array `=`, which reports the shapes; gfortran 11 and 12 call the elemental `=` on the old
     elements, so `hist` keeps its size (each old element assigned to itself, which FTorch reports
-    once on standard error); the unallocated `ts2` is undefined behaviour there and is not run."""
+    once on standard error); the unallocated `ts2` is undefined behaviour there, run only as built
+    with -fcheck=bounds, which reports it."""
     compiler, binary = lifetime
     if compiler.startswith("gfortran") and form == "copy-into-unallocated":
-        pytest.skip("undefined behaviour with gfortran (the README says so; -fcheck=bounds reports it)")
+        _assert_bounds_check_reports(binary, form)
+        return
     proc = _form(binary, form)
     if compiler.startswith("gfortran"):
         assert proc.returncode == 0 and "history size 1" in proc.stdout, proc.stdout + proc.stderr
@@ -98,15 +129,54 @@ def test_allocating_assignment_where_only_the_type_is_imported(lifetime, form):
     """The same in a scope that imports only `torch_tensor`: the type-bound elemental `=` is all
     there is, and no compiler reports the mismatch: `hist` keeps its size (the self-assignments
     of its old elements reported once on standard error); with flang, `ts2` stays unallocated and
-    nothing reaches FTorch."""
+    nothing reaches FTorch; with gfortran, as above (-fcheck=bounds reports it)."""
     compiler, binary = lifetime
     if compiler.startswith("gfortran") and form.startswith("copy"):
-        pytest.skip("undefined behaviour with gfortran (the README says so; -fcheck=bounds reports it)")
+        _assert_bounds_check_reports(binary, form)
+        return
     proc = _form(binary, form)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     expected = "history size 1" if form.startswith("grow") else "copy allocated F"
     assert expected in proc.stdout, proc.stdout
     assert proc.stderr.count(SELF_ASSIGNMENT) == (1 if form.startswith("grow") else 0), proc.stderr
+
+
+@pytest.mark.parametrize("form", ["shift-sections-only-type", "shift-user-types"])
+def test_overlapping_sections_elsewhere(lifetime, form):
+    """`ts(2:3) = ts(1:2)` where only the type is imported, and `hs(2:3) = hs(1:2)` for an array of
+    a type with a tensor component (test_lifetime.f90's main run covers `use ftorch` scopes).
+    Fortran's result is [1, 1, 2]. Tensors: refused ("stale copy", naming torch_assign) by every
+    compiler there, after the first element and before any gets a value it should not have.
+    Arrays of a type: flang finalizes the left-hand side first and reads the right-hand side from a
+    copy, and the element whose tensor was finalized is refused with a message that says so;
+    gfortran 11 and 12 assign element by element from the array itself, without a copy: [1, 1, 1],
+    wrong and silent, which no library can see (a compiler bug, in the README's table)."""
+    compiler, binary = lifetime
+    proc = _form(binary, form)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = proc.stdout.split("shifted ")[1].splitlines()[0]
+    values, _, rest = line.partition(" stat ")
+    stat, message = int(rest.split()[0]), rest
+    if form == "shift-user-types":  # the loop the guide advises instead: right on every compiler
+        assert proc.stdout.split("looped ")[1].split()[:3] == ["1.", "1.", "2."], proc.stdout
+    if form == "shift-user-types" and compiler.startswith("gfortran"):
+        assert (values.split(), stat) == (["1.", "1.", "1."], 0), line
+    elif form == "shift-user-types":
+        assert values.split() == ["1.", "1.", "3."] and stat != 0, line
+        assert "finalized during this assignment" in message and "overlap" in message, line
+    else:
+        assert values.split() == ["1.", "1.", "3."] and stat != 0, line
+        assert "stale copy" in message and "torch_assign" in message, line
+
+
+def test_unended_catch_scope_is_reported_at_exit(lifetime):
+    """A catch scope begun in the main program and never ended keeps the failures that follow
+    (the program goes on); when the program ends, FTorch names the scope and the failure it kept."""
+    _, binary = lifetime
+    proc = _form(binary, "unended-catch-scope")
+    assert "reached the end" in proc.stdout, proc.stdout + proc.stderr
+    assert ("FTorch warning: 1 catch scope begun by torch_catch_begin was never ended" in proc.stderr
+            and "[torch_reshape] shape '[7]' is invalid" in proc.stderr), proc.stderr
 
 
 def test_self_assignment_warning_can_be_silenced(lifetime):

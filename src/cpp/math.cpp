@@ -162,7 +162,10 @@ void store_result(ftc_tensor *out, const at::Tensor &value, const std::string &w
 // Fortran's `x = x` (element `=` with one handle on both sides) does nothing, and is what
 // gfortran 11/12 (and flang where only the type is imported) run for an allocating assignment
 // that a defined assignment cannot perform: `hist = [hist, t]` assigns each old element to itself
-// and drops t. Said once per process on standard error (FTORCH_SELF_ASSIGNMENT_WARN=0 silences it).
+// and drops t; `arr = [s1, s2]` or `arr2 = arr` allocating an array of a type with tensor
+// components copies the handles bitwise first (the new elements share the tensors) and then
+// assigns each copied component to itself. Said once per process on standard error
+// (FTORCH_SELF_ASSIGNMENT_WARN=0 silences it).
 __attribute__((cold, noinline)) void note_self_assignment() noexcept {
   static std::atomic<bool> said{false};
   if (said.exchange(true, std::memory_order_relaxed)) return;
@@ -170,12 +173,30 @@ __attribute__((cold, noinline)) void note_self_assignment() noexcept {
   if (env != nullptr && std::strcmp(env, "0") == 0) return;
   std::fprintf(stderr,
                "FTorch warning: `x = x` with the same tensor on both sides (it does nothing). If it comes from "
-               "an array assignment that should allocate or enlarge the left-hand side, such as "
-               "`hist = [hist, t]`, the compiler did not do that: a type with a defined `=` is never "
-               "reallocated by `=` (gfortran 11/12, and flang where only the type is imported, assign each old "
-               "element to itself; the array keeps its size). Allocate the new size, then assign the elements. "
+               "an array assignment that should allocate or enlarge the left-hand side, the compiler did not do "
+               "what Fortran says: `hist = [hist, t]` of tensors keeps the old size (a type with a defined `=` "
+               "is never reallocated by `=`: gfortran 11/12, and flang where only the type is imported, assign "
+               "each old element to itself); `arr = [s1, s2]` or `arr2 = arr` allocating an array of a type "
+               "with tensor components gives elements that share their tensors with the originals (gfortran "
+               "11/12 copy the handles, then assign each to itself). Allocate the array first, then assign. "
                "(FTORCH_SELF_ASSIGNMENT_WARN=0 silences this.)\n");
   std::fflush(stderr);
+}
+
+// A right-hand side that does not resolve. One that this thread's finalizer deleted a moment ago
+// is, in practice, a copy the compiler took of an element of an array of a derived type whose
+// left-hand side (finalized first, as Fortran says) overlaps it; the left-hand side, finalized
+// too, gets its tensor back before the failure is reported (it is left as it was).
+[[noreturn, gnu::cold, gnu::noinline]] void stale_or_finalized_right_hand_side(ftc_tensor *lhs, ftc_tensor rhs) {
+  if (rhs != unconstructed_handle() && finalized_here(rhs)) {
+    if (lhs != nullptr && *lhs != nullptr && TensorTable::instance().find(*lhs) == nullptr) revive_finalized(lhs);
+    fail(FTC_ERR_NULL_HANDLE,
+         "the right-hand side is a copy of a tensor the compiler finalized during this assignment: the two sides of "
+         "an assignment of arrays of a derived type overlap (the left-hand side is finalized before it is "
+         "assigned); assign the elements one by one, in an order that reads each before writing it, or "
+         "through a temporary array");
+  }
+  bad_handle(rhs, "tensor", "right-hand side tensor");
 }
 
 // What `=` does with write stamps (handles.hpp): C's assignment ignores them; Fortran's array
@@ -219,7 +240,7 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
   auto &table = TensorTable::instance();
   // The right-hand side first: a temporary is scheduled for release whatever fails next.
   TensorTable::Slot *right = nullptr;
-  if (rhs != nullptr) right = &tensor_slot(rhs, "right-hand side tensor");
+  if (rhs != nullptr && (right = find_scheduled(rhs)) == nullptr) stale_or_finalized_right_hand_side(lhs, rhs);
   if (lhs == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "left-hand side handle pointer is null");
   if (*lhs == rhs && value_before == nullptr) {  // t = t
     if constexpr (stamping == Stamping::check) {
@@ -239,10 +260,10 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
     return;
   }
   const at::Tensor &value = value_before != nullptr ? *value_before : right->value;
+  if (left == nullptr && *lhs != nullptr) left = revive_finalized(lhs);  // finalized just before
   if (left == nullptr) {
-    // Unconstructed (or stale: a compiler finalized it just before assigning) lhs: it becomes
-    // the value; a temporary is taken over without copying. `r = torch_result(expr)` makes r a
-    // result, released by the first call that reads it.
+    // Unconstructed (or stale) lhs: it becomes the value; a temporary is taken over without
+    // copying. `r = torch_result(expr)` makes r a result, released by the first call that reads it.
     const bool take = value_before != nullptr || (right->flags & kExpression) != 0;
     const uint8_t flags = (right->flags & kMarkResult) != 0 ? kResult : 0;
     *lhs = new_tensor_handle(take ? value : value.clone(), flags);

@@ -1,6 +1,7 @@
 // runtime.cpp - errors, versions, device availability and live-handle count of the C layer.
 #include <dlfcn.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -23,7 +24,28 @@ struct CatchScope {
   std::string message;
   bool barrier = false;
 };
-thread_local std::vector<CatchScope> catch_scopes;
+
+// The scopes of a thread. A scope still open when the thread ends (the main thread: at exit,
+// also after `stop`) was begun without its torch_catch_end: every failure since was kept there,
+// and nothing would say so; said on standard error instead, with the failure it kept.
+struct CatchScopes : std::vector<CatchScope> {
+  ~CatchScopes() {
+    if (empty()) return;
+    const CatchScope *failed = nullptr;
+    for (const CatchScope &scope : *this) {
+      if (scope.status != FTC_OK) {
+        failed = &scope;
+        break;
+      }
+    }
+    std::fprintf(stderr, "FTorch warning: %zu catch scope%s begun by torch_catch_begin %s never ended "
+                 "(torch_catch_end)%s%s\n", size(), size() == 1 ? "" : "s", size() == 1 ? "was" : "were",
+                 failed != nullptr ? "; it kept this failure, which stopped nothing: " : "; no failure was kept",
+                 failed != nullptr ? failed->message.c_str() : "");
+    std::fflush(stderr);
+  }
+};
+thread_local CatchScopes catch_scopes;
 
 std::string public_version(const std::string &v) { return v.substr(0, v.find('+')); }
 

@@ -186,8 +186,10 @@ contains
 
   !> Restore a checkpoint into objects of the same structure (checked before anything changes);
   !> continuing from it gives the same trajectory as never stopping. With `comm` (collective):
-  !> every rank reads the file, then the ranks check that all of them succeeded and hold the same
-  !> parameters and step (FTORCH_ERR_DISTRIBUTED on every rank otherwise).
+  !> every rank reads and checks its file into a staging copy, then the ranks agree that all of
+  !> them succeeded and hold the same parameters and step; only then does every rank apply it.
+  !> Otherwise nothing changes on any rank, and every rank returns a failure (FTORCH_ERR_DISTRIBUTED
+  !> on the healthy ones, naming the failing rank(s)).
   subroutine torch_checkpoint_load(filename, model, optim, scheduler, step, stat, errmsg, comm)
     !> Path of a file written by torch_checkpoint_save.
     character(len=*), intent(in) :: filename

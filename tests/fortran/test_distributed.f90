@@ -709,8 +709,10 @@ contains
     call torch_delete(model)
   end subroutine resume
 
-  !> A collective load that fails on one rank changes no rank: a missing, a corrupt and another
-  !> step's file on rank 1 while rank 0 reads a valid one. Then a valid load changes every rank.
+  !> A collective load that fails on one rank changes no rank: a missing, a corrupt, another
+  !> model's and another step's file on rank 1 while rank 0 reads a valid one. The optimizer's and
+  !> the scheduler's state are unchanged too: a step after the failed loads equals a step from the
+  !> state saved before them. Then a valid load changes every rank.
   subroutine all_or_nothing(file, model, optim, sched, params, x, y)
     character(len=*), intent(in) :: file
     type(torch_model), intent(inout) :: model
@@ -718,10 +720,11 @@ contains
     type(torch_scheduler), intent(inout) :: sched
     type(torch_tensor), intent(inout) :: params(:)
     real(real64), intent(in) :: x(:, :), y(:, :)
-    real(real64), allocatable :: live(:), at11(:)
+    real(real64), allocatable :: live(:), at11(:), after_failures(:)
     real(real64) :: loss
     character(len=512) :: msg
     character(len=:), allocatable :: mine
+    type(torch_model) :: other
     integer :: stat, saved, unit, k
     ! The state at step 11 goes to file.b; the live state moves on to step 12.
     do k = 11, 12
@@ -738,7 +741,13 @@ contains
       open(newunit=unit, file=file // ".corrupt", status="replace", action="write")
       write(unit, '(a)') "not a checkpoint"
       close(unit)
+      ! A checkpoint of another model (this rank alone: no comm).
+      call torch_model_load(other, data_path("ddp_other.pt"), torch_kCPU, is_training=.true.)
+      call torch_checkpoint_save(file // ".other", other, step=12)
+      call torch_delete(other)
     end if
+    ! The live state (step 12), to compare the optimizer's and scheduler's state with later.
+    call torch_checkpoint_save(file // ".live", model, optim, sched, step=12, comm=comm)
     call torch_barrier(comm)
     live = parameter_values(params)
     mine = file
@@ -751,11 +760,30 @@ contains
     call torch_checkpoint_load(mine, model, optim, sched, comm=comm, stat=stat, errmsg=msg)
     call check(stat /= 0 .and. all(parameter_values(params) == live), &
                "a corrupt file on rank 1: the load fails on every rank and changes nothing")
+    if (rank == 1) mine = file // ".other"
+    call torch_checkpoint_load(mine, model, optim, sched, comm=comm, stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. all(parameter_values(params) == live), &
+               "another model's file on rank 1: the load fails on every rank and changes nothing")
+    if (rank == 0) call check(index(msg, "rank(s) 1 ") > 0, "rank 0's message names the failing rank: " // trim(msg))
     if (rank == 1) mine = file // ".b"
     call torch_checkpoint_load(mine, model, optim, sched, comm=comm, stat=stat, errmsg=msg)
     call check(stat == FTORCH_ERR_DISTRIBUTED .and. all(parameter_values(params) == live), &
                "another step's file on rank 1: the load fails on every rank and changes nothing")
     call check(index(msg, "rank(s) 1 ") > 0, "the message names the rank that differs: " // trim(msg))
+    ! Optimizer (Adam's moments and step count) and scheduler unchanged by the failed loads: one
+    ! step now equals one step from the state saved before them, bit for bit.
+    call torch_optim_zero_grad(optim)
+    loss = forward_backward(model, x, y)
+    call torch_optim_step(optim)
+    call torch_scheduler_step(sched)
+    after_failures = parameter_values(params)
+    call torch_checkpoint_load(file // ".live", model, optim, sched, comm=comm)
+    call torch_optim_zero_grad(optim)
+    loss = forward_backward(model, x, y)
+    call torch_optim_step(optim)
+    call torch_scheduler_step(sched)
+    call check(all(parameter_values(params) == after_failures), &
+               "the failed loads left the optimizer's and the scheduler's state as they were")
     call torch_checkpoint_load(file // ".b", model, optim, sched, step=saved, comm=comm, stat=stat)
     call check(stat == 0 .and. saved == 11 .and. all(parameter_values(params) == at11), &
                "the same valid file on every rank loads everywhere")

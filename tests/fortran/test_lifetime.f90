@@ -8,11 +8,18 @@ module lifetime_helpers
   use ftorch
   implicit none
   private
-  public :: state_t, tendency, leaky_hook, grad_fails, tendency_plain
+  public :: state_t, tendency, leaky_hook, grad_fails, tendency_plain, set_from
   type :: state_t
     type(torch_tensor) :: t
   end type state_t
 contains
+  !> `=` into the component of an INTENT(OUT) dummy (which flang finalizes on entry).
+  subroutine set_from(s, x)
+    type(state_t), intent(out) :: s
+    type(torch_tensor), intent(in) :: x
+    s%t = x
+  end subroutine set_from
+
   !> The idiom the guide recommends (docs/guide/tensors.md) for a function returning a tensor.
   function tendency(u) result(r)
     type(torch_tensor), intent(in) :: u
@@ -59,21 +66,24 @@ end module lifetime_helpers
 !> The allocating forms of `=` in a scope that imports the type but not `assignment(=)`.
 module only_type_scope
   use, intrinsic :: iso_fortran_env, only: real64
-  use ftorch, only: torch_tensor, torch_tensor_from_array, torch_kCPU, torch_delete
+  use ftorch, only: torch_tensor, torch_tensor_from_array, torch_kCPU, torch_delete, torch_catch_begin, &
+                    torch_catch_end
   implicit none
   private
-  public :: grow_history, copy_into_unallocated
+  public :: grow_history, copy_into_unallocated, shift_sections
 contains
   include "allocating_forms.inc"
 end module only_type_scope
 
 program test_lifetime
   use, intrinsic :: iso_c_binding, only: c_int64_t
-  use, intrinsic :: iso_fortran_env, only: int64, real64
+  use, intrinsic :: iso_fortran_env, only: int32, int64, real64
   use ftorch
+  use ftorch_errors, only: ftorch_last_error
   use lifetime_helpers
   use only_type_scope, only: grow_history_only_type => grow_history, &
-                             copy_into_unallocated_only_type => copy_into_unallocated
+                             copy_into_unallocated_only_type => copy_into_unallocated, &
+                             shift_sections_only_type => shift_sections
   use testing, only: check, check_close, summary
   implicit none
   integer(c_int64_t) :: base
@@ -86,7 +96,15 @@ program test_lifetime
     case ("--plain-function-results")
       call plain_function_results()
     case ("--constructor-of-user-types")
-      call constructor_of_user_types()
+      call allocating_user_arrays("constructor")
+    case ("--copy-user-array-into-unallocated")
+      call allocating_user_arrays("copy")
+    case ("--unended-catch-scope")
+      call unended_catch_scope()
+    case ("--shift-sections-only-type")
+      call shift_sections_only_type()
+    case ("--shift-user-types")
+      call shift_user_types()
     case ("--grow-history")
       call grow_history()
     case ("--grow-history-only-type")
@@ -212,12 +230,15 @@ contains
     call torch_delete(copies)
   end subroutine whole_array_copies
 
-  ! Components of user types: `=` of the derived type applies the tensor's `=` to the component.
+  ! Components of user types: `=` of the derived type applies the tensor's `=` to the component
+  ! (fixed-size arrays, and allocatable ones already allocated with the same shape).
   subroutine arrays_of_user_types()
-    type(state_t) :: s1, s2, pair(2), pair2(2)
-    real(real64), target :: a(1), b(1)
+    use, intrinsic :: iso_fortran_env, only: compiler_version
+    type(state_t) :: s1, s2, pair(2), pair2(2), w
+    type(state_t), allocatable :: arr(:), arr2(:)
+    real(real64), target :: a(1), b(1), wv(1)
     integer(c_int64_t) :: before
-    integer :: stat
+    integer :: stat, i
     a = 1
     b = 2
     call torch_tensor_from_array(s1%t, a, torch_kCPU)
@@ -233,6 +254,39 @@ contains
     call check(torch_tensor_get_rank(s1%t, stat=stat) == 1 .and. stat == 0, "the originals are still live")
     call torch_delete(pair2(1)%t)
     call torch_delete(pair2(2)%t)
+    ! `w = s1` for a type whose component wraps an array writes into that array, also where the
+    ! compiler finalizes the left-hand side first (flang): the component's tensor stays the array's.
+    wv = 0
+    call torch_tensor_from_array(w%t, wv, torch_kCPU)
+    before = ftorch_live_handles()
+    w = s1
+    call check(all(wv == [1d0]), "w = s1 writes into the array w's tensor wraps")
+    call check(ftorch_live_handles() == before, "... with no new tensor")
+    ! An INTENT(OUT) dummy is undefined on entry: flang finalizes it and default-initializes its
+    ! component (an unconstructed tensor), so `=` into it makes a new tensor; gfortran 11 and 12
+    ! do neither, and `=` writes into the array.
+    call set_from(w, s2%t)
+    call check(all(values_of([w%t]) == [2d0]), "= into the component of an INTENT(OUT) dummy")
+    if (index(compiler_version(), "GCC") > 0) then
+      call check(all(wv == [2d0]), "... writes into the array (gfortran: the dummy is not finalized)")
+    else
+      call check(all(wv == [1d0]), "... makes a new tensor (flang: the dummy arrives unconstructed)")
+    end if
+    call check(ftorch_live_handles() == before, "... and none is left behind")
+    call torch_delete(w%t)
+    ! The same with allocatable arrays, both allocated with the same shape.
+    allocate(arr(2), arr2(2))
+    arr(1) = s1
+    arr(2) = s2
+    before = ftorch_live_handles()
+    arr2 = arr
+    call check(ftorch_live_handles() == before + 2, "allocated arr2 = arr copies the components")
+    arr2(1)%t = 10d0 * arr2(1)%t
+    call check(all(values_of([arr(1)%t, arr2(1)%t, s1%t]) == [1d0, 10d0, 1d0]), "... which are independent")
+    do i = 1, 2
+      call torch_delete(arr(i)%t)
+      call torch_delete(arr2(i)%t)
+    end do
     call torch_delete(s1%t)
     call torch_delete(s2%t)
   end subroutine arrays_of_user_types
@@ -341,9 +395,11 @@ contains
     type(torch_tensor) :: x, grads(2)
     type(torch_function) :: undefined
     type(torch_tensor) :: outs(1)
+    type(torch_arglist) :: list
     real(real64), target :: xv(3)
     integer(c_int64_t) :: before
     integer :: i, stat
+    integer(int32) :: small
     xv = 1
     call torch_tensor_from_array(x, xv, torch_kCPU, requires_grad=.true.)
     before = ftorch_live_handles()
@@ -353,35 +409,88 @@ contains
     end do
     call check(stat /= 0, "the rejected calls fail")
     call check(ftorch_live_handles() == before, "... and release the temporaries they were given")
+    ! A failure found by the Fortran layer itself (no C call involved) also becomes the thread's
+    ! last error, as every failure does.
+    call torch_arglist_add(list, 2_int64**40)
+    call torch_arglist_get(list, 1, small, stat=stat)
+    call check(stat /= 0 .and. index(ftorch_last_error(), "out of the range of integer(int32)") > 0, &
+               "a failure found in Fortran is the thread's last error too")
+    call torch_arglist_delete(list)
     call torch_delete(x)
   end subroutine rejected_arguments_release_temporaries
 
   ! The forms of = that allocate their left-hand side (README, per compiler): what each compiler
-  ! does is printed and checked by tests/test_lifetime.py.
-  subroutine constructor_of_user_types()
-    type(state_t) :: s1, s2
-    type(state_t), allocatable :: arr(:)
+  ! does is printed and checked by tests/test_lifetime.py. `arr = [s1, s2]` ("constructor") or
+  ! `arr = src` ("copy") into an unallocated array of a type with a tensor component.
+  subroutine allocating_user_arrays(form)
+    character(len=*), intent(in) :: form
+    type(state_t), allocatable :: src(:), arr(:)
     real(real64), target :: a(1), b(1)
     integer(c_int64_t) :: before
     integer :: stat
     a = 1
     b = 2
-    call torch_tensor_from_array(s1%t, a, torch_kCPU)
-    call torch_tensor_from_array(s2%t, b, torch_kCPU)
+    allocate(src(2))
+    call torch_tensor_from_array(src(1)%t, a, torch_kCPU)
+    call torch_tensor_from_array(src(2)%t, b, torch_kCPU)
     before = ftorch_live_handles()
-    arr = [s1, s2]
+    if (form == "constructor") then
+      arr = [src(1), src(2)]
+    else
+      arr = src
+    end if
     print '(a,i0)', "new tensors ", ftorch_live_handles() - before
-    call check(all(values_of([arr(1)%t, arr(2)%t]) == [1d0, 2d0]), "arr = [s1, s2] has their values")
-    call torch_delete(s1%t)
+    call check(size(arr) == 2, "the array is allocated with two elements")
+    call check(all(values_of([arr(1)%t, arr(2)%t]) == [1d0, 2d0]), "its elements have the values")
+    call torch_delete(src(1)%t)
     print '(a,l1)', "element usable after deleting the original ", torch_tensor_get_rank(arr(1)%t, stat=stat) == 1 &
                                                                      .and. stat == 0
     call torch_delete(arr(1)%t)  ! a no-op where it was stale
     call torch_delete(arr(2)%t)
-    call torch_delete(s2%t)
+    call torch_delete(src(2)%t)
     call check(ftorch_live_handles() == before - 2, "every tensor deleted exactly once")
-  end subroutine constructor_of_user_types
+  end subroutine allocating_user_arrays
 
   include "allocating_forms.inc"
+
+  ! Overlapping sections of an array of a type with a tensor component: Fortran's result is
+  ! [1, 1, 2]. Prints the wrapped values, stat and message.
+  subroutine shift_user_types()
+    real(real64), target :: mem(3)
+    type(state_t) :: hs(3)
+    integer :: i, stat
+    character(len=300) :: msg
+    mem = [1d0, 2d0, 3d0]
+    do i = 1, 3
+      call torch_tensor_from_array(hs(i)%t, mem(i:i), torch_kCPU)
+    end do
+    msg = ""
+    call torch_catch_begin()
+    hs(2:3) = hs(1:2)
+    call torch_catch_end(stat, msg)
+    print '(a,3(1x,f0.0),a,i0,1x,a)', "shifted", mem, " stat ", stat, trim(msg)
+    ! What the guide advises instead: a loop that reads each element before writing it.
+    mem = [1d0, 2d0, 3d0]
+    do i = 3, 2, -1
+      hs(i) = hs(i - 1)
+    end do
+    print '(a,3(1x,f0.0))', "looped", mem
+    do i = 1, 3
+      call torch_delete(hs(i)%t)
+    end do
+  end subroutine shift_user_types
+
+  ! A scope begun and never ended in the main program: the failure is kept, the program goes on to
+  ! its end (tests/test_lifetime.py checks what FTorch says at exit).
+  subroutine unended_catch_scope()
+    real(real64), target :: xv(2, 3)
+    type(torch_tensor) :: x, y
+    xv = 1
+    call torch_tensor_from_array(x, xv, torch_kCPU)
+    call torch_catch_begin()
+    y = torch_reshape(x, [7])
+    print '(a)', "reached the end"
+  end subroutine unended_catch_scope
 
   ! Without torch_result: counts what the compiler leaves alive (gfortran <= 12: every result).
   subroutine plain_function_results()
