@@ -90,22 +90,29 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 _cmake_builds: dict[str, Path] = {}
+_cmake_built_all: set[str] = set()
 
 
 @pytest.fixture(scope="session")
 def cmake_consumer(installed, data_dir, tmp_path_factory):
-    """Build tests/projects/cmake with a given Fortran compiler (once per compiler)."""
+    """Build tests/projects/cmake with a given Fortran compiler (configured once per compiler):
+    every program, or only `targets` (what the compilers outside COMPILERS, gfortran 11, run)."""
 
-    def build(compiler: str) -> Path:
+    def build(compiler: str, targets: list[str] | None = None) -> Path:
         fc = require_compiler(compiler)
         if compiler not in _cmake_builds:
             bdir = tmp_path_factory.mktemp(f"cmake-{compiler}")
             run(["cmake", "-S", TESTS / "projects" / "cmake", "-B", bdir, "-G", "Ninja",
                  f"-DCMAKE_Fortran_COMPILER={fc}", f"-DCMAKE_PREFIX_PATH={installed['prefix']}",
                  f"-DFTORCH_TEST_DATA={data_dir}", "-DCMAKE_BUILD_TYPE=Debug"], env=tool_env())
-            run(["cmake", "--build", bdir], env=tool_env())
             _cmake_builds[compiler] = bdir
-        return _cmake_builds[compiler]
+        bdir = _cmake_builds[compiler]
+        if targets is not None and compiler not in _cmake_built_all:
+            run(["cmake", "--build", bdir, "--target", *targets], env=tool_env())  # incremental
+        elif compiler not in _cmake_built_all:
+            run(["cmake", "--build", bdir], env=tool_env())
+            _cmake_built_all.add(compiler)
+        return bdir
 
     return build
 

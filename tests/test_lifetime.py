@@ -5,29 +5,20 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import IN_CI, assert_all_passed, require_compiler, run, tool_env, TESTS
+from conftest import COMPILERS, IN_CI, assert_all_passed, require_compiler, run, tool_env
 
 LIFETIME_COMPILERS = ["gfortran-11", "gfortran", "flang-new-19"]
-_builds = {}
 
 
 @pytest.fixture(scope="module", params=LIFETIME_COMPILERS)
-def lifetime(request, installed, cmake_consumer, data_dir, tmp_path_factory):
+def lifetime(request, cmake_consumer):
     compiler = request.param
     if compiler.startswith("gfortran") and IN_CI:
         # The README's table names gfortran 11 and 12: CI's `gfortran` must be 12 (Debian 12's).
         major = run([require_compiler(compiler), "-dumpversion"]).stdout.strip().split(".")[0]
         assert major == {"gfortran-11": "11", "gfortran": "12"}[compiler], (compiler, major)
-    if compiler in ("gfortran", "flang-new-19"):
-        return compiler, cmake_consumer(compiler) / "test_lifetime"
-    fc = require_compiler(compiler)
-    bdir = tmp_path_factory.mktemp(f"lifetime-{compiler}")
-    run(["cmake", "-S", TESTS / "projects" / "cmake", "-B", bdir, "-G", "Ninja", f"-DCMAKE_Fortran_COMPILER={fc}",
-         f"-DCMAKE_PREFIX_PATH={installed['prefix']}", f"-DFTORCH_TEST_DATA={data_dir}", "-DCMAKE_BUILD_TYPE=Debug"],
-        env=tool_env())
-    run(["cmake", "--build", bdir, "--target", "test_lifetime", "test_lifetime_checked", "test_memory"],
-        env=tool_env())
-    return compiler, bdir / "test_lifetime"
+    targets = None if compiler in COMPILERS else ["test_lifetime", "test_lifetime_checked", "test_memory"]
+    return compiler, cmake_consumer(compiler, targets) / "test_lifetime"
 
 
 def test_value_semantics_and_lifetime(lifetime):

@@ -1,4 +1,4 @@
-"""pytorch-fortran programs (use torch_ftn) built unchanged with gfortran and flang through CMake
+"""pytorch-fortran programs (use torch_ftn) built unchanged with gfortran 12, gfortran 11 and flang through CMake
 (tests/projects/ftn), their results compared with PyTorch computing the same at test time."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def models(tmp_path_factory):
     return d
 
 
-@pytest.fixture(scope="module", params=COMPILERS)
+@pytest.fixture(scope="module", params=[*COMPILERS, "gfortran-11"])
 def build(request, installed, tmp_path_factory):
     fc = require_compiler(request.param)
     bdir = tmp_path_factory.mktemp(f"ftn-{request.param}")

@@ -49,8 +49,8 @@ FTC_API int ftc_tensor_delete(ftc_tensor *t);
  * so a finalizer must not write to its argument. The same for models, optimizers, schedulers. */
 FTC_API void ftc_tensor_release(ftc_tensor t);
 /* The Fortran finalizer of a tensor: ftc_tensor_release(*t), reading *t and writing nothing. t is
- * the address of the Fortran object's handle: when the tensor stands for memory it does not own
- * (a wrapped array, device memory, a model's parameter), an `=` into the same address that follows
+ * the address of the Fortran object's handle: when the tensor stands for memory FTorch was given
+ * (a wrapped array, device memory), an `=` into the same address that follows
  * (Fortran finalizes the left-hand side of an intrinsic assignment of a derived type before
  * assigning its tensor components) gets it back and writes into that memory. */
 FTC_API void ftc_tensor_finalize(const ftc_tensor *t);

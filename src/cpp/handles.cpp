@@ -214,14 +214,14 @@ std::shared_ptr<Scheduler> &scheduler_ptr(ftc_scheduler h) {
 
 namespace {
 
-// Tensors the compiler has just finalized that stand for memory they do not own (FTorch was given
-// it: a Fortran array, device memory; or a model's parameter), with the handle and the address of
-// the Fortran object that held them. Fortran finalizes the left-hand side of an intrinsic
+// Tensors the compiler has just finalized that stand for memory FTorch was given (a Fortran array,
+// device memory), with the handle and the address of the Fortran object that held them. Fortran finalizes the left-hand side of an intrinsic
 // assignment of a derived type before assigning its components (`s2 = s1` with flang, gfortran
 // >= 13), and an INTENT(OUT) dummy on entry; the component's `=` that follows at the same address
 // gets the tensor back (revive_finalized), and so keeps writing into that memory, as it does where
 // the compiler finalizes nothing. Only the address that held the handle can get it back, never a
-// copy elsewhere; the few kept per thread are dropped oldest first (they own no memory).
+// copy elsewhere; the few kept per thread are dropped oldest first (they own no memory: tensors
+// over LibTorch's memory, parameters included, are not kept, so nothing is held past its time).
 struct Finalized {
   const void *handle = nullptr;  // the handle, without its write stamp
   const void *where = nullptr;   // the address of the Fortran object's handle (a key, never read)
@@ -238,7 +238,7 @@ void finalize_tensor(const ftc_tensor *where) noexcept {
   auto &table = TensorTable::instance();
   const ftc_tensor h = *where;
   auto *s = table.find(h);
-  if (s != nullptr && (s->flags & (kWrapped | kShared)) != 0 && (s->flags & kExpression) == 0) {
+  if (s != nullptr && (s->flags & kWrapped) != 0 && (s->flags & kExpression) == 0) {
     try {
       Finalized &f = finalized[finalized_next++ % kFinalizedKept];
       f.tensor = s->value;
