@@ -48,12 +48,6 @@ FTC_API int ftc_tensor_delete(ftc_tensor *t);
  * finalizers: gfortran 12 passes wrong addresses for elements of array components it finalizes,
  * so a finalizer must not write to its argument. The same for models, optimizers, schedulers. */
 FTC_API void ftc_tensor_release(ftc_tensor t);
-/* The Fortran finalizer of a tensor: ftc_tensor_release(*t), reading *t and writing nothing. t is
- * the address of the Fortran object's handle: when the tensor stands for memory FTorch was given
- * (a wrapped array, device memory), an `=` into the same address that follows
- * (Fortran finalizes the left-hand side of an intrinsic assignment of a derived type before
- * assigning its tensor components) gets it back and writes into that memory. */
-FTC_API void ftc_tensor_finalize(const ftc_tensor *t);
 
 FTC_API int ftc_tensor_rank(ftc_tensor t, int *rank);
 /* Pointers into the tensor's own size/stride storage, valid while the tensor lives (an error

@@ -1,7 +1,6 @@
 // handles.cpp - handle tables, per-thread live counts and the release of temporaries
 // (see handles.hpp for the rules).
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -212,73 +211,9 @@ std::shared_ptr<Scheduler> &scheduler_ptr(ftc_scheduler h) {
   return s->value;
 }
 
-namespace {
-
-// Tensors the compiler has just finalized that stand for memory FTorch was given (a Fortran array,
-// device memory), with the handle and the address of the Fortran object that held them. Fortran finalizes the left-hand side of an intrinsic
-// assignment of a derived type before assigning its components (`s2 = s1` with flang, gfortran
-// >= 13), and an INTENT(OUT) dummy on entry; the component's `=` that follows at the same address
-// gets the tensor back (revive_finalized), and so keeps writing into that memory, as it does where
-// the compiler finalizes nothing. Only the address that held the handle can get it back, never a
-// copy elsewhere; the few kept per thread are dropped oldest first (they own no memory: tensors
-// over LibTorch's memory, parameters included, are not kept, so nothing is held past its time).
-struct Finalized {
-  const void *handle = nullptr;  // the handle, without its write stamp
-  const void *where = nullptr;   // the address of the Fortran object's handle (a key, never read)
-  at::Tensor tensor;             // empty once revived
-  uint8_t flags = 0;
-};
-constexpr size_t kFinalizedKept = 8;
-thread_local std::array<Finalized, kFinalizedKept> finalized;
-thread_local size_t finalized_next = 0;
-
-}  // namespace
-
-void finalize_tensor(const ftc_tensor *where) noexcept {
-  auto &table = TensorTable::instance();
-  const ftc_tensor h = *where;
-  auto *s = table.find(h);
-  if (s != nullptr && (s->flags & kWrapped) != 0 && (s->flags & kExpression) == 0) {
-    try {
-      Finalized &f = finalized[finalized_next++ % kFinalizedKept];
-      f.tensor = s->value;
-      f.handle = TensorTable::unstamped(h);
-      f.where = where;
-      f.flags = s->flags;
-    } catch (...) {
-      // Not kept: the next `=` at that address makes a new tensor, as without this.
-    }
-  }
-  table.release(h);
-}
-
-TensorTable::Slot *revive_finalized(ftc_tensor *where) {
-  const void *key = TensorTable::unstamped(*where);
-  for (Finalized &f : finalized) {
-    if (f.where != where || f.handle != key || !f.tensor.defined()) continue;
-    const ftc_tensor h = new_tensor_handle(std::move(f.tensor), f.flags);
-    f.tensor = at::Tensor();
-    *where = h;
-    return TensorTable::instance().find(h);
-  }
-  return nullptr;
-}
-
-bool finalized_here(ftc_tensor h) noexcept {
-  const void *key = TensorTable::unstamped(h);
-  for (const Finalized &f : finalized) {
-    if (f.handle == key && f.where != nullptr) return true;
-  }
-  return false;
-}
-
 }  // namespace ftc
 
 extern "C" {
-
-void ftc_tensor_finalize(const ftc_tensor *t) {
-  if (t != nullptr) ftc::finalize_tensor(t);
-}
 
 int64_t ftc_live_handles(void) { return ftc::live_handle_count(); }
 

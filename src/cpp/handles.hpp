@@ -310,14 +310,6 @@ inline ftc_tensor new_tensor_handle(const at::Tensor &t, uint8_t flags = 0) {
   return static_cast<ftc_tensor>(TensorTable::instance().acquire(t, flags));
 }
 bool delete_tensor(ftc_tensor h) noexcept;
-// The finalizer of a Fortran tensor at address `where`: deletes it, keeping for a while what a
-// compiler's finalize-then-assign needs back (handles.cpp, Finalized).
-void finalize_tensor(const ftc_tensor *where) noexcept;
-// For `=` into a stale handle at `where`: the tensor finalized there just before, under a new
-// handle stored at `where`, or nullptr.
-TensorTable::Slot *revive_finalized(ftc_tensor *where);
-// Whether stale handle h is one this thread's finalizer deleted recently (for messages).
-bool finalized_here(ftc_tensor h) noexcept;
 
 // The model of a handle, either kind.
 Model &any_model_of(ftc_model h);

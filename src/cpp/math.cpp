@@ -183,22 +183,6 @@ __attribute__((cold, noinline)) void note_self_assignment() noexcept {
   std::fflush(stderr);
 }
 
-// A right-hand side that does not resolve. One that this thread's finalizer deleted a moment ago
-// is, in practice, a copy the compiler took of an element of an array of a derived type whose
-// left-hand side (finalized first, as Fortran says) overlaps it; the left-hand side, finalized
-// too, gets its tensor back before the failure is reported (it is left as it was).
-[[noreturn, gnu::cold, gnu::noinline]] void stale_or_finalized_right_hand_side(ftc_tensor *lhs, ftc_tensor rhs) {
-  if (rhs != unconstructed_handle() && finalized_here(rhs)) {
-    if (lhs != nullptr && *lhs != nullptr && TensorTable::instance().find(*lhs) == nullptr) revive_finalized(lhs);
-    fail(FTC_ERR_NULL_HANDLE,
-         "the right-hand side is a copy of a tensor the compiler finalized during this assignment: the two sides of "
-         "an assignment of arrays of a derived type overlap (the left-hand side is finalized before it is "
-         "assigned); assign the elements one by one, in an order that reads each before writing it, or "
-         "through a temporary array");
-  }
-  bad_handle(rhs, "tensor", "right-hand side tensor");
-}
-
 // What `=` does with write stamps (handles.hpp): C's assignment ignores them; Fortran's array
 // assignment (ftc_tensor_assign_many) bumps the stamp of each constructed lhs it writes; Fortran's
 // elemental `=` also refuses an rhs whose stamp is older than its tensor's (a copy taken before an
@@ -240,7 +224,7 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
   auto &table = TensorTable::instance();
   // The right-hand side first: a temporary is scheduled for release whatever fails next.
   TensorTable::Slot *right = nullptr;
-  if (rhs != nullptr && (right = find_scheduled(rhs)) == nullptr) stale_or_finalized_right_hand_side(lhs, rhs);
+  if (rhs != nullptr) right = &tensor_slot(rhs, "right-hand side tensor");
   if (lhs == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "left-hand side handle pointer is null");
   if (*lhs == rhs && value_before == nullptr) {  // t = t
     if constexpr (stamping == Stamping::check) {
@@ -260,10 +244,10 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
     return;
   }
   const at::Tensor &value = value_before != nullptr ? *value_before : right->value;
-  if (left == nullptr && *lhs != nullptr) left = revive_finalized(lhs);  // finalized just before
   if (left == nullptr) {
-    // Unconstructed (or stale) lhs: it becomes the value; a temporary is taken over without
-    // copying. `r = torch_result(expr)` makes r a result, released by the first call that reads it.
+    // Unconstructed (or stale: a compiler finalized it just before assigning) lhs: it becomes
+    // the value; a temporary is taken over without copying. `r = torch_result(expr)` makes r a
+    // result, released by the first call that reads it.
     const bool take = value_before != nullptr || (right->flags & kExpression) != 0;
     const uint8_t flags = (right->flags & kMarkResult) != 0 ? kResult : 0;
     *lhs = new_tensor_handle(take ? value : value.clone(), flags);

@@ -25,23 +25,23 @@ struct CatchScope {
   bool barrier = false;
 };
 
-// The scopes of a thread. A scope still open when the thread ends (the main thread: at exit,
-// also after `stop`) was begun without its torch_catch_end: every failure since was kept there,
-// and nothing would say so; said on standard error instead, with the failure it kept.
+// The scopes of a thread. A scope begun by torch_catch_begin and still open when the thread ends
+// (the main thread: at exit, also after `stop`), holding a failure, kept that failure without
+// anything saying so (its torch_catch_end never ran): said on standard error instead. A callback's
+// own scope (a barrier) is not the user's to end: not counted.
 struct CatchScopes : std::vector<CatchScope> {
   ~CatchScopes() {
-    if (empty()) return;
+    size_t open = 0;
     const CatchScope *failed = nullptr;
     for (const CatchScope &scope : *this) {
-      if (scope.status != FTC_OK) {
-        failed = &scope;
-        break;
-      }
+      if (scope.barrier) continue;
+      ++open;
+      if (failed == nullptr && scope.status != FTC_OK) failed = &scope;
     }
+    if (failed == nullptr) return;
     std::fprintf(stderr, "FTorch warning: %zu catch scope%s begun by torch_catch_begin %s never ended "
-                 "(torch_catch_end)%s%s\n", size(), size() == 1 ? "" : "s", size() == 1 ? "was" : "were",
-                 failed != nullptr ? "; it kept this failure, which stopped nothing: " : "; no failure was kept",
-                 failed != nullptr ? failed->message.c_str() : "");
+                 "(torch_catch_end); it kept this failure, which stopped nothing: %s\n", open,
+                 open == 1 ? "" : "s", open == 1 ? "was" : "were", failed->message.c_str());
     std::fflush(stderr);
   }
 };
