@@ -5,13 +5,19 @@
 !> restore, allow_unused zeros; and (one per process, --<form>) the forms of = that allocate their
 !> left-hand side, whose outcome differs by compiler.
 module lifetime_helpers
+  use, intrinsic :: iso_fortran_env, only: real64
   use ftorch
   implicit none
   private
-  public :: state_t, tendency, leaky_hook, grad_fails, tendency_plain, set_from
+  public :: state_t, owning_t, tendency, leaky_hook, grad_fails, tendency_plain, set_from
   type :: state_t
     type(torch_tensor) :: t
   end type state_t
+  !> A type whose tensor wraps its own allocatable array.
+  type :: owning_t
+    real(real64), allocatable :: a(:)
+    type(torch_tensor) :: t
+  end type owning_t
 contains
   !> `=` into the component of an INTENT(OUT) dummy (finalized and default-initialized on entry).
   subroutine set_from(s, x)
@@ -249,7 +255,9 @@ contains
   subroutine arrays_of_user_types()
     type(state_t) :: s1, s2, pair(2), pair2(2), w
     type(state_t), allocatable :: arr(:), arr2(:)
+    type(owning_t), target :: o1, o2
     real(real64), target :: a(1), b(1), wv(1)
+    real(real64) :: pair_values(2)
     integer(c_int64_t) :: before
     integer :: stat, i
     a = 1
@@ -293,6 +301,25 @@ contains
                "= into the component of an INTENT(OUT) dummy makes a new tensor")
     call check(ftorch_live_handles() == before, "... and none is left behind")
     call torch_delete(w%t)
+    ! A type whose tensor wraps its own allocatable component: `o2 = o1` gives o2%a a new
+    ! allocation, and o2%t a new tensor with o1's values (every compiler: no compiler applies the
+    ! tensor's `=` into the old o2%a); writes through o2%t no longer reach o2%a.
+    allocate(o1%a(2), o2%a(2))
+    o1%a = [1d0, 2d0]
+    o2%a = 0
+    call torch_tensor_from_array(o1%t, o1%a, torch_kCPU)
+    call torch_tensor_from_array(o2%t, o2%a, torch_kCPU)
+    before = ftorch_live_handles()
+    o2 = o1
+    call torch_tensor_to_array(o2%t, pair_values)
+    call check(all(o2%a == [1d0, 2d0]) .and. all(pair_values == [1d0, 2d0]), "o2 = o1 copies the array and the values")
+    o2%t = 3d0 * o1%t
+    call torch_tensor_to_array(o2%t, pair_values)
+    call check(all(pair_values == [3d0, 6d0]) .and. all(o2%a == [1d0, 2d0]), &
+               "... and o2%t is a tensor of its own, no longer over o2%a")
+    call check(ftorch_live_handles() == before, "... with no tensor left behind")
+    call torch_delete(o1%t)
+    call torch_delete(o2%t)
     ! The same with allocatable arrays, both allocated with the same shape.
     allocate(arr(2), arr2(2))
     arr(1) = s1
