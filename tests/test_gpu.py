@@ -48,4 +48,4 @@ def test_device_memory_on_the_gpu(installed, data_dir, tmp_path):
     env = dict(os.environ)
     if cudart:
         env["LD_LIBRARY_PATH"] = str(Path(cudart).parent) + os.pathsep + env.get("LD_LIBRARY_PATH", "")
-    assert assert_all_passed(run([bdir / "device_memory", data_dir], env=env, check=False)) == 9
+    assert assert_all_passed(run([bdir / "device_memory", data_dir], env=env, check=False)) == 11

@@ -8,7 +8,9 @@
 #                    only when no gfortran is on PATH
 #   WHEEL_DIR        a directory holding a fypp wheel; needed only when fypp is not installed
 # Environment: PYTHON (default python3), JOBS (pytest workers, default 8), LOG_DIR (where the logs
-#   and the benchmark's results go, default bench/results), BENCH_REPS (default 5).
+#   and the benchmark's results go, default bench/results), BENCH_REPS (default 5), DEADLINE
+#   (seconds: every step ends by then, each limit cut to what is left; a step with under 20 s left
+#   is skipped and counted as failed; default none).
 # Steps, in order of what matters most on a GPU; each has a time limit and a failing step does not
 # stop the later ones (the exit status counts the failed steps):
 #   1. build against the machine's torch, `python -m ftorch doctor`
@@ -32,6 +34,14 @@ failed=0
 step() {  # step NAME SECONDS COMMAND...: runs COMMAND with a time limit, its output into LOG_DIR/NAME.log
   local name=$1 limit=$2 start=$SECONDS rc
   shift 2
+  if [ -n "${DEADLINE:-}" ] && [ $((DEADLINE - SECONDS - 5)) -lt "$limit" ]; then
+    limit=$((DEADLINE - SECONDS - 5))
+    if [ "$limit" -lt 20 ]; then
+      echo "<== $name: skipped, ${limit}s left before DEADLINE"
+      failed=$((failed + 1))
+      return 1
+    fi
+  fi
   echo "==> $name (limit ${limit}s)"
   timeout --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
   rc=$?

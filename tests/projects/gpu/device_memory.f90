@@ -42,7 +42,7 @@ program device_memory
   type(c_ptr) :: x_dev, y_dev, t_dev
   real(real64), target :: x(n), y_cpu(n), y_back(n), y_idiom(n), t(n), p_gpu(n * n + n), p_cpu(n * n + n)
   type(torch_model) :: gpu_model, cpu_model
-  type(torch_tensor) :: tx, ty, tt, cx, cy, ct, fx, fy
+  type(torch_tensor) :: tx, ty, tt, cx, cy, ct, fx, fy, gx, gt, hx, ht
   type(torch_optim) :: gpu_opt, cpu_opt
   real(real64) :: loss_gpu, loss_cpu, graph_losses(10), cpu_losses(10)
   integer :: i, k
@@ -142,6 +142,39 @@ program device_memory
   call check(maxval(abs(graph_losses - cpu_losses) / abs(cpu_losses)) <= 1d-10, &
              "ten Adam steps as a CUDA graph, new data in the buffers each step: the CPU's losses")
   call check(maxval(abs(p_gpu - p_cpu)) <= 1d-10 * maxval(abs(p_cpu)), "... and the CPU's parameters")
+
+  ! Ten more captured Adam steps, now on tensors that torch owns on the device (no wrapped buffer):
+  ! the new data reaches them by `=` of an expression (a CUDA temporary) before each step. The graph
+  ! reads its inputs at the addresses it captured, so `=` must write into them and never hand them
+  ! other storage (a temporary's storage taken over, say): a replay would then read stale inputs and
+  ! leave the CPU's losses. Same tolerance as above.
+  call torch_delete(gpu_opt)
+  call torch_delete(cpu_opt)
+  call torch_model_load(gpu_model, trim(dir) // "/simplenet_f64.pt", torch_kCUDA, is_training=.true.)
+  call torch_model_load(cpu_model, trim(dir) // "/simplenet_f64.pt", torch_kCPU, is_training=.true.)
+  call make_optim(gpu_model, gpu_opt, .true.)
+  call make_optim(cpu_model, cpu_opt, .true.)
+  call torch_tensor_from_array(gx, x, [1], torch_kCUDA, device_index=0)
+  call torch_tensor_from_array(gt, t, [1], torch_kCUDA, device_index=0)
+  do i = 1, 10
+    x = [(cos(0.5d0 * i + 0.3d0 * k), k = 1, n)]
+    t = [(sin(0.1d0 * i - 0.6d0 * k), k = 1, n)]
+    call torch_tensor_from_array(hx, x, [1], torch_kCUDA, device_index=0)
+    call torch_tensor_from_array(ht, t, [1], torch_kCUDA, device_index=0)
+    gx = hx * 1.0_real64
+    gt = ht + 0.0_real64
+    call torch_delete(hx)
+    call torch_delete(ht)
+    call torch_train_step(gpu_model, gpu_opt, [gx], gt, graph_losses(i), cuda_graph=.true.)
+    call torch_train_step(cpu_model, cpu_opt, [cx], ct, cpu_losses(i))
+  end do
+  call parameters_of(gpu_model, p_gpu)
+  call parameters_of(cpu_model, p_cpu)
+  call check(maxval(abs(graph_losses - cpu_losses) / abs(cpu_losses)) <= 1d-10, &
+             "ten captured Adam steps on torch-owned CUDA inputs given new values by `=`: the CPU's losses")
+  call check(maxval(abs(p_gpu - p_cpu)) <= 1d-10 * maxval(abs(p_cpu)), "... and the CPU's parameters")
+  call torch_delete(gx)
+  call torch_delete(gt)
 
   call torch_delete(tx)
   call torch_delete(ty)
