@@ -43,6 +43,29 @@ def result(output: str) -> float:
     raise RuntimeError(f"no RESULT line in:\n{output}")
 
 
+def write_results(args, torch, rows, reps, warmup, steps):
+    """gpu.json and gpu.md in args.out for the rows measured so far."""
+    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU (graph rows uncaptured)"
+    results = {"device": device_name, "torch": torch.__version__, "warmup": warmup, "steps": steps, "reps": reps,
+               "rows": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu.json").write_text(json.dumps(results, indent=2) + "\n")
+    head = ["MLP, batch", "Fortran eager", "Fortran graph", "Python eager"]
+    if args.device == "cuda":
+        head += ["Python graph", "Fortran graph / Python graph"]
+    lines = [f"Training step (Adam, MSE, float32, loss read every step), median of {reps} runs of {steps} steps, "
+             f"{device_name}, torch {torch.__version__}. Microseconds per step.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        m = r["median_us"]
+        cells = [f"{r['features']}-{r['hidden']}-{r['hidden']}-{r['features']}, {r['batch']}",
+                 f"{m['fortran_eager']:.1f}", f"{m['fortran_graph']:.1f}", f"{m['python_eager']:.1f}"]
+        if args.device == "cuda":
+            cells += [f"{m['python_graph']:.1f}", f"{r['fortran_graph_over_python_graph']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    (args.out / "gpu.md").write_text("\n".join(lines) + "\n")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -50,6 +73,8 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--build-dir", type=Path, default=None)
+    parser.add_argument("--sizes", default=None,
+                        help="comma-separated row numbers (0-based) of the MLPs to run, e.g. 0,1,2 (default: all)")
     args = parser.parse_args(argv)
 
     import ftorch
@@ -59,6 +84,8 @@ def main(argv=None) -> int:
         print("no CUDA device visible to torch: use --device cpu for a smoke run", file=sys.stderr)
         return 2
     sizes = QUICK_SIZES if args.quick else SIZES
+    if args.sizes:
+        sizes = [sizes[int(k)] for k in args.sizes.split(",")]
     reps = args.reps or (1 if args.quick else 5)
     warmup, steps = (5, 20) if args.quick else (20, 200)
     work = Path(tempfile.mkdtemp(prefix="ftorch-bench-gpu-"))
@@ -94,27 +121,11 @@ def main(argv=None) -> int:
             row["fortran_graph_over_python_graph"] = med["fortran_graph"] / med["python_graph"]
         row["fortran_graph_over_fortran_eager"] = med["fortran_graph"] / med["fortran_eager"]
         rows.append(row)
-
-    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU (graph rows uncaptured)"
-    results = {"device": device_name, "torch": torch.__version__, "warmup": warmup, "steps": steps, "reps": reps,
-               "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu.json").write_text(json.dumps(results, indent=2) + "\n")
-    head = ["MLP, batch", "Fortran eager", "Fortran graph", "Python eager"]
-    if args.device == "cuda":
-        head += ["Python graph", "Fortran graph / Python graph"]
-    lines = [f"Training step (Adam, MSE, float32, loss read every step), median of {reps} runs of {steps} steps, "
-             f"{device_name}, torch {torch.__version__}. Microseconds per step.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        m = r["median_us"]
-        cells = [f"{r['features']}-{r['hidden']}-{r['hidden']}-{r['features']}, {r['batch']}",
-                 f"{m['fortran_eager']:.1f}", f"{m['fortran_graph']:.1f}", f"{m['python_eager']:.1f}"]
-        if args.device == "cuda":
-            cells += [f"{m['python_graph']:.1f}", f"{r['fortran_graph_over_python_graph']:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    (args.out / "gpu.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        # Written after every row: a run stopped by a time limit keeps the rows it finished.
+        write_results(args, torch, rows, reps, warmup, steps)
+        print(f"{features}-{hidden}-{hidden}-{features}, batch {batch}: "
+              + ", ".join(f"{k} {v:.1f} us" for k, v in med.items()), flush=True)
+    print((args.out / "gpu.md").read_text())
     return 0
 
 

@@ -10,7 +10,9 @@
 # Environment: PYTHON (default python3), JOBS (pytest workers, default 8), LOG_DIR (where the logs
 #   and the benchmark's results go, default bench/results), BENCH_REPS (default 5), DEADLINE
 #   (seconds: every step ends by then, each limit cut to what is left; a step with under 20 s left
-#   is skipped and counted as failed; default none).
+#   is skipped and counted as failed; default none), ONLY (names of the steps after the build to
+#   run, e.g. "device_tests bench"; default all), DEVICE_TESTS (pytest node ids for device_tests
+#   instead of the list below), BENCH_SIZES (bench/gpu.py --sizes, e.g. 0,1,2).
 # Steps, in order of what matters most on a GPU; each has a time limit and a failing step does not
 # stop the later ones (the exit status counts the failed steps):
 #   1. build against the machine's torch, `python -m ftorch doctor`
@@ -34,6 +36,9 @@ failed=0
 step() {  # step NAME SECONDS COMMAND...: runs COMMAND with a time limit, its output into LOG_DIR/NAME.log
   local name=$1 limit=$2 start=$SECONDS rc
   shift 2
+  if [ -n "${ONLY:-}" ] && [ "$name" != build ] && [[ " $ONLY " != *" $name "* ]]; then
+    return 0
+  fi
   if [ -n "${DEADLINE:-}" ] && [ $((DEADLINE - SECONDS - 5)) -lt "$limit" ]; then
     limit=$((DEADLINE - SECONDS - 5))
     if [ "$limit" -lt 20 ]; then
@@ -73,11 +78,16 @@ PY
 export FTORCH_TEST_USE_INSTALLED=1 CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 step build 400 "$py" -m pip install -v --no-build-isolation --no-deps "$repo" || exit 1
 step doctor 60 "$py" -m ftorch doctor
-step device_tests 300 "$py" -m pytest -q -rs -n "$jobs" tests/test_gpu.py tests/test_openacc.py \
-  "tests/test_other_consumers.py::test_c_program_device_paths" tests/test_cmake_consumer.py -k \
-  "gpu or device or openacc or cuda" "tests/test_examples.py::test_example_runs[cuda_graph-gfortran]" \
-  "tests/test_distributed.py::test_data_parallel_on_the_gpu"
-step bench 400 "$py" bench/gpu.py --out "$logs" --reps "${BENCH_REPS:-5}"
+if [ -n "${DEVICE_TESTS:-}" ]; then
+  read -r -a device_tests <<<"$DEVICE_TESTS"
+else
+  device_tests=(tests/test_gpu.py tests/test_openacc.py "tests/test_other_consumers.py::test_c_program_device_paths"
+                tests/test_cmake_consumer.py -k "gpu or device or openacc or cuda"
+                "tests/test_examples.py::test_example_runs[cuda_graph-gfortran]"
+                "tests/test_distributed.py::test_data_parallel_on_the_gpu")
+fi
+step device_tests 300 "$py" -m pytest -q -rs -n "$jobs" "${device_tests[@]}"
+step bench 400 "$py" bench/gpu.py --out "$logs" --reps "${BENCH_REPS:-5}" ${BENCH_SIZES:+--sizes "$BENCH_SIZES"}
 step suite 400 "$py" -m pytest -q -rs -n "$jobs" tests/test_other_consumers.py tests/test_examples.py \
   tests/test_train.py tests/test_cmake_consumer.py tests/test_lifetime.py
 echo "failed steps: $failed"

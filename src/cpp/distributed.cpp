@@ -268,8 +268,11 @@ struct DataParallel final : GradientSync {
         const at::Tensor &grad = params[i].grad();
         if (in_bucket(grad, slice)) {
           if (share != 1) slice.mul_(share);
-        } else if (share == 1) {
+        } else if (share == 1 || grad.device() != slice.device()) {
+          // A bucket in host memory for device gradients (a communicator that is not
+          // device-aware): copied across, then scaled there (mul_out cannot write across devices).
           slice.copy_(grad.reshape({-1}));
+          if (share != 1) slice.mul_(share);
         } else {
           at::mul_out(slice, grad.reshape({-1}), share);
         }
