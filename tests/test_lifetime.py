@@ -54,6 +54,33 @@ def test_growing_handles_warn_at_run_time(lifetime):
         assert leaked == 0 and not warned, proc.stderr
 
 
+STEP_GROWTH = "FTorch warning: the tensor/model handles alive on this thread grew from step to step 100 times"
+
+
+@pytest.mark.parametrize("form, env, warned", [("growing-steps", {}, True), ("flat-steps", {}, False),
+                                               ("growing-steps", {"FTORCH_LIVE_HANDLES_WARN": "0"}, False),
+                                               ("plain-function-results-with-steps", {}, None)])
+def test_handles_growing_step_after_step_warn(lifetime, form, env, warned):
+    """The run-time signal of a leak far below the threshold: live handles that grow at each of 100
+    steps (forwards, optimizer and training steps, Python calls) without falling warn once with the
+    default settings; a loop that overwrites what it makes stays quiet; FTORCH_LIVE_HANDLES_WARN=0
+    silences it. Function results without torch_result in such a loop: gfortran 11 and 12 leak one
+    per step and warn, flang neither."""
+    compiler, binary = lifetime
+    if warned is None:
+        warned = compiler.startswith("gfortran")
+    full = tool_env()
+    full.pop("FTORCH_LIVE_HANDLES_WARN", None)
+    full.update(env)
+    proc = run([binary, f"--{form}"], env=full, check=False)
+    assert_all_passed(proc)
+    gained = int(proc.stdout.split("handles gained over the loop ")[1].split()[0])
+    expected = {"growing-steps": 150, "flat-steps": 1, "plain-function-results-with-steps": 150 if warned else 0}
+    assert gained == expected[form], proc.stdout
+    assert proc.stderr.count(STEP_GROWTH) == (1 if warned else 0), proc.stderr
+    assert "FTorch warning" not in proc.stderr.replace(STEP_GROWTH, ""), proc.stderr
+
+
 SELF_ASSIGNMENT = "FTorch warning: `x = x` with the same tensor on both sides"
 
 

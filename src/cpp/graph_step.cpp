@@ -458,6 +458,7 @@ int ftc_train_step_cuda_graph(ftc_model m, ftc_optim o, ftc_scheduler s, const f
                               ftc_tensor target, int loss_kind, int reduction, double max_grad_norm, double *loss,
                               double *seconds) {
   return ftc::guard([&] {
+    ftc::note_step();
     const auto start = std::chrono::steady_clock::now();
     ftc::TrainStep step = ftc::train_step_of(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm);
     // A capture reads the inputs and the target by address: `=` keeps writing into their memory.

@@ -56,6 +56,17 @@ int64_t first_warning_threshold() {
   return v <= 0 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v);
 }
 
+// What both leak warnings say after their first sentence.
+constexpr const char *kLeakAdvice =
+    "If that is not intended, something is not freed: with gfortran <= 12, function results are never finalized "
+    "(end a function returning a tensor with `r = torch_result(expr)`), and arrays of tensors need torch_delete.";
+
+int64_t doubled(int64_t n) {
+  return n > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max() : 2 * n;
+}
+
+constexpr int64_t kGrowthSteps = 100;
+
 }  // namespace
 
 ThreadState &new_thread_state() {
@@ -85,12 +96,27 @@ void warn_growth(ThreadState &ts, int64_t live) noexcept {
   }
   std::fprintf(stderr,
                "FTorch warning: %lld tensor/model handles created on this thread are alive and the number keeps "
-               "growing. If that is not intended, something is not freed: with gfortran <= 12, function results "
-               "are never finalized (end a function returning a tensor with `r = torch_result(expr)`), and arrays "
-               "of tensors need torch_delete. (FTORCH_LIVE_HANDLES_WARN=N sets this threshold, 0 silences it.)\n",
-               static_cast<long long>(live));
+               "growing. %s (FTORCH_LIVE_HANDLES_WARN=N sets this threshold, 0 silences it.)\n",
+               static_cast<long long>(live), kLeakAdvice);
   std::fflush(stderr);
-  ts.warn_at = live > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max() : 2 * live;
+  ts.warn_at = doubled(live);
+}
+
+void warn_step_growth(ThreadState &ts, int64_t live) noexcept {
+  if (ts.warn_growth_steps == 0) {
+    // Silenced with the threshold's warning (FTORCH_LIVE_HANDLES_WARN=0).
+    ts.warn_growth_steps = first_warning_threshold() == std::numeric_limits<int64_t>::max()
+                               ? std::numeric_limits<int64_t>::max()
+                               : kGrowthSteps;
+    if (ts.growth_steps < ts.warn_growth_steps) return;
+  }
+  std::fprintf(stderr,
+               "FTorch warning: the tensor/model handles alive on this thread grew from step to step %lld times "
+               "without falling (steps: forwards, optimizer and training steps, Python calls), to %lld now. %s "
+               "(FTORCH_LIVE_HANDLES_WARN=0 silences it.)\n",
+               static_cast<long long>(ts.growth_steps), static_cast<long long>(live), kLeakAdvice);
+  std::fflush(stderr);
+  ts.warn_growth_steps = doubled(ts.growth_steps);
 }
 
 int64_t live_handle_count() noexcept {

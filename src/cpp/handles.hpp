@@ -48,6 +48,9 @@ struct ThreadState {
   };
   std::atomic<int64_t> live{0};   // handles this thread created minus those it freed (read by others)
   int64_t warn_at = -1;           // next live count that prints the leak warning (-1: not read yet)
+  int64_t step_live = -1;         // live count at the last step (see note_step)
+  int64_t growth_steps = 0;       // steps since the count last fell at which it had grown
+  int64_t warn_growth_steps = 0;  // growth_steps that print the step warning (0: not read yet)
   std::vector<void *> consumed;   // temporaries read by the calls in progress, released as they return
   std::string last_error;         // message of this thread's last failed call
   FreeSlots free[kMaxTables];     // per table: slots this thread freed, reused first
@@ -71,6 +74,22 @@ inline void count_handles(ThreadState &ts, int64_t delta) noexcept {
   const int64_t live = ts.live.load(std::memory_order_relaxed) + delta;
   ts.live.store(live, std::memory_order_relaxed);
   if (live > ts.warn_at) warn_growth(ts, live);
+}
+// A step of the caller's time loop: a forward, an optimizer or training step, a Python call. The
+// run-time signal of a leak that runs out of the threshold's reach: when this thread's live
+// handles have grown between steps kGrowthSteps times without ever falling, one warning (then
+// again after twice as many). A loop that frees what it makes, however many handles it keeps,
+// never warns.
+void warn_step_growth(ThreadState &ts, int64_t live) noexcept;
+inline void note_step() noexcept {
+  ThreadState &ts = thread_state();
+  const int64_t live = ts.live.load(std::memory_order_relaxed);
+  if (live < ts.step_live) {
+    ts.growth_steps = 0;
+  } else if (live > ts.step_live && ++ts.growth_steps >= ts.warn_growth_steps) {
+    warn_step_growth(ts, live);
+  }
+  ts.step_live = live;
 }
 // Live handles of every kind, over all threads (past and present).
 int64_t live_handle_count() noexcept;

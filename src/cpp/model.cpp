@@ -216,6 +216,7 @@ int ftc_model_load(ftc_model *out, const char *filename, int device_type, int de
 int ftc_model_forward(ftc_model m, const ftc_tensor *inputs, int n_inputs, const ftc_tensor *outputs, int n_outputs,
                       int requires_grad) {
   return ftc::guard([&] {
+    ftc::note_step();
     ftc::take_temporaries(outputs, n_outputs);  // the inputs' are taken by tensors_of
     run_forward(m, ftc::tensors_of(inputs, n_inputs, "input tensor"), outputs, n_outputs, requires_grad);
   });
@@ -224,6 +225,7 @@ int ftc_model_forward(ftc_model m, const ftc_tensor *inputs, int n_inputs, const
 int ftc_model_forward_args(ftc_model m, ftc_arglist args, const ftc_tensor *outputs, int n_outputs,
                            int requires_grad) {
   return ftc::guard([&] {
+    ftc::note_step();
     ftc::take_temporaries(outputs, n_outputs);
     run_forward(m, ftc::ivalues_of(ftc::arglist_of(args)), outputs, n_outputs, requires_grad);
   });
@@ -231,6 +233,7 @@ int ftc_model_forward_args(ftc_model m, ftc_arglist args, const ftc_tensor *outp
 
 int ftc_model_forward_list(ftc_model m, ftc_arglist args, ftc_arglist *results, int requires_grad) {
   return ftc::guard([&] {
+    ftc::note_step();
     ftc::out_arg(results, "results");
     auto values = ftc::ivalues_of(ftc::arglist_of(args));
     const auto items = result_items(call_forward(ftc::any_model_of(m), std::move(values), requires_grad));

@@ -237,6 +237,7 @@ int ftc_optim_new(ftc_optim *out, int kind, const ftc_tensor *params, int64_t n_
 
 int ftc_optim_step(ftc_optim o) {
   return ftc::guard([&] {
+    ftc::note_step();
     auto &state = ftc::optim_of(o);
     if (state.kind == FTC_OPTIM_LBFGS) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "LBFGS re-evaluates the loss: use the closure form of step");
@@ -250,6 +251,7 @@ int ftc_optim_step(ftc_optim o) {
 
 int ftc_optim_step_closure(ftc_optim o, ftc_closure closure, void *context, double *loss) {
   return ftc::guard([&] {
+    ftc::note_step();
     // The closure runs user code, which may delete (a copy of) the optimizer's handle: hold it.
     const std::shared_ptr<ftc::Optim> keep = ftc::optim_ptr(o);
     auto &state = *keep;

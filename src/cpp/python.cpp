@@ -378,6 +378,7 @@ int ftc_pymodule_call(ftc_pymodule m, const char *name, ftc_arglist args, ftc_ar
 int ftc_pymodule_call_grouped(ftc_pymodule m, const char *name, ftc_arglist args, int64_t n_grouped,
                               ftc_arglist *results, const ftc_tensor *outputs, int n_outputs) {
   return ftc::guard([&] {
+    ftc::note_step();
     ftc::take_temporaries(outputs, n_outputs);
     const auto module = ftc::pymodule_of(m);
     if (name == nullptr || name[0] == '\0') ftc::fail(FTC_ERR_INVALID_ARGUMENT, "Python function name is empty");

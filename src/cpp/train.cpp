@@ -302,6 +302,7 @@ extern "C" {
 int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *inputs, int n_inputs, ftc_tensor target,
                    int loss_kind, int reduction, double max_grad_norm, double *loss, double *seconds) {
   return ftc::guard([&] {
+    ftc::note_step();
     const auto start = std::chrono::steady_clock::now();
     ftc::TrainStep step = ftc::train_step_of(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm);
     ftc::finish_train_step(step, ftc::eager_train_step(step), start, loss, seconds);

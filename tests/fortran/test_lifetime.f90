@@ -101,6 +101,12 @@ program test_lifetime
     select case (trim(arg))
     case ("--plain-function-results")
       call plain_function_results()
+    case ("--growing-steps")
+      call steps_of_a_loop("keep")
+    case ("--flat-steps")
+      call steps_of_a_loop("overwrite")
+    case ("--plain-function-results-with-steps")
+      call steps_of_a_loop("plain function")
     case ("--constructor-of-user-types")
       call allocating_user_arrays("constructor")
     case ("--copy-user-array-into-unallocated")
@@ -549,6 +555,47 @@ contains
     leaked = time_loop(.false.)  ! (not inside the print: time_loop prints too)
     print '(a,i0)', "plain function results leaked ", leaked
   end subroutine plain_function_results
+
+  ! 150 optimizer steps (steps of a time loop, as forwards and training steps are); each step then
+  ! ("keep") keeps one more tensor alive (an array filled step by step, as a forgotten delete would
+  ! do), ("overwrite") overwrites the tensor of the step, or ("plain function") advances u with a
+  ! function result that is never finalized by gfortran <= 12. Prints the handles gained.
+  subroutine steps_of_a_loop(what)
+    character(len=*), intent(in) :: what
+    type(torch_tensor) :: w, scratch, kept(150), u
+    type(torch_optim) :: opt
+    real(real64), target :: wv(2), uv(2)
+    integer(c_int64_t) :: before
+    integer :: i
+    wv = 1
+    uv = 1
+    call torch_tensor_from_array(w, wv, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_from_array(u, uv, torch_kCPU)
+    call torch_optim_SGD(opt, [w], learning_rate=0.1d0)
+    before = ftorch_live_handles()
+    do i = 1, 150
+      call torch_optim_step(opt)
+      select case (what)
+      case ("keep")
+        kept(i) = w * 2d0
+      case ("overwrite")
+        scratch = w * 2d0
+      case default
+        u = u + 0.01d0 * tendency_plain(u)
+      end select
+    end do
+    print '(a,i0)', "handles gained over the loop ", ftorch_live_handles() - before
+    call torch_delete(kept)
+    call torch_delete(scratch)
+    call torch_delete(opt)
+    call torch_delete(w)
+    call torch_delete(u)
+    if (what == "plain function") then
+      call check_close(uv, [(0.995d0**150, i = 1, 2)], 1d-12, "u advanced by 150 steps")  ! (as time_loop)
+    else
+      call check(ftorch_live_handles() == before - 3, "every handle of the loop freed")
+    end if
+  end subroutine steps_of_a_loop
 
   subroutine gradcheck_restores_input()
     type(torch_tensor) :: x
