@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import IN_CI, REPO, TESTS, run, tool_env
+from conftest import IN_CI, REPO, TESTS, require_compiler, run, tool_env
 
 
 class DDPNet(torch.nn.Module):
@@ -176,6 +176,63 @@ def test_checkpoint_resume_bit_for_bit(mpi_program, mpi_data, tmp_path):
     full = (tmp_path / "ddp.ckpt.full.txt").read_text()
     second = (tmp_path / "ddp.ckpt.second.txt").read_text()
     assert full == second, "resuming the data-parallel run did not reproduce the uninterrupted run"
+
+
+def configure_mpi_project(bdir: Path, installed, compiler: str, *extra: str, check=True):
+    return run(["cmake", "-S", TESTS / "projects" / "mpi", "-B", bdir, "-G", "Ninja",
+                f"-DCMAKE_Fortran_COMPILER={compiler}", f"-DCMAKE_PREFIX_PATH={installed['prefix']}",
+                "-DCMAKE_BUILD_TYPE=Debug", *extra], env=tool_env(), check=check)
+
+
+# Debian 12's OpenMPI modules are gfortran 12's (module format 15, which gfortran 8-14 read):
+# gfortran 11 builds ftorch_mpi over mpi_f08; flang cannot read them, so FTorch's CMake config
+# builds ftorch_mpi over mpif.h by itself, and the test program then uses mpif.h too.
+OTHER_MPI_COMPILERS = {"gfortran-11": "mpi_f08", "flang-new-19": "mpif.h"}
+
+
+@pytest.fixture(scope="module", params=list(OTHER_MPI_COMPILERS))
+def mpi_program_other_compiler(request, installed, mpi_data, tmp_path_factory) -> tuple[str, Path]:
+    """tests/projects/mpi built with gfortran 11 or flang 19 and Debian's OpenMPI."""
+    require_mpi()
+    fc = require_compiler(request.param)
+    bdir = tmp_path_factory.mktemp(f"cmake-mpi-{request.param}")
+    proc = configure_mpi_project(bdir, installed, fc)
+    interface = OTHER_MPI_COMPILERS[request.param]
+    assert f"ftorch_mpi interface: {interface}" in proc.stdout, proc.stdout
+    assert ("module ftorch_mpi over mpif.h" in proc.stdout) == (interface == "mpif.h"), proc.stdout
+    run(["cmake", "--build", bdir], env=tool_env())
+    return request.param, bdir / "test_distributed"
+
+
+def test_other_compilers_parity_collectives_and_checkpoints(mpi_program_other_compiler, mpi_data, tmp_path):
+    """gfortran 11 (over mpi_f08) and flang 19 (over mpif.h): data-parallel parity on 2 ranks and
+    on a sub-communicator, the collectives, errors on every rank, and the checkpoint cases -- a
+    resumed run equal bit for bit to the uninterrupted one, a failed write or load failing on every
+    rank, and a collective load that fails on one rank (missing, corrupt or another model's file,
+    another step) changing nothing on any rank."""
+    _, program = mpi_program_other_compiler
+    assert_every_rank_passed(mpirun(2, program, mpi_data, "parity", tmp_path / "parity.txt"), 2)
+    assert_every_rank_passed(mpirun(3, program, mpi_data, "subcomm"), 3)
+    assert_every_rank_passed(mpirun(2, program, mpi_data, "collectives"), 2)
+    assert_every_rank_passed(mpirun(2, program, mpi_data, "errors"), 2)
+    ckpt = tmp_path / "ddp.ckpt"
+    for phase in ("full", "first", "second"):
+        assert_every_rank_passed(mpirun(2, program, mpi_data, "resume", phase, ckpt), 2)
+    assert (tmp_path / "ddp.ckpt.full.txt").read_text() == (tmp_path / "ddp.ckpt.second.txt").read_text()
+
+
+def test_mpi_interface_can_be_chosen(installed, tmp_path):
+    """FTORCH_MPI_INTERFACE=mpif.h builds ftorch_mpi over mpif.h with a compiler that could use
+    mpi_f08 too; a value other than mpi_f08, mpif.h or empty is a configure error."""
+    require_mpi()
+    fc = require_compiler("gfortran")
+    proc = configure_mpi_project(tmp_path / "chosen", installed, fc, "-DFTORCH_MPI_INTERFACE=mpif.h")
+    assert "ftorch_mpi interface: mpif.h" in proc.stdout, proc.stdout
+    proc = configure_mpi_project(tmp_path / "default", installed, fc)
+    assert "ftorch_mpi interface: mpi_f08" in proc.stdout, proc.stdout
+    proc = configure_mpi_project(tmp_path / "bad", installed, fc, "-DFTORCH_MPI_INTERFACE=mpi", check=False)
+    assert proc.returncode != 0
+    assert "FTORCH_MPI_INTERFACE must be mpi_f08, mpif.h or empty, not 'mpi'" in proc.stdout + proc.stderr
 
 
 def test_a_crashing_rank_ends_the_job(mpi_program, mpi_data):

@@ -119,9 +119,13 @@ def fpm_mpi_dependency(project_dir: str | os.PathLike[str] = ".") -> str:
     return f'ftorch_mpi = {{ path = "{Path(rel).as_posix()}" }}'
 
 
-def get_fortran_mpi_source() -> Path:
-    """The source of module ftorch_mpi, to compile with your MPI wrapper after the other sources."""
-    return _ROOT / "mpi" / "src" / "ftorch_mpi.f90"
+def get_fortran_mpi_source(interface: str = "mpi_f08") -> Path:
+    """The source of module ftorch_mpi, to compile with your MPI wrapper after the other sources:
+    over ``use mpi_f08`` (default), or over ``include 'mpif.h'`` (``interface="mpif.h"``) for a
+    compiler that cannot read your MPI's mpi_f08 module (one built by another compiler)."""
+    if interface not in ("mpi_f08", "mpif.h"):
+        raise ValueError(f"interface must be 'mpi_f08' or 'mpif.h', not {interface!r}")
+    return _ROOT / "mpi" / ("src" if interface == "mpi_f08" else "mpifh") / "ftorch_mpi.f90"
 
 
 def fpm_flags() -> str:

@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="the fpm.toml dependency line of ftorch_mpi (module ftorch_mpi, built with your MPI)")
     paths.add_argument("--fortran-mpi-source", action="store_true",
                        help="source of module ftorch_mpi, to compile with your MPI after the other sources")
+    paths.add_argument("--fortran-mpi-mpifh-source", action="store_true",
+                       help="the same module over mpif.h, for a compiler that cannot read your MPI's mpi_f08 module")
     paths.add_argument("--fpm-flags", action="store_true", help="value for FPM_LDFLAGS")
     paths.add_argument("--link-flags", action="store_true", help="linker flags for plain builds")
     parser.add_argument("command", nargs="?",
@@ -244,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         print(ftorch.fpm_mpi_dependency())
     elif args.fortran_mpi_source:
         print(ftorch.get_fortran_mpi_source())
+    elif args.fortran_mpi_mpifh_source:
+        print(ftorch.get_fortran_mpi_source("mpif.h"))
     elif args.fpm_flags:
         print(ftorch.fpm_flags())
     elif args.link_flags:

@@ -12,6 +12,13 @@
 !>   crash        rank 1 stops with `error stop` in the middle of training (the job must end)
 !>   cuda         parity of torch_train_step with the models and batches on the GPU (every rank
 !>                on device 0, gradients staged through host memory) against the CPU
+!> Preprocessed: with FTORCH_TEST_MPIF_H defined, the program uses mpif.h instead of mpi_f08 (a
+!> compiler that cannot read the MPI library's modules; ftorch_mpi is then built over mpif.h too).
+#ifdef FTORCH_TEST_MPIF_H
+#define MPI_COMM_TYPE integer
+#else
+#define MPI_COMM_TYPE type(MPI_Comm)
+#endif
 module ddp_case
   use, intrinsic :: iso_fortran_env, only: real64, int64
   use ftorch
@@ -316,12 +323,17 @@ end module ddp_case
 
 program test_distributed
   use, intrinsic :: iso_fortran_env, only: real64, real32, int32, int64
+#ifndef FTORCH_TEST_MPIF_H
   use mpi_f08
+#endif
   use ftorch
   use ftorch_mpi, only: torch_comm_init
   use testing, only: check, summary, data_path
   use ddp_case
   implicit none
+#ifdef FTORCH_TEST_MPIF_H
+  include 'mpif.h'
+#endif
   type(torch_comm) :: comm
   integer :: rank, nranks, ierr
   character(len=64) :: mode
@@ -384,7 +396,7 @@ contains
 
   ! Ranks 0 and 1 train together on their own communicator; the others only wait.
   subroutine subcommunicator()
-    type(MPI_Comm) :: sub
+    MPI_COMM_TYPE :: sub
     type(torch_comm) :: pair
     integer :: colour
     colour = merge(0, 1, rank < 2)
