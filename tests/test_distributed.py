@@ -235,6 +235,28 @@ def test_mpi_interface_can_be_chosen(installed, tmp_path):
     assert "FTORCH_MPI_INTERFACE must be mpi_f08, mpif.h or empty, not 'mpi'" in proc.stdout + proc.stderr
 
 
+def test_mpifh_source_for_make(installed, tmp_path):
+    """The mpif.h module for plain builds: pkg-config's fortran_mpi_mpifh_source, the helper's
+    --fortran-mpi-mpifh-source and ftorch.get_fortran_mpi_source("mpif.h") name one file, which
+    mpif90 compiles into module ftorch_mpi against the prebuilt modules."""
+    require_mpi()
+    import ftorch
+
+    if shutil.which("pkg-config") is None:
+        pytest.skip("pkg-config not installed")
+    env = dict(os.environ, PKG_CONFIG_PATH=installed["pkgconfig"])
+    from_pc = run(["pkg-config", "--variable=fortran_mpi_mpifh_source", "ftorch"], env=env).stdout.strip()
+    from_cli = run([sys.executable, "-m", "ftorch", "--fortran-mpi-mpifh-source"]).stdout.strip()
+    path = ftorch.get_fortran_mpi_source("mpif.h")
+    assert Path(from_pc).resolve() == Path(from_cli).resolve() == path.resolve() and path.is_file()
+    assert "include 'mpif.h'" in path.read_text() and "use mpi_f08" not in path.read_text()
+    with pytest.raises(ValueError, match="interface must be 'mpi_f08' or 'mpif.h'"):
+        ftorch.get_fortran_mpi_source("mpi")
+    moddir = run(["pkg-config", "--variable=fortran_moddir", "ftorch"], env=env).stdout.strip()
+    run(["mpif90", "-c", path, f"-I{moddir}", "-J", tmp_path, "-o", tmp_path / "ftorch_mpi.o"])
+    assert (tmp_path / "ftorch_mpi.mod").is_file()
+
+
 def test_a_crashing_rank_ends_the_job(mpi_program, mpi_data):
     """Rank 1 stops with error stop while rank 0 waits in a collective: mpirun must return (with
     a failure status) rather than hang."""
