@@ -21,9 +21,9 @@ exists, and a ``#fragment`` an element id of that page: the script reports each 
 ``--check`` fails on any.
 
 The Fortran sources are partly fypp templates, so FORD reads preprocessed copies: every
-SRC/*.fypp except the include-only files (ftorch_common, ftorch_enums, ftorch_handles) is run through
-fypp with ``-I SRC``, as cmake/FTorchFortranSources.cmake does, and written next to copies of
-SRC/*.f90 and SRC/mpi/*.f90 (module ftorch_mpi) in a temporary directory. FORD then reads that
+SRC/*.fypp except the include-only files (ftorch_common, ftorch_enums, ftorch_handles) and
+SRC/mpi/ftorch_mpi.fypp (its mpi_f08 form) is run through fypp with ``-I SRC``, as the build does,
+and written next to copies of SRC/*.f90 in a temporary directory. FORD then reads that
 directory with the settings of docs/ford.md. Comments follow the sources' convention: a ``!>``
 block before an entity documents it, a trailing ``!<`` after a declaration (typically a dummy
 argument's) documents that declaration.
@@ -127,7 +127,7 @@ def preprocess(src: Path, out: Path) -> dict[Path, str]:
             sys.exit(f"build_docs: two sources named {f90.name} in {src}")
         shutil.copyfile(f90, out / f90.name)
         written[out / f90.name] = f90.relative_to(src).as_posix()
-    for template in sorted(src.glob("*.fypp")):
+    for template in sorted(src.glob("*.fypp")) + sorted((src / "mpi").glob("*.fypp")):
         if template.name in INCLUDE_ONLY:
             continue
         target = out / (template.stem + ".f90")
@@ -139,7 +139,7 @@ def preprocess(src: Path, out: Path) -> dict[Path, str]:
             fypp.Fypp(options).process_file(str(template), str(target))
         except fypp.FyppError as err:
             sys.exit(f"build_docs: fypp failed on {template}:\n{err}")
-        written[target] = template.name
+        written[target] = template.relative_to(src).as_posix()
     if not written:
         sys.exit(f"build_docs: no Fortran sources in {src}")
     for path in written:
