@@ -14,6 +14,7 @@ step within 1.1x of PyTorch's graph step.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import shutil
@@ -63,6 +64,9 @@ def write_results(args, torch, rows, reps, warmup, steps):
         if args.device == "cuda":
             cells += [f"{m['python_graph']:.1f}", f"{r['fortran_graph_over_python_graph']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    command = "python bench/gpu.py" + (f" --sizes {args.sizes}" if args.sizes else "") + f" --reps {reps}"
+    lines += ["", f"Written by `{command}` on {datetime.date.today().isoformat()}, rows interleaved as they ran "
+                  "(the rows of that run only: earlier runs and what they show are in docs/guide/performance.md)."]
     (args.out / "gpu.md").write_text("\n".join(lines) + "\n")
 
 

@@ -54,30 +54,37 @@ def test_growing_handles_warn_at_run_time(lifetime):
         assert leaked == 0 and not warned, proc.stderr
 
 
-STEP_GROWTH = "FTorch warning: the tensor/model handles alive on this thread grew from step to step 100 times"
+STEP_GROWTH = "FTorch warning: the tensor/model handles alive grew from step to step "
 
 
-@pytest.mark.parametrize("form, env, warned", [("growing-steps", {}, True), ("flat-steps", {}, False),
-                                               ("growing-steps", {"FTORCH_LIVE_HANDLES_WARN": "0"}, False),
-                                               ("plain-function-results-with-steps", {}, None)])
-def test_handles_growing_step_after_step_warn(lifetime, form, env, warned):
-    """The run-time signal of a leak far below the threshold: live handles that grow at each of 100
-    steps (forwards, optimizer and training steps, Python calls) without falling warn once with the
-    default settings; a loop that overwrites what it makes stays quiet; FTORCH_LIVE_HANDLES_WARN=0
-    silences it. Function results without torch_result in such a loop: gfortran 11 and 12 leak one
-    per step and warn, flang neither."""
+@pytest.mark.parametrize("form, env, warnings", [
+    ("growing-steps", {}, [100]),
+    ("flat-steps", {}, []),
+    ("growing-steps", {"FTORCH_STEP_GROWTH_WARN": "20"}, [20, 40, 80]),
+    ("growing-steps", {"FTORCH_STEP_GROWTH_WARN": "0"}, []),
+    ("growing-steps", {"FTORCH_LIVE_HANDLES_WARN": "0"}, []),
+    ("plain-function-results-with-steps", {}, None)])
+def test_handles_growing_step_after_step_warn(lifetime, form, env, warnings):
+    """The run-time signal of a leak far below the threshold: live handles that grow between 100
+    steps (forwards, optimizer and training steps, Python calls; the first step is the baseline)
+    without falling warn once with the default settings, then after 200, 400...;
+    FTORCH_STEP_GROWTH_WARN sets that number, 0 silences it, and FTORCH_LIVE_HANDLES_WARN=0
+    silences it too. A loop that overwrites what it makes stays quiet. Function results without
+    torch_result in such a loop: gfortran 11 and 12 leak one per step and warn, flang neither."""
     compiler, binary = lifetime
-    if warned is None:
-        warned = compiler.startswith("gfortran")
+    if warnings is None:
+        warnings = [100] if compiler.startswith("gfortran") else []
     full = tool_env()
     full.pop("FTORCH_LIVE_HANDLES_WARN", None)
+    full.pop("FTORCH_STEP_GROWTH_WARN", None)
     full.update(env)
     proc = run([binary, f"--{form}"], env=full, check=False)
     assert_all_passed(proc)
     gained = int(proc.stdout.split("handles gained over the loop ")[1].split()[0])
-    expected = {"growing-steps": 150, "flat-steps": 1, "plain-function-results-with-steps": 150 if warned else 0}
-    assert gained == expected[form], proc.stdout
-    assert proc.stderr.count(STEP_GROWTH) == (1 if warned else 0), proc.stderr
+    leaking = form == "growing-steps" or (form == "plain-function-results-with-steps" and compiler.startswith("gfortran"))
+    assert gained == (150 if leaking else (1 if form == "flat-steps" else 0)), proc.stdout
+    counts = [int(part.split()[0]) for part in proc.stderr.split(STEP_GROWTH)[1:]]
+    assert counts == warnings, proc.stderr
     assert "FTorch warning" not in proc.stderr.replace(STEP_GROWTH, ""), proc.stderr
 
 

@@ -33,3 +33,5 @@ def test_threads(installed, data_dir, tmp_path, compiler):
     env.pop("OMP_THREAD_LIMIT", None)
     proc = run([build / "test_threads", data_dir], env=env, check=False, timeout=600)
     assert_all_passed(proc)
+    # Handles made on one thread and freed on another are no leak (case g).
+    assert "grew from step to step" not in proc.stderr, proc.stderr

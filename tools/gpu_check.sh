@@ -9,8 +9,9 @@
 #   WHEEL_DIR        a directory holding a fypp wheel; needed only when fypp is not installed
 # Environment: PYTHON (default python3), JOBS (pytest workers, default 8), LOG_DIR (where the logs
 #   and the benchmark's results go, default bench/results), BENCH_REPS (default 5), DEADLINE
-#   (seconds: every step ends by then, each limit cut to what is left; a step with under 20 s left
-#   is skipped and counted as failed; default none), ONLY (names of the steps after the build to
+#   (seconds from this script's start: every step ends by then, each limit cut to what is left
+#   less the 10 s a step may take to be killed; a step with under 20 s left is skipped and counted
+#   as failed; default none), ONLY (names of the steps after the build to
 #   run, e.g. "device_tests bench"; default all), DEVICE_TESTS (pytest node ids for device_tests
 #   instead of the list below), BENCH_SIZES (bench/gpu.py --sizes, e.g. 0,1,2).
 # Steps, in order of what matters most on a GPU; each has a time limit and a failing step does not
@@ -39,8 +40,8 @@ step() {  # step NAME SECONDS COMMAND...: runs COMMAND with a time limit, its ou
   if [ -n "${ONLY:-}" ] && [ "$name" != build ] && [[ " $ONLY " != *" $name "* ]]; then
     return 0
   fi
-  if [ -n "${DEADLINE:-}" ] && [ $((DEADLINE - SECONDS - 5)) -lt "$limit" ]; then
-    limit=$((DEADLINE - SECONDS - 5))
+  if [ -n "${DEADLINE:-}" ] && [ $((DEADLINE - SECONDS - 15)) -lt "$limit" ]; then
+    limit=$((DEADLINE - SECONDS - 15))
     if [ "$limit" -lt 20 ]; then
       echo "<== $name: skipped, ${limit}s left before DEADLINE"
       failed=$((failed + 1))

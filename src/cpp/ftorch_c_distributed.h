@@ -1,7 +1,7 @@
 /* ftorch_c_distributed.h - data-parallel training and collectives across ranks.
  *
  * FTorch never links an MPI (or NCCL) library: the caller provides the collectives as function
- * pointers over its own communicator (src/fortran/mpi/ftorch_mpi.f90 does so with the MPI the
+ * pointers over its own communicator (src/fortran/mpi/ftorch_mpi.fypp does so with the MPI the
  * consumer builds with), and this layer does everything else: staging of tensors, bucketing of
  * gradients, weighting, consistency checks, failure propagation, checkpoints. */
 #ifndef FTORCH_C_DISTRIBUTED_H

@@ -65,7 +65,15 @@ int64_t doubled(int64_t n) {
   return n > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max() : 2 * n;
 }
 
-constexpr int64_t kGrowthSteps = 100;
+// Steps of growth that print the step warning: FTORCH_STEP_GROWTH_WARN (default 100); 0, or
+// FTORCH_LIVE_HANDLES_WARN=0 (which silences both warnings), never.
+int64_t first_step_growth_warning() {
+  if (first_warning_threshold() == std::numeric_limits<int64_t>::max()) return std::numeric_limits<int64_t>::max();
+  const char *env = std::getenv("FTORCH_STEP_GROWTH_WARN");
+  if (env == nullptr || *env == '\0') return 100;
+  const long long v = std::atoll(env);
+  return v <= 0 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v);
+}
 
 }  // namespace
 
@@ -102,19 +110,25 @@ void warn_growth(ThreadState &ts, int64_t live) noexcept {
   ts.warn_at = doubled(live);
 }
 
-void warn_step_growth(ThreadState &ts, int64_t live) noexcept {
-  if (ts.warn_growth_steps == 0) {
-    // Silenced with the threshold's warning (FTORCH_LIVE_HANDLES_WARN=0).
-    ts.warn_growth_steps = first_warning_threshold() == std::numeric_limits<int64_t>::max()
-                               ? std::numeric_limits<int64_t>::max()
-                               : kGrowthSteps;
-    if (ts.growth_steps < ts.warn_growth_steps) return;
+void step_grew(ThreadState &ts) noexcept {
+  const int64_t global = live_handle_count();
+  const int64_t last = ts.step_global;
+  ts.step_global = global;
+  if (!ts.step_sampled) {  // the first sample is the baseline
+    ts.step_sampled = true;
+    ts.warn_growth_steps = first_step_growth_warning();
+    return;
   }
+  if (global < last) {
+    ts.growth_steps = 0;
+    return;
+  }
+  if (global == last || ++ts.growth_steps < ts.warn_growth_steps) return;
   std::fprintf(stderr,
-               "FTorch warning: the tensor/model handles alive on this thread grew from step to step %lld times "
-               "without falling (steps: forwards, optimizer and training steps, Python calls), to %lld now. %s "
-               "(FTORCH_LIVE_HANDLES_WARN=0 silences it.)\n",
-               static_cast<long long>(ts.growth_steps), static_cast<long long>(live), kLeakAdvice);
+               "FTorch warning: the tensor/model handles alive grew from step to step %lld times without falling "
+               "(steps: forwards, optimizer and training steps, Python calls), to %lld now. %s "
+               "(FTORCH_STEP_GROWTH_WARN=N sets the number of steps, 0 silences this warning.)\n",
+               static_cast<long long>(ts.growth_steps), static_cast<long long>(global), kLeakAdvice);
   std::fflush(stderr);
   ts.warn_growth_steps = doubled(ts.growth_steps);
 }

@@ -48,7 +48,9 @@ struct ThreadState {
   };
   std::atomic<int64_t> live{0};   // handles this thread created minus those it freed (read by others)
   int64_t warn_at = -1;           // next live count that prints the leak warning (-1: not read yet)
-  int64_t step_live = -1;         // live count at the last step (see note_step)
+  int64_t step_live = 0;          // this thread's live count at its last step (see note_step)
+  int64_t step_global = 0;        // all threads' live count when this thread's last grew at a step
+  bool step_sampled = false;      // step_global holds a first sample
   int64_t growth_steps = 0;       // steps since the count last fell at which it had grown
   int64_t warn_growth_steps = 0;  // growth_steps that print the step warning (0: not read yet)
   std::vector<void *> consumed;   // temporaries read by the calls in progress, released as they return
@@ -76,18 +78,19 @@ inline void count_handles(ThreadState &ts, int64_t delta) noexcept {
   if (live > ts.warn_at) warn_growth(ts, live);
 }
 // A step of the caller's time loop: a forward, an optimizer or training step, a Python call. The
-// run-time signal of a leak that runs out of the threshold's reach: when this thread's live
-// handles have grown between steps kGrowthSteps times without ever falling, one warning (then
-// again after twice as many). A loop that frees what it makes, however many handles it keeps,
-// never warns.
-void warn_step_growth(ThreadState &ts, int64_t live) noexcept;
+// run-time signal of a leak that runs out of the threshold's reach: when the live handles (of all
+// threads) have grown between this thread's steps 100 times (FTORCH_STEP_GROWTH_WARN) without
+// falling, one warning, then again after twice as many. A loop that frees what it makes, however
+// many handles it keeps, never warns. Only when this thread's own count grew since its last step
+// are all threads' counts read (step_grew): handles another thread frees are seen there.
+void step_grew(ThreadState &ts) noexcept;
 inline void note_step() noexcept {
   ThreadState &ts = thread_state();
   const int64_t live = ts.live.load(std::memory_order_relaxed);
-  if (live < ts.step_live) {
+  if (live > ts.step_live) {
+    step_grew(ts);
+  } else if (live < ts.step_live) {
     ts.growth_steps = 0;
-  } else if (live > ts.step_live && ++ts.growth_steps >= ts.warn_growth_steps) {
-    warn_step_growth(ts, live);
   }
   ts.step_live = live;
 }

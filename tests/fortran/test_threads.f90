@@ -108,11 +108,40 @@ program test_threads
   call handles_across_threads()
   call concurrent_checkpoints()
   call concurrent_hook_registration()
+  call steps_made_on_a_worker()
   call check(ftorch_live_handles() == live_start, &
              "after every thread deleted its objects the live-handle count is back to its starting value")
   call summary()
 
 contains
+
+  ! g. A worker thread makes a tensor at each of 150 steps (after its optimizer step) and the main
+  ! thread deletes it after the step: the worker's own count grows from step to step, the count of
+  ! all threads does not, so the step-growth leak warning must stay quiet (tests/test_threads.py
+  ! reads standard error).
+  subroutine steps_made_on_a_worker()
+    type(torch_tensor) :: w, made
+    type(torch_optim) :: opt
+    real(real64), target :: wv(2)
+    integer(c_int64_t) :: before
+    integer :: step
+    wv = 1
+    call torch_tensor_from_array(w, wv, torch_kCPU, requires_grad=.true.)
+    call torch_optim_SGD(opt, [w], learning_rate=0.1d0)
+    before = ftorch_live_handles()
+    do step = 1, 150
+      !$omp parallel num_threads(2) default(shared)
+      if (omp_get_thread_num() == 1) then
+        call torch_optim_step(opt)
+        made = w * 2d0
+      end if
+      !$omp end parallel
+      call torch_delete(made)
+    end do
+    call check(ftorch_live_handles() == before, "tensors made on a worker and deleted on the main thread: none left")
+    call torch_delete(opt)
+    call torch_delete(w)
+  end subroutine steps_made_on_a_worker
 
   ! f. NT threads register gradient hooks on their own tensors at the same time, each cycling
   ! through four procedures that FTorch has not seen before: the registry of user procedures is
