@@ -223,13 +223,20 @@ def test_other_compilers_parity_collectives_and_checkpoints(mpi_program_other_co
 
 def test_mpi_interface_can_be_chosen(installed, tmp_path):
     """FTORCH_MPI_INTERFACE=mpif.h builds ftorch_mpi over mpif.h with a compiler that could use
-    mpi_f08 too; a value other than mpi_f08, mpif.h or empty is a configure error."""
+    mpi_f08 too, and a second find_package(FTorch) in a subdirectory reports the interface taken;
+    an MPI::MPI_Fortran that FindMPI did not make keeps mpi_f08; a value other than mpi_f08,
+    mpif.h or empty is a configure error."""
     require_mpi()
     fc = require_compiler("gfortran")
     proc = configure_mpi_project(tmp_path / "chosen", installed, fc, "-DFTORCH_MPI_INTERFACE=mpif.h")
     assert "ftorch_mpi interface: mpif.h" in proc.stdout, proc.stdout
+    assert "second find_package: ftorch_mpi interface: mpif.h" in proc.stdout, proc.stdout
     proc = configure_mpi_project(tmp_path / "default", installed, fc)
     assert "ftorch_mpi interface: mpi_f08" in proc.stdout, proc.stdout
+    assert "second find_package: ftorch_mpi interface: mpi_f08" in proc.stdout, proc.stdout
+    # MPI::MPI_Fortran made by the project, not FindMPI (no HAVE_* variables): mpi_f08, no warning.
+    proc = configure_mpi_project(tmp_path / "own-target", installed, fc, "-DTEST_MPI_TARGET_WITHOUT_FINDMPI=ON")
+    assert "ftorch_mpi interface: mpi_f08" in proc.stdout and "can use neither" not in proc.stderr, proc
     proc = configure_mpi_project(tmp_path / "bad", installed, fc, "-DFTORCH_MPI_INTERFACE=mpi", check=False)
     assert proc.returncode != 0
     assert "FTORCH_MPI_INTERFACE must be mpi_f08, mpif.h or empty, not 'mpi'" in proc.stdout + proc.stderr
