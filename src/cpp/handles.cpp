@@ -47,14 +47,17 @@ struct StateOwner {
 
 thread_local StateOwner state_owner;
 
-// The run-time signal of a leak: when this thread's live handles pass a threshold, one warning on
-// standard error, and the threshold doubles (FTORCH_LIVE_HANDLES_WARN sets the first, 0 disables).
-int64_t first_warning_threshold() {
-  const char *env = std::getenv("FTORCH_LIVE_HANDLES_WARN");
-  if (env == nullptr || *env == '\0') return 100000;
+// A count from the environment: `fallback` when unset or empty, "never" (the largest value) when 0.
+int64_t env_count(const char *name, int64_t fallback) {
+  const char *env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
   const long long v = std::atoll(env);
   return v <= 0 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v);
 }
+
+// The run-time signal of a leak: when this thread's live handles pass a threshold, one warning on
+// standard error, and the threshold doubles (FTORCH_LIVE_HANDLES_WARN sets the first, 0 disables).
+int64_t first_warning_threshold() { return env_count("FTORCH_LIVE_HANDLES_WARN", 100000); }
 
 // What both leak warnings say after their first sentence.
 constexpr const char *kLeakAdvice =
@@ -69,10 +72,7 @@ int64_t doubled(int64_t n) {
 // FTORCH_LIVE_HANDLES_WARN=0 (which silences both warnings), never.
 int64_t first_step_growth_warning() {
   if (first_warning_threshold() == std::numeric_limits<int64_t>::max()) return std::numeric_limits<int64_t>::max();
-  const char *env = std::getenv("FTORCH_STEP_GROWTH_WARN");
-  if (env == nullptr || *env == '\0') return 100;
-  const long long v = std::atoll(env);
-  return v <= 0 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v);
+  return env_count("FTORCH_STEP_GROWTH_WARN", 100);
 }
 
 }  // namespace

@@ -123,12 +123,7 @@ program device_memory
   ! Tolerance: the GPU's and the CPU's float64 kernels round differently in the last bits (~1e-16
   ! relative per step); Adam divides by sqrt(v) + eps, which keeps such differences relative, so ten
   ! steps stay far within 1e-10.
-  call torch_delete(gpu_opt)
-  call torch_delete(cpu_opt)
-  call torch_model_load(gpu_model, trim(dir) // "/simplenet_f64.pt", torch_kCUDA, is_training=.true.)
-  call torch_model_load(cpu_model, trim(dir) // "/simplenet_f64.pt", torch_kCPU, is_training=.true.)
-  call make_optim(gpu_model, gpu_opt, .true.)
-  call make_optim(cpu_model, cpu_opt, .true.)
+  call fresh_adam()
   do i = 1, 10
     x = [(sin(0.3d0 * i + 0.7d0 * k), k = 1, n)]
     t = [(cos(0.2d0 * i - 0.4d0 * k), k = 1, n)]
@@ -137,23 +132,14 @@ program device_memory
     call torch_train_step(gpu_model, gpu_opt, [tx], tt, graph_losses(i), cuda_graph=.true.)
     call torch_train_step(cpu_model, cpu_opt, [cx], ct, cpu_losses(i))
   end do
-  call parameters_of(gpu_model, p_gpu)
-  call parameters_of(cpu_model, p_cpu)
-  call check(maxval(abs(graph_losses - cpu_losses) / abs(cpu_losses)) <= 1d-10, &
-             "ten Adam steps as a CUDA graph, new data in the buffers each step: the CPU's losses")
-  call check(maxval(abs(p_gpu - p_cpu)) <= 1d-10 * maxval(abs(p_cpu)), "... and the CPU's parameters")
+  call graph_steps_match_cpu("ten Adam steps as a CUDA graph, new data in the buffers each step: the CPU's losses")
 
   ! Ten more captured Adam steps, now on tensors that torch owns on the device (no wrapped buffer):
   ! the new data reaches them by `=` of an expression (a CUDA temporary) before each step. The graph
   ! reads its inputs at the addresses it captured, so `=` must write into them and never hand them
   ! other storage (a temporary's storage taken over, say): a replay would then read stale inputs and
   ! leave the CPU's losses. Same tolerance as above.
-  call torch_delete(gpu_opt)
-  call torch_delete(cpu_opt)
-  call torch_model_load(gpu_model, trim(dir) // "/simplenet_f64.pt", torch_kCUDA, is_training=.true.)
-  call torch_model_load(cpu_model, trim(dir) // "/simplenet_f64.pt", torch_kCPU, is_training=.true.)
-  call make_optim(gpu_model, gpu_opt, .true.)
-  call make_optim(cpu_model, cpu_opt, .true.)
+  call fresh_adam()
   call torch_tensor_from_array(gx, x, [1], torch_kCUDA, device_index=0)
   call torch_tensor_from_array(gt, t, [1], torch_kCUDA, device_index=0)
   do i = 1, 10
@@ -168,11 +154,7 @@ program device_memory
     call torch_train_step(gpu_model, gpu_opt, [gx], gt, graph_losses(i), cuda_graph=.true.)
     call torch_train_step(cpu_model, cpu_opt, [cx], ct, cpu_losses(i))
   end do
-  call parameters_of(gpu_model, p_gpu)
-  call parameters_of(cpu_model, p_cpu)
-  call check(maxval(abs(graph_losses - cpu_losses) / abs(cpu_losses)) <= 1d-10, &
-             "ten captured Adam steps on torch-owned CUDA inputs given new values by `=`: the CPU's losses")
-  call check(maxval(abs(p_gpu - p_cpu)) <= 1d-10 * maxval(abs(p_cpu)), "... and the CPU's parameters")
+  call graph_steps_match_cpu("ten captured Adam steps on torch-owned CUDA inputs given new values by `=`: the CPU's losses")
   call torch_delete(gx)
   call torch_delete(gt)
 
@@ -188,4 +170,25 @@ program device_memory
   call torch_delete(cpu_model)
   call require(cudaFree(x_dev) == 0 .and. cudaFree(y_dev) == 0 .and. cudaFree(t_dev) == 0, "cudaFree")
   call summary()
+
+contains
+
+  ! Both models loaded again from the file, each with a new Adam optimizer.
+  subroutine fresh_adam()
+    call torch_delete(gpu_opt)
+    call torch_delete(cpu_opt)
+    call torch_model_load(gpu_model, trim(dir) // "/simplenet_f64.pt", torch_kCUDA, is_training=.true.)
+    call torch_model_load(cpu_model, trim(dir) // "/simplenet_f64.pt", torch_kCPU, is_training=.true.)
+    call make_optim(gpu_model, gpu_opt, .true.)
+    call make_optim(cpu_model, cpu_opt, .true.)
+  end subroutine fresh_adam
+
+  ! The ten captured steps' losses and the parameters they left against the CPU's.
+  subroutine graph_steps_match_cpu(what)
+    character(len=*), intent(in) :: what
+    call parameters_of(gpu_model, p_gpu)
+    call parameters_of(cpu_model, p_cpu)
+    call check(maxval(abs(graph_losses - cpu_losses) / abs(cpu_losses)) <= 1d-10, what)
+    call check(maxval(abs(p_gpu - p_cpu)) <= 1d-10 * maxval(abs(p_cpu)), "... and the CPU's parameters")
+  end subroutine graph_steps_match_cpu
 end program device_memory
