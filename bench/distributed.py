@@ -8,7 +8,9 @@ side by side with Python (torch.nn.parallel.DistributedDataParallel on Gloo).
 For Fortran the step time is split into compute (forward + backward), gradient averaging (the
 MPI all-reduces of torch_ddp_sync_gradients, including waiting for the slower rank) and update;
 the same run then repeats the loop with the averaging replaced by a plain MPI_Allreduce of as many
-float32 values, in the same place of the step (the averaging's floor, in the same context).
+float32 values, in the same place of the step (the averaging's floor, in the same context), and
+once more with no exchange at all: 2 ranks that never wait for each other, sharing only the
+machine (what the cores alone cost, without the exchange and the synchronized steps).
 PyTorch's DDP overlaps its all-reduce with backward, so only its total is reported.
 """
 
@@ -100,6 +102,7 @@ def main(argv=None) -> int:
 
     samples = {key: [] for key in ("fortran_1", "fortran_2", "python_1", "python_2")}
     split = []
+    update_1 = []
     for _ in range(repeats):
         for ranks in (1, 2):
             out = run(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", ranks, program, work / "mlp.pt",
@@ -107,10 +110,12 @@ def main(argv=None) -> int:
             values = result_line(out)
             samples[f"fortran_{ranks}"].append(values[0])
             if ranks == 2:
-                split.append(values[1:6])
+                split.append(values[1:7])
+            else:
+                update_1.append(values[3])
             samples[f"python_{ranks}"].append(run_python(ranks, [features, hidden, batch, warmup, steps])[0])
     med = {k: statistics.median(v) for k, v in samples.items()}
-    compute, comm, update, plain_step, plain = (statistics.median(s[i] for s in split) for i in range(5))
+    compute, comm, update, plain_step, plain, alone = (statistics.median(s[i] for s in split) for i in range(6))
     results = {
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "torch": torch.__version__, "ftorch": ftorch.__version__},
@@ -122,6 +127,9 @@ def main(argv=None) -> int:
         "plain_mpi_allreduce_ms": plain,
         "step_with_plain_allreduce_ms": plain_step,
         "averaging_over_plain_allreduce": comm / plain,
+        "step_with_no_exchange_ms": alone,
+        "fortran_1_update_ms": statistics.median(update_1),
+        "weak_scaling_floor": alone / med["fortran_1"],
         "weak_scaling": {"fortran": med["fortran_2"] / med["fortran_1"], "python": med["python_2"] / med["python_1"]},
         "fortran_over_python_2_ranks": med["fortran_2"] / med["python_2"],
     }
@@ -139,9 +147,12 @@ def main(argv=None) -> int:
         f"| 2 ranks / 1 rank (weak scaling) | {results['weak_scaling']['fortran']:.3f} | "
         f"{results['weak_scaling']['python']:.3f} | |",
         "",
-        f"FTorch on 2 ranks per step: compute {compute:.3f} ms, gradient averaging {comm:.3f} ms, update {update:.3f} ms; "
+        f"FTorch on 2 ranks per step: compute {compute:.3f} ms, gradient averaging {comm:.3f} ms, update {update:.3f} ms "
+        f"(on 1 rank: {statistics.median(update_1):.3f} ms); "
         f"the same loop with a plain MPI_Allreduce of the same {4 * n_params / 1e6:.1f} MB in place of the averaging: "
-        f"{plain:.3f} ms for the all-reduce (averaging / plain = {comm / plain:.2f}), {plain_step:.3f} ms per step.",
+        f"{plain:.3f} ms for the all-reduce (averaging / plain = {comm / plain:.2f}), {plain_step:.3f} ms per step. "
+        f"With no exchange at all (each rank trains alone, at its own pace): {alone:.3f} ms per step, "
+        f"{alone / med['fortran_1']:.3f}x the 1-rank step.",
     ]
     (args.out / "distributed.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))

@@ -2,10 +2,13 @@
 !> own local batch; gradients are averaged with torch_ddp. Then the same loop again with the
 !> data-parallel wrapper deleted and the averaging replaced by a plain MPI_Allreduce (sum, in
 !> place) of as many float32 values as the gradients hold, in the same place of the step: the
-!> floor of the averaging, measured in the same context (after backward, caches as cold). Rank 0
+!> floor of the averaging, measured in the same context (after backward, caches as cold). Then
+!> once more with no exchange at all (each rank trains alone at its own pace, the ranks only start
+!> together): what the ranks cost each other by sharing the machine alone. Rank 0
 !> prints
 !>   RESULT <ms per step> <ms compute (forward+backward)> <ms gradient averaging> <ms update>
 !>          <ms per step with the plain all-reduce> <ms of that plain all-reduce>
+!>          <ms per step with no exchange>
 !> Usage: mpirun -np N bench_ddp <model.pt> <features> <batch> <warm-up steps> <timed steps>
 program bench_ddp
   use, intrinsic :: iso_fortran_env, only: real32, real64
@@ -22,9 +25,10 @@ program bench_ddp
   real(real32), allocatable, target :: x(:, :), y(:, :), pred(:, :)
   real(real32), allocatable :: wire(:)
   real(real32), target :: loss_value(1)
-  real(real64) :: ddp_times(4), plain_times(4)
+  real(real64) :: ddp_times(4), plain_times(4), alone_times(4)
   character(len=4096) :: arg, file
   integer :: features, batch, warmup, steps, ierr, rank, i, j, n_values
+  integer, parameter :: EXCHANGE_DDP = 1, EXCHANGE_PLAIN = 2, EXCHANGE_NONE = 3
 
   call MPI_Init(ierr)
   call get_command_argument(1, file)
@@ -57,10 +61,11 @@ program bench_ddp
   call torch_tensor_from_array(out(1), pred, torch_kCPU)
   call torch_tensor_from_array(loss, loss_value, torch_kCPU)
 
-  ddp_times = timed_steps(.true.)
+  ddp_times = timed_steps(EXCHANGE_DDP)
   call torch_delete(ddp)  ! the optimizer no longer averages
-  plain_times = timed_steps(.false.)
-  if (rank == 0) print '(a,6(1x,f0.4))', "RESULT", ddp_times, plain_times(1), plain_times(3)
+  plain_times = timed_steps(EXCHANGE_PLAIN)
+  alone_times = timed_steps(EXCHANGE_NONE)
+  if (rank == 0) print '(a,7(1x,f0.4))', "RESULT", ddp_times, plain_times(1), plain_times(3), alone_times(1)
   call torch_delete(tx)
   call torch_delete(ty)
   call torch_delete(loss)
@@ -73,9 +78,10 @@ program bench_ddp
 
 contains
 
-  !> Milliseconds per step: total, compute, averaging (torch_ddp, or the plain all-reduce), update.
-  function timed_steps(data_parallel) result(ms)
-    logical, intent(in) :: data_parallel
+  !> Milliseconds per step: total, compute, averaging (torch_ddp, the plain all-reduce or nothing),
+  !> update.
+  function timed_steps(exchange) result(ms)
+    integer, intent(in) :: exchange
     real(real64) :: ms(4)
     real(real64) :: t0, t1, t2, t3, compute, comm_time, update, start
     integer :: step
@@ -97,11 +103,12 @@ contains
       call torch_loss_mse(loss, out(1), ty)
       call torch_tensor_backward(loss)
       t1 = MPI_Wtime()
-      if (data_parallel) then
+      select case (exchange)
+      case (EXCHANGE_DDP)
         call torch_ddp_sync_gradients(ddp)
-      else
+      case (EXCHANGE_PLAIN)
         call MPI_Allreduce(MPI_IN_PLACE, wire, n_values, MPI_REAL, MPI_SUM, MPI_COMM_WORLD, ierr)
-      end if
+      end select
       t2 = MPI_Wtime()
       call torch_optim_step(optim)
       t3 = MPI_Wtime()
