@@ -53,6 +53,7 @@ def test_distributed_benchmark_smoke_run(installed, tmp_path):
     assert all(v > 0 for v in results["median_ms"].values())
     assert results["weak_scaling"]["fortran"] > 0 and results["fortran_over_python_2_ranks"] > 0
     assert results["step_with_no_exchange_ms"] > 0 and results["fortran_1_update_ms"] > 0
+    assert results["step_with_barrier_only_ms"] > 0
     assert "| ranks | FTorch (torch_ddp over MPI) | Python DDP (Gloo) | FTorch/Python |" in (out / "distributed.md").read_text()
 
 

@@ -4,11 +4,11 @@
 !> place) of as many float32 values as the gradients hold, in the same place of the step: the
 !> floor of the averaging, measured in the same context (after backward, caches as cold). Then
 !> once more with no exchange at all (each rank trains alone at its own pace, the ranks only start
-!> together): what the ranks cost each other by sharing the machine alone. Rank 0
-!> prints
+!> together): what the ranks cost each other by sharing the machine alone; and with nothing but
+!> an MPI_Barrier in the averaging's place (what keeping the ranks in step costs). Rank 0 prints
 !>   RESULT <ms per step> <ms compute (forward+backward)> <ms gradient averaging> <ms update>
 !>          <ms per step with the plain all-reduce> <ms of that plain all-reduce>
-!>          <ms per step with no exchange>
+!>          <ms per step with no exchange> <ms per step with a barrier only>
 !> Usage: mpirun -np N bench_ddp <model.pt> <features> <batch> <warm-up steps> <timed steps>
 program bench_ddp
   use, intrinsic :: iso_fortran_env, only: real32, real64
@@ -25,10 +25,10 @@ program bench_ddp
   real(real32), allocatable, target :: x(:, :), y(:, :), pred(:, :)
   real(real32), allocatable :: wire(:)
   real(real32), target :: loss_value(1)
-  real(real64) :: ddp_times(4), plain_times(4), alone_times(4)
+  real(real64) :: ddp_times(4), plain_times(4), alone_times(4), barrier_times(4)
   character(len=4096) :: arg, file
   integer :: features, batch, warmup, steps, ierr, rank, i, j, n_values
-  integer, parameter :: EXCHANGE_DDP = 1, EXCHANGE_PLAIN = 2, EXCHANGE_NONE = 3
+  integer, parameter :: EXCHANGE_DDP = 1, EXCHANGE_PLAIN = 2, EXCHANGE_NONE = 3, EXCHANGE_BARRIER = 4
 
   call MPI_Init(ierr)
   call get_command_argument(1, file)
@@ -65,7 +65,9 @@ program bench_ddp
   call torch_delete(ddp)  ! the optimizer no longer averages
   plain_times = timed_steps(EXCHANGE_PLAIN)
   alone_times = timed_steps(EXCHANGE_NONE)
-  if (rank == 0) print '(a,7(1x,f0.4))', "RESULT", ddp_times, plain_times(1), plain_times(3), alone_times(1)
+  barrier_times = timed_steps(EXCHANGE_BARRIER)
+  if (rank == 0) print '(a,8(1x,f0.4))', "RESULT", ddp_times, plain_times(1), plain_times(3), alone_times(1), &
+    barrier_times(1)
   call torch_delete(tx)
   call torch_delete(ty)
   call torch_delete(loss)
@@ -78,8 +80,8 @@ program bench_ddp
 
 contains
 
-  !> Milliseconds per step: total, compute, averaging (torch_ddp, the plain all-reduce or nothing),
-  !> update.
+  !> Milliseconds per step: total, compute, averaging (torch_ddp, the plain all-reduce, a barrier or
+  !> nothing), update.
   function timed_steps(exchange) result(ms)
     integer, intent(in) :: exchange
     real(real64) :: ms(4)
@@ -108,6 +110,8 @@ contains
         call torch_ddp_sync_gradients(ddp)
       case (EXCHANGE_PLAIN)
         call MPI_Allreduce(MPI_IN_PLACE, wire, n_values, MPI_REAL, MPI_SUM, MPI_COMM_WORLD, ierr)
+      case (EXCHANGE_BARRIER)
+        call MPI_Barrier(MPI_COMM_WORLD, ierr)
       end select
       t2 = MPI_Wtime()
       call torch_optim_step(optim)
