@@ -114,8 +114,7 @@ void step_grew(ThreadState &ts) noexcept {
   const int64_t global = live_handle_count();
   const int64_t last = ts.step_global;
   ts.step_global = global;
-  if (!ts.step_sampled) {  // the first sample is the baseline
-    ts.step_sampled = true;
+  if (ts.warn_growth_steps == 0) {  // the first sample is the baseline
     ts.warn_growth_steps = first_step_growth_warning();
     return;
   }

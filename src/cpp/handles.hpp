@@ -50,9 +50,8 @@ struct ThreadState {
   int64_t warn_at = -1;           // next live count that prints the leak warning (-1: not read yet)
   int64_t step_live = 0;          // this thread's live count at its last step (see note_step)
   int64_t step_global = 0;        // all threads' live count when this thread's last grew at a step
-  bool step_sampled = false;      // step_global holds a first sample
   int64_t growth_steps = 0;       // steps since the count last fell at which it had grown
-  int64_t warn_growth_steps = 0;  // growth_steps that print the step warning (0: not read yet)
+  int64_t warn_growth_steps = 0;  // growth_steps that print the step warning (0: no sample taken yet)
   std::vector<void *> consumed;   // temporaries read by the calls in progress, released as they return
   std::string last_error;         // message of this thread's last failed call
   FreeSlots free[kMaxTables];     // per table: slots this thread freed, reused first
