@@ -119,7 +119,7 @@ def torch_reference(model_file: Path, optimizer: str, sizes: list[int], steps: i
 @pytest.mark.parametrize("np_,direct", [(2, "default"), (3, "default"), (3, "all")])
 def test_data_parallel_equals_single_process(mpi_program, mpi_data, np_, direct, tmp_path):
     """SGD with momentum, Adam, accumulation, frozen/unused parameters, uneven batches,
-    torch_train_step, LBFGS and small buckets: 20 steps, loss and parameters within 1e-12 of
+    torch_train_step, LBFGS and small buckets: 20 steps, loss and parameters within 1e-12 (LBFGS: 1e-6, why in the program) of
     single-process training (in the Fortran program); the final parameters also against
     torch.optim in Python, 1e-12 relative. The test models' gradients are small, so they are
     packed into buckets; direct="all" (FTORCH_DDP_DIRECT_BYTES=1) reduces every gradient in its

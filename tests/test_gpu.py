@@ -49,3 +49,20 @@ def test_device_memory_on_the_gpu(installed, data_dir, tmp_path):
     if cudart:
         env["LD_LIBRARY_PATH"] = str(Path(cudart).parent) + os.pathsep + env.get("LD_LIBRARY_PATH", "")
     assert assert_all_passed(run([bdir / "device_memory", data_dir], env=env, check=False)) == 11
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_idiom_copies_keep_every_value(installed, tmp_path, device):
+    """bench/transfer.py runs FTorch's GPU idiom through the C API (input copied up, forward, output
+    copied down into a host array) with staging off and in 4 and 16 MiB chunks, at 64 MiB and at a
+    size that is no multiple of a chunk, and checks every value; on the CPU the same calls run
+    without copies (the script cannot rot where there is no GPU)."""
+    import sys
+
+    from conftest import REPO
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    run([sys.executable, REPO / "bench" / "transfer.py", "--device", device, "--reps", "2", "--out", tmp_path],
+        env=tool_env())
+    assert (tmp_path / "transfer.json").is_file()

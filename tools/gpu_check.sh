@@ -22,7 +22,9 @@
 #      without a copy, FTorch's GPU idiom, a train step, a GPU checkpoint loaded on the CPU), the
 #      CUDA cases of the CMake consumer, the OpenACC program (offloaded to the GPU), example 14,
 #      data-parallel training on the GPU (2 MPI ranks; needs OpenMPI there)
-#   3. the GPU benchmark (bench/gpu.py: training steps with and without CUDA graphs, FTorch against
+#   3. host-device copies of FTorch's GPU idiom against torch's pinned and pageable copies
+#      (bench/transfer.py, values checked), written to LOG_DIR/transfer.{md,json}; the GPU
+#      benchmark (bench/gpu.py: training steps with and without CUDA graphs, FTorch against
 #      PyTorch), written to LOG_DIR/gpu.{md,json}
 #   4. the rest of the examples, training, lifetime and consumer tests against the installed package
 set -uo pipefail
@@ -88,6 +90,7 @@ else
                 "tests/test_distributed.py::test_data_parallel_on_the_gpu")
 fi
 step device_tests 300 "$py" -m pytest -q -rs -n "$jobs" "${device_tests[@]}"
+step transfer 200 "$py" bench/transfer.py --out "$logs"
 step bench 400 "$py" bench/gpu.py --out "$logs" --reps "${BENCH_REPS:-5}" ${BENCH_SIZES:+--sizes "$BENCH_SIZES"}
 step suite 400 "$py" -m pytest -q -rs -n "$jobs" tests/test_other_consumers.py tests/test_examples.py \
   tests/test_train.py tests/test_cmake_consumer.py tests/test_lifetime.py

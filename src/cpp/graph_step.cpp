@@ -462,8 +462,8 @@ int ftc_train_step_cuda_graph(ftc_model m, ftc_optim o, ftc_scheduler s, const f
     const auto start = std::chrono::steady_clock::now();
     ftc::TrainStep step = ftc::train_step_of(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm);
     // A capture reads the inputs and the target by address: `=` keeps writing into their memory.
-    for (int i = 0; i < n_inputs; ++i) ftc::tensor_slot(inputs[i], "input tensor", i + 1).flags |= ftc::kExposed;
-    ftc::tensor_slot(target, "target tensor").flags |= ftc::kExposed;
+    for (int i = 0; i < n_inputs; ++i) ftc::expose_memory(ftc::tensor_slot(inputs[i], "input tensor", i + 1));
+    ftc::expose_memory(ftc::tensor_slot(target, "target tensor"));
     const bool eager = ftc::eager_graphs();
     ftc::check_graphable(step, eager);
     ftc::Optim &opt = *step.opt;

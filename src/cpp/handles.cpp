@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <limits>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "internal.hpp"
@@ -248,6 +249,50 @@ std::shared_ptr<Scheduler> &scheduler_ptr(ftc_scheduler h) {
   auto *s = SchedulerTable::instance().find(h);
   if (s == nullptr || !s->value) bad_handle(h, "scheduler", "scheduler");
   return s->value;
+}
+
+// ---------------------------------------------------------------------------- exposed memory
+
+namespace {
+
+// Storages a pointer into whose memory was handed out, held weakly: a StorageImpl's address
+// cannot be reused while a weak reference to it lives, and expired entries are dropped as the
+// set grows. `any` lets every `=` skip the lock until the first pointer is handed out.
+struct ExposedStorages {
+  std::mutex mutex;
+  std::unordered_map<const c10::StorageImpl *, c10::weak_intrusive_ptr<c10::StorageImpl>> set;
+  size_t prune_at = 64;
+  std::atomic<bool> any{false};
+};
+
+ExposedStorages &exposed_storages() {
+  static auto *e = new ExposedStorages();  // never destroyed (threads may outlive main)
+  return *e;
+}
+
+}  // namespace
+
+void expose_memory(TensorTable::Slot &slot) {
+  if ((slot.flags & kExposed) != 0) return;  // this handle's storage is registered already
+  slot.flags |= kExposed;
+  if (!slot.value.has_storage()) return;
+  const c10::Storage &storage = slot.value.storage();
+  auto &e = exposed_storages();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  e.set.emplace(storage.unsafeGetStorageImpl(), c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
+  e.any.store(true, std::memory_order_release);
+  if (e.set.size() >= e.prune_at) {
+    for (auto it = e.set.begin(); it != e.set.end();) it = it->second.expired() ? e.set.erase(it) : std::next(it);
+    e.prune_at = std::max<size_t>(64, 2 * e.set.size());
+  }
+}
+
+bool memory_exposed(const at::Tensor &t) {
+  auto &e = exposed_storages();
+  if (!e.any.load(std::memory_order_acquire) || !t.has_storage()) return false;
+  std::lock_guard<std::mutex> lock(e.mutex);
+  const auto it = e.set.find(t.storage().unsafeGetStorageImpl());
+  return it != e.set.end() && !it->second.expired();
 }
 
 }  // namespace ftc

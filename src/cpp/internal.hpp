@@ -204,10 +204,34 @@ T &out_arg(T *p, const char *what) {
 
 // `=` into a constructed tensor (math.cpp): the values land in its memory, and it takes the
 // history of r when autograd records. If anything else still refers to that memory (a graph that
-// saved it), the old contents move to new memory first, so nothing saved changes; tensors
-// flagged kShared (model and optimizer parameters), views and leaves with autograd state are
-// written in place.
+// saved it, a detached copy), the two are parted first, so nothing saved changes (see
+// part_from_others); tensors flagged kShared (model and optimizer parameters), views, leaves with
+// autograd state and memory a Fortran pointer points into (expose_memory) are written in place.
+// Values that the conversion to the tensor's dtype would change are an error (check_lossless);
+// memory of r that overlaps the tensor's is read before any of it is written.
 void assign_into(TensorTable::Slot &slot, const at::Tensor &r);
+
+// Converting `values` to dtype `to` must not change them: floating or complex values into an
+// integer or bool dtype, complex into real, and integers outside the range of a narrower integer
+// dtype are Error(FTC_ERR_DTYPE) naming `into` (what receives them) and the explicit conversion
+// (torch_tensor_to). float64 into float32 rounds, as Fortran's real() does. (tensor.cpp)
+void check_lossless(const at::Tensor &values, c10::ScalarType to, const char *into);
+// The same for a scalar filled into a tensor of dtype `to`.
+void check_lossless(const c10::Scalar &value, c10::ScalarType to, const char *into);
+
+// dst's values = src's (same shape), as dst.copy_(src) but without autograd history: between
+// pageable host memory (a Fortran array) and a CUDA device through page-locked staging buffers in
+// chunks, the host-side copy of one chunk overlapping the DMA of another, so that FTorch's GPU
+// idiom (host arrays copied to the GPU and back at every forward) moves data at the bus's speed
+// (transfer.cpp; FTORCH_STAGING_CHUNK_MIB, 0 turns it off). Anything else is LibTorch's copy_.
+void copy_values(at::Tensor &dst, const at::Tensor &src);
+
+// A Fortran pointer now points into t's memory (a no-copy view, a captured CUDA graph's input):
+// from here on `=` into any tensor over that memory writes in place, so the pointer keeps seeing
+// the tensor it came from and never outlives the memory (handles.cpp).
+void expose_memory(TensorTable::Slot &slot);
+// Whether a pointer into t's memory was handed out (through any tensor over the same storage).
+bool memory_exposed(const at::Tensor &t);
 
 // Result `index` (0-based) of a model or a Python function (`source` says which, for the shape
 // error) written into an output tensor as `=` does: into its memory (an aliased Fortran array

@@ -72,21 +72,62 @@ at::Tensor relocate(const at::Tensor &t) {
   return fresh;
 }
 
-// Whether `=` into t, which something else refers to, first moves t's old contents to new memory
-// for those others (relocate) rather than writing in place. Not for a view: its memory is its
-// base's, which must stay where it is (a Fortran array), and the base and the other views see the
-// write, as in PyTorch. Not for a leaf with autograd state (requires grad, or keeps a gradient or
-// hooks) that stays a leaf (no history to carry): it is written in place and keeps its TensorImpl,
-// its gradient and hooks, and the graphs that accumulate into it; a graph that saved it reports
-// the in-place change at backward, as PyTorch does.
-bool moves_old_contents(const at::Tensor &t, bool carries_history) {
+// Whether `=` into t, which something else refers to, first parts t from those others rather
+// than writing in place. Not for a view: its memory is its base's, which must stay where it is
+// (a Fortran array), and the base and the other views see the write, as in PyTorch. Not for a
+// leaf with autograd state (requires grad, or keeps a gradient or hooks) that stays a leaf (no
+// history to carry): it is written in place and keeps its TensorImpl, its gradient and hooks, and
+// the graphs that accumulate into it; a graph that saved it reports the in-place change at
+// backward, as PyTorch does. Not for memory a Fortran pointer points into: every tensor over it
+// sees the write, and the pointer stays valid while any of them lives.
+bool parts_from_others(const at::Tensor &t, bool carries_history) {
   if (t.is_view()) return false;
-  return carries_history || !t.is_leaf() || t.unsafeGetTensorImpl()->autograd_meta() == nullptr;
+  if (!carries_history && t.is_leaf() && t.unsafeGetTensorImpl()->autograd_meta() != nullptr) return false;
+  return !ftc::memory_exposed(t);
+}
+
+// The bytes [first, last) that t's elements occupy (first == last without elements).
+std::pair<const char *, const char *> byte_range(const at::Tensor &t) {
+  if (t.numel() == 0 || !t.has_storage()) return {nullptr, nullptr};
+  const char *base = static_cast<const char *>(t.const_data_ptr());
+  int64_t lo = 0, hi = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t reach = (t.size(d) - 1) * t.stride(d);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const auto item = static_cast<int64_t>(t.element_size());
+  return {base + lo * item, base + (hi + 1) * item};
+}
+
+// Whether writing l element by element could change elements of r not yet read: their memory
+// overlaps, other than as the same elements in the same places (which copy_ handles). Tensors
+// over overlapping sections of one Fortran array (a(1:4) and a(2:5)) are separate storages, which
+// LibTorch's own overlap check does not compare.
+bool overlaps(const at::Tensor &l, const at::Tensor &r) {
+  if (l.device() != r.device()) return false;
+  const auto a = byte_range(l), b = byte_range(r);
+  if (a.first == a.second || b.first == b.second || a.first >= b.second || b.first >= a.second) return false;
+  return !(a.first == b.first && l.sizes() == r.sizes() && l.strides() == r.strides() &&
+           l.scalar_type() == r.scalar_type());
 }
 
 }  // namespace
 
 namespace ftc {
+
+// What `=` into a tensor that something else refers to does with the others, so that they keep
+// the old values and only the tensor gets the new ones (Fortran's value semantics): a tensor over
+// memory FTorch was given (a Fortran array, device memory) keeps that memory, the others get a
+// private copy of its old bytes (relocate); any other tensor gets new memory of its own, and the
+// others keep the old memory and values (nothing to copy). Either way no pointer or other tensor
+// is left over memory that one side frees: a detached copy of a wrapped tensor never takes the
+// Fortran array over, and a view's memory stays with the view.
+static at::Tensor part_from_others(const TensorTable::Slot &slot) {
+  const at::Tensor &t = slot.value;
+  if ((slot.flags & kWrapped) != 0) return relocate(t);
+  return at::empty_strided(t.sizes(), t.strides(), t.options().requires_grad(false));
+}
+
 
 // Whether t's memory is its device allocator's own allocation, rather than memory given to
 // LibTorch (a Fortran array, device memory the caller wrapped) or from elsewhere.
@@ -101,15 +142,31 @@ static bool allocator_owns_memory(const at::Tensor &t) {
          t.storage().data_ptr().get_deleter() == allocator->raw_deleter();
 }
 
-void assign_into(TensorTable::Slot &slot, const at::Tensor &r) {
+// A model's or optimizer's parameter must stay the leaf they update: a value with history would
+// make the handle a new tensor recording the copy, and the parameter would silently stop being
+// what the handle names (PyTorch refuses the in-place copy into a leaf that requires grad).
+[[noreturn]] __attribute__((cold, noinline)) static void parameter_takes_history() {
+  fail(FTC_ERR_INVALID_ARGUMENT,
+       "the left-hand side is a model or optimizer parameter and the right-hand side has autograd history "
+       "(it requires grad): the parameter would stop being the leaf the model and optimizer update. Assign "
+       "between torch_no_grad_begin() and torch_no_grad_end(), or assign torch_detach(value)");
+}
+
+void assign_into(TensorTable::Slot &slot, const at::Tensor &rhs) {
   at::Tensor &l = slot.value;
+  if (rhs.scalar_type() != l.scalar_type()) check_lossless(rhs, l.scalar_type(), "the left-hand side");
   // Across devices too: the lhs keeps its device and memory and receives a copy (FTorch's idiom:
   // a model on the GPU writes into outputs that wrap CPU arrays).
   const bool grad_mode = at::GradMode::is_enabled();
-  if ((slot.flags & kShared) == 0 && is_shared(l) && moves_old_contents(l, grad_mode && r.requires_grad())) {
+  const bool carries_history = grad_mode && rhs.requires_grad();
+  if ((slot.flags & kShared) != 0) {
+    if (carries_history) parameter_takes_history();
+  } else if (is_shared(l) && parts_from_others(l, carries_history)) {
     at::NoGradGuard no_grad;
-    l = relocate(l);  // (a leaf requiring grad gets here only to take rhs's history below)
+    l = part_from_others(slot);  // (a leaf requiring grad gets here only to take rhs's history below)
   }
+  // Right-hand memory that overlaps the left-hand side's is read before any of it is written.
+  const at::Tensor r = overlaps(l, rhs) ? rhs.clone() : rhs;
   if (!grad_mode || !r.requires_grad()) {
     // No history to carry: a plain copy. A leaf stays a leaf (and keeps requires_grad); a
     // result of earlier operations drops that history. Autograd records nothing when neither
@@ -122,9 +179,9 @@ void assign_into(TensorTable::Slot &slot, const at::Tensor &r) {
     }
     if (grad_mode && requires_grad) {
       at::NoGradGuard no_grad;
-      l.copy_(r);
+      copy_values(l, r);
     } else {
-      l.copy_(r);
+      copy_values(l, r);
     }
     return;
   }
@@ -314,6 +371,7 @@ int ftc_tensor_fill(ftc_tensor t, int64_t int_value, double real_value, int is_i
   return ftc::guard([&] {
     auto &slot = ftc::tensor_slot(t);
     const c10::Scalar s = is_integer ? c10::Scalar(int_value) : c10::Scalar(real_value);
+    ftc::check_lossless(s, slot.value.scalar_type(), "the left-hand side");
     ftc::assign_into(slot, at::scalar_tensor(s, slot.value.options().requires_grad(false)));
   });
 }

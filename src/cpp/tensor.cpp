@@ -1,5 +1,8 @@
 // tensor.cpp - C API for tensors: construction, wrapping foreign memory, queries and copies.
+#include <cmath>
 #include <iostream>
+#include <limits>
+#include <sstream>
 #include <vector>
 
 #include "internal.hpp"
@@ -74,24 +77,31 @@ void require_shape(const at::Tensor &t, const Dims &shape, const char *what) {
   }
 }
 
-// A tensor whose memory or metadata the caller will keep pointing into after the call: a
-// temporary is released when the call returns, so that would dangle; a named one is marked
-// exposed (`=` then always writes into its memory).
-const at::Tensor &lasting_tensor(ftc_tensor h, const char *purpose) {
+// A tensor whose memory or metadata the caller will keep pointing into after the call: an
+// expression's result (an operator's, or a function's `torch_result`) is released when the call
+// or the statement ends, so that would dangle; a named one is marked exposed (`=` then always
+// writes into its memory, and into the memory of every tensor sharing it when the pointer is
+// into the memory itself).
+const at::Tensor &lasting_tensor(ftc_tensor h, const char *purpose, bool into_memory) {
   auto &slot = ftc::tensor_slot(h);
-  if ((slot.flags & ftc::kTemporary) != 0) {
+  if ((slot.flags & ftc::kExpression) != 0) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("a pointer to the ") + purpose +
-                                            " of an expression's result would dangle: assign the expression to a "
+                                            " of an expression's result (an operator's, or a function's that "
+                                            "returns torch_result) would dangle: assign the expression to a "
                                             "tensor first");
   }
-  slot.flags |= ftc::kExposed;
+  if (into_memory) {
+    ftc::expose_memory(slot);
+  } else {
+    slot.flags |= ftc::kExposed;
+  }
   return slot.value;
 }
 
 // The address and shape of a tensor's memory for a no-copy view: this dtype and rank, laid out
 // column-major (Fortran order); on the CPU only unless any_device.
 void view_address(ftc_tensor t, int dtype, int ndims, int64_t *shape, void **data, bool any_device) {
-  const auto &x = lasting_tensor(t, "data");
+  const auto &x = lasting_tensor(t, "data", true);
   if (!any_device && !x.device().is_cpu()) {
     ftc::fail(FTC_ERR_DEVICE, "a no-copy view needs a CPU tensor (the tensor is on " + x.device().str() +
                                 "); copy it to a Fortran array instead");
@@ -172,7 +182,10 @@ at::Tensor wrap_memory(void *data, int ndims, const int64_t *shape, const int32_
   // set by the caller.
   if (!device_memory || dev.is_cpu()) {
     auto t = at::from_blob(data, psizes, pstrides, options);
-    return dev.is_cpu() ? t : t.to(dev);
+    if (dev.is_cpu()) return t;
+    at::Tensor copy = at::empty_strided(psizes, pstrides, options.device(dev));
+    ftc::copy_values(copy, t);  // FTorch's GPU idiom: at the bus's speed
+    return copy;
   }
   // Nothing to wrap without elements (the address may be any placeholder).
   if (numel == 0) return at::empty_strided(psizes, pstrides, options.device(dev));
@@ -180,6 +193,74 @@ at::Tensor wrap_memory(void *data, int ndims, const int64_t *shape, const int32_
 }
 
 }  // namespace
+
+namespace ftc {
+
+namespace {
+
+// PyTorch's name of a dtype (float64, int8, ...).
+std::string dtype_name(c10::ScalarType t) { return std::string(c10::getDtypeNames(t).first); }
+
+[[noreturn]] void lossy(const std::string &values, c10::ScalarType from, c10::ScalarType to, const char *into,
+                        const std::string &why) {
+  fail(FTC_ERR_DTYPE, std::string("converting ") + values + " (" + dtype_name(from) + ") into " + into + " (" +
+                          dtype_name(to) + ") would " + why +
+                          ": give it the values' dtype, or convert explicitly with torch_tensor_to(source, target), "
+                          "which rounds toward zero and wraps around as C does");
+}
+
+bool integral(c10::ScalarType t, bool include_bool) { return c10::isIntegralType(t, include_bool); }
+
+}  // namespace
+
+void check_lossless(const at::Tensor &values, c10::ScalarType to, const char *into) {
+  const c10::ScalarType from = values.scalar_type();
+  if (from == to || from == c10::kBool) return;
+  if (c10::isComplexType(from) && !c10::isComplexType(to)) lossy("complex values", from, to, into, "drop their imaginary parts");
+  if (!integral(to, true)) return;  // into floating point: rounding at most
+  if (to == c10::kBool) lossy("values", from, to, into, "turn every nonzero value into true");
+  if (!integral(from, false)) lossy("floating-point values", from, to, into, "truncate or overflow them");
+  if (c10::elementSize(to) >= c10::elementSize(from) && !(to == c10::kByte && from != c10::kByte)) return;
+  if (values.numel() == 0) return;
+  // A narrower integer dtype: the values must fit (one pass over them, only in this case).
+  at::NoGradGuard no_grad;
+  const auto range = at::aminmax(values);
+  const int64_t lo = std::get<0>(range).item<int64_t>(), hi = std::get<1>(range).item<int64_t>();
+  int64_t min = 0, max = 0;
+  AT_DISPATCH_INTEGRAL_TYPES(to, "check_lossless", [&] {
+    min = static_cast<int64_t>(std::numeric_limits<scalar_t>::lowest());
+    max = static_cast<int64_t>(std::numeric_limits<scalar_t>::max());
+  });
+  if (lo < min || hi > max) {
+    lossy("integers from " + std::to_string(lo) + " to " + std::to_string(hi), from, to, into,
+          "overflow them (the range is " + std::to_string(min) + " to " + std::to_string(max) + ")");
+  }
+}
+
+void check_lossless(const c10::Scalar &value, c10::ScalarType to, const char *into) {
+  if (!integral(to, true) || value.isBoolean()) return;
+  int64_t min = 0, max = 1;
+  if (to != c10::kBool) {
+    AT_DISPATCH_INTEGRAL_TYPES(to, "check_lossless", [&] {
+      min = static_cast<int64_t>(std::numeric_limits<scalar_t>::lowest());
+      max = static_cast<int64_t>(std::numeric_limits<scalar_t>::max());
+    });
+  }
+  std::ostringstream text;
+  if (value.isIntegral(false)) {
+    const int64_t v = value.toLong();
+    if (v >= min && v <= max) return;
+    text << "the number " << v;
+  } else {
+    // A whole floating-point number within the range converts exactly.
+    const double v = value.isFloatingPoint() ? value.toDouble() : std::nan("");
+    if (std::trunc(v) == v && v >= static_cast<double>(min) && v <= static_cast<double>(max)) return;
+    text << "the number " << value;
+  }
+  lossy(text.str(), value.type(), to, into, "change it");
+}
+
+}  // namespace ftc
 
 extern "C" {
 
@@ -228,7 +309,7 @@ int ftc_tensor_rank(ftc_tensor t, int *rank) {
 
 int ftc_tensor_shape(ftc_tensor t, const int64_t **sizes, int *ndims) {
   return ftc::guard([&] {
-    const auto &x = lasting_tensor(t, "shape");
+    const auto &x = lasting_tensor(t, "shape", false);
     ftc::out_arg(sizes, "sizes") = x.sizes().data();
     ftc::out_arg(ndims, "ndims") = static_cast<int>(x.dim());
   });
@@ -236,7 +317,7 @@ int ftc_tensor_shape(ftc_tensor t, const int64_t **sizes, int *ndims) {
 
 int ftc_tensor_strides(ftc_tensor t, const int64_t **strides, int *ndims) {
   return ftc::guard([&] {
-    const auto &x = lasting_tensor(t, "strides");
+    const auto &x = lasting_tensor(t, "strides", false);
     ftc::out_arg(strides, "strides") = x.strides().data();
     ftc::out_arg(ndims, "ndims") = static_cast<int>(x.dim());
   });
@@ -297,10 +378,11 @@ int ftc_tensor_copy_to_blob(ftc_tensor t, void *data, int dtype, int ndims, cons
     const auto sizes = checked_shape(ndims, shape);
     require_shape(x, sizes, "the Fortran array");
     if (data == nullptr && x.numel() > 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "data pointer is null");
-    at::Tensor dst = at::from_blob(data, sizes, layout_strides(sizes, nullptr),
-                                   at::TensorOptions().dtype(ftc::scalar_type(dtype)));
+    const auto type = ftc::scalar_type(dtype);
+    if (type != x.scalar_type()) ftc::check_lossless(x, type, "the Fortran array");
+    at::Tensor dst = at::from_blob(data, sizes, layout_strides(sizes, nullptr), at::TensorOptions().dtype(type));
     torch::NoGradGuard no_grad;
-    dst.copy_(x);
+    ftc::copy_values(dst, x);
   });
 }
 

@@ -3,7 +3,7 @@
 !> Usage: test_distributed <data dir> <mode> [file]
 !>   parity [file]  data-parallel training == single-process training on the concatenated batch
 !>                (SGD with momentum, Adam, accumulation, frozen and unused parameters, uneven
-!>                batches, torch_train_step, LBFGS), 20 steps, 1e-12 relative
+!>                batches, torch_train_step, LBFGS), 20 steps, 1e-12 relative (LBFGS 1e-6)
 !>   subcomm      the same on a sub-communicator (ranks 0 and 1 train, the others do not)
 !>   bucketing    a 50-tensor model: fewer collectives than tensors, same result as bucket size 1
 !>   collectives  values of allreduce/broadcast/allgather/barrier, and their errors
@@ -279,10 +279,13 @@ contains
     ! The data-parallel gradient sums each rank's rows, then the ranks; the single process sums
     ! all rows at once: the two differ by rounding (~1e-16 relative per gradient). SGD and Adam
     ! keep that at the 1e-12 level over 20 steps. LBFGS amplifies it through its curvature pairs
-    ! and line search (80 evaluations here; issue 8 saw the same growth between LibTorch's and
-    ! Python's LBFGS): measured 7e-11 on 2 and 3 ranks, bounded at 1e-8.
+    ! (divisions by y.s, which shrinks as it converges) and its strong-Wolfe line search (80
+    ! evaluations here; issue 8 saw the same growth between LibTorch's and Python's LBFGS), and by
+    ! how much depends on the kernels' summation order: measured 7e-11 on AMD machines and 1.2e-8
+    ! on an Intel Xeon (AVX-512 kernels), on 2 and 3 ranks. Bounded at 1e-6: a real error (a rank's
+    ! gradient missing or scaled wrongly) differs by 1e-2 or more, so the bound still catches it.
     tol = 1d-12
-    if (opts%optimizer == OPT_LBFGS) tol = 1d-8
+    if (opts%optimizer == OPT_LBFGS) tol = 1d-6
     ! On a GPU the float64 kernels (cuBLAS's products, the reductions of backward) sum in other
     ! orders than the CPU reference: ~1e-16 relative per operation, which 20 SGD or Adam steps
     ! keep orders of magnitude below 1e-10.

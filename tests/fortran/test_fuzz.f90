@@ -1401,6 +1401,7 @@ contains
         if (all(mshape(1:drank, k) == dshape(1:drank))) then
           expect = E_OK
           code = 0
+          call expect_conversion(mdtype(k), dest, expr, expect, code)
         end if
       end if
     end if
@@ -1438,6 +1439,39 @@ contains
     end select
     call outcome("torch_tensor_to_array", expect, code)
   end subroutine act_to_array
+
+  !> to_array converts only where no value can change: floating-point values into an integer
+  !> array are FTORCH_ERR_DTYPE; integers into a narrower integer kind depend on the values.
+  !> (Destination 10’s expression, t - 1.0_real32, is floating point whatever t is.)
+  subroutine expect_conversion(dtype, dest, expr, expect, code)
+    integer, intent(in) :: dtype, dest
+    logical, intent(in) :: expr
+    integer, intent(inout) :: expect, code
+    integer :: into
+    select case (dest)
+    case (4); into = torch_kInt8
+    case (7); into = torch_kInt32
+    case (8); into = torch_kInt64
+    case (10); into = torch_kInt16
+    case default; return  ! a real array: rounding at most
+    end select
+    if (dtype == torch_kFloat32 .or. dtype == torch_kFloat64 .or. (expr .and. dest == 10)) then
+      expect = E_FAIL
+      code = FTORCH_ERR_DTYPE
+    else if (int_bytes(dtype) > int_bytes(into)) then
+      expect = E_ANY
+    end if
+  end subroutine expect_conversion
+
+  integer function int_bytes(dtype)
+    integer, intent(in) :: dtype
+    select case (dtype)
+    case (torch_kInt8); int_bytes = 1
+    case (torch_kInt16); int_bytes = 2
+    case (torch_kInt32); int_bytes = 4
+    case default; int_bytes = 8
+    end select
+  end function int_bytes
 
   subroutine act_data_pointer()
     integer :: k, dest, expect, code, drank, ddtype

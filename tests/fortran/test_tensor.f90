@@ -202,6 +202,7 @@ contains
     real(real64), target :: src(2,2)
     real(real32), target :: dst(2,2)
     integer(int32) :: ints(2,3)
+    real(real32) :: reals(2,3)
     real(real64), pointer :: view(:,:)
     type(torch_tensor) :: ts, td
     integer :: stat
@@ -214,8 +215,12 @@ contains
     call check(all(dst == real(src, real32)), "torch_tensor_to copies into the target's Fortran array, converting dtype")
 
     call torch_tensor_ones(ts, 2, [2_c_int64_t, 3_c_int64_t], torch_kFloat64, torch_kCPU)
-    call torch_tensor_to_array(ts, ints)
-    call check(all(ints == 1), "to_array copies a row-major float64 tensor into an int32 array")
+    ints = 7
+    call torch_tensor_to_array(ts, ints, stat=stat)
+    call check(stat == FTORCH_ERR_DTYPE .and. all(ints == 7), &
+               "to_array of a float64 tensor into an int32 array is an error, whatever the values")
+    call torch_tensor_to_array(ts, reals)
+    call check(all(reals == 1), "to_array copies a row-major float64 tensor into a real32 array")
     msg = ""
     call torch_tensor_data_pointer(ts, view, stat=stat, errmsg=msg)
     call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. .not. associated(view), &
