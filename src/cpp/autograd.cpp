@@ -34,7 +34,10 @@ int ftc_tensor_backward(ftc_tensor t, ftc_tensor gradient, int retain_graph) {
     ftc::take_temporaries({t, gradient});
     const at::Tensor &x = ftc::tensor_of(t);
     if (!x.requires_grad()) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the tensor does not require grad (no graph to differentiate)");
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+                "the tensor does not require grad: no graph was recorded for it. Mark what it depends on before "
+                "computing it: requires_grad=.true. in torch_tensor_from_array for an input, in torch_model_load "
+                "for a model's parameters, and in torch_model_forward to record the forward");
     }
     at::Tensor g;
     if (gradient != nullptr) {
@@ -62,6 +65,12 @@ int ftc_tensor_get_gradient(ftc_tensor t, ftc_tensor *gradient) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the tensor is not a leaf: gradients are kept for leaf tensors only");
     }
     const at::Tensor g = x.grad();
+    if (!g.defined() && !x.requires_grad()) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+                "the tensor does not require grad, so backward never gives it a gradient: make it with "
+                "requires_grad=.true. (torch_tensor_from_array, torch_model_load for parameters) or call "
+                "torch_tensor_set_requires_grad before computing what depends on it");
+    }
     if (!g.defined()) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the tensor has no gradient yet (call torch_tensor_backward first, "
                                           "on a result that depends on it)");

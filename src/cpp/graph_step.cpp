@@ -60,12 +60,8 @@ void check_graphable(const TrainStep &step, bool eager) {
                                    "are calls into MPI): take data-parallel steps without cuda_graph");
   }
   if (opt.kind != FTC_OPTIM_SGD && opt.kind != FTC_OPTIM_ADAM && opt.kind != FTC_OPTIM_ADAMW) {
-    std::string name = std::to_string(opt.kind);
-    for (std::size_t i = 0; i < ftc_optim_kind_table.size; ++i) {
-      if (ftc_optim_kind_table.names[i].value == opt.kind) name = ftc_optim_kind_table.names[i].name;
-    }
-    if (name.rfind("FTC_OPTIM_", 0) == 0) name.erase(0, std::strlen("FTC_OPTIM_"));
-    fail(FTC_ERR_INVALID_ARGUMENT, "CUDA graph steps support the SGD, Adam and AdamW optimizers, not " + name);
+    fail(FTC_ERR_INVALID_ARGUMENT, "CUDA graph steps support the SGD, Adam and AdamW optimizers, not " +
+                                       enum_name(ftc_optim_kind_table, opt.kind, "FTC_OPTIM_"));
   }
   if (opt.opt->param_groups().size() != 1) {
     fail(FTC_ERR_INVALID_ARGUMENT, "CUDA graph steps need an optimizer with one parameter group");

@@ -125,6 +125,14 @@ class Error : public std::runtime_error {
 [[noreturn]] void fail_unknown(const EnumTable &table, int value, int status = FTC_ERR_INVALID_ARGUMENT);
 // "NAME (value), ..." of a table's enumerators, those `accepted` keeps when given.
 std::string enum_choices(const EnumTable &table, bool (*accepted)(int) = nullptr);
+// The name of an enumerator without `prefix` ("ADAM" for FTC_OPTIM_ADAM with "FTC_OPTIM_"), or its
+// number when the table has no such value.
+std::string enum_name(const EnumTable &table, int value, const char *prefix);
+
+// A forward that LibTorch (or the TorchScript interpreter) failed: Error whose first line is the
+// reason in Fortran's terms, with the status it implies (FTC_ERR_SHAPE, _DTYPE, _DEVICE, else
+// _TORCH), then each input's shape, dtype and device, then the full text (its traceback).
+[[noreturn]] void forward_failed(const std::exception &e, const std::vector<c10::IValue> &args);
 
 void set_last_error(std::string msg) noexcept;
 std::string last_error_message();

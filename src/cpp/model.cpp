@@ -2,7 +2,9 @@
 // AOTInductor packages (compiled.cpp) for load and forward.
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
+#include <sstream>
 #include <vector>
 
 #include "arglist.hpp"
@@ -56,11 +58,9 @@ c10::IValue call_forward(ftc::Model &model, std::vector<c10::IValue> args, int r
   torch::AutoGradMode grad_mode(requires_grad != 0);
   ftc::apply_jit_optimize();
   try {
-    return module.forward(std::move(args));
-  } catch (const c10::Error &e) {
-    ftc::fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what_without_backtrace());
+    return module.forward(args);
   } catch (const std::exception &e) {
-    ftc::fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what());
+    ftc::forward_failed(e, args);
   }
 }
 
@@ -147,6 +147,46 @@ torch::jit::Named<at::Tensor> parameter_at(const torch::jit::Module &module, int
 }  // namespace
 
 namespace ftc {
+
+void forward_failed(const std::exception &e, const std::vector<c10::IValue> &args) {
+  if (const auto *own = dynamic_cast<const Error *>(&e)) throw *own;  // ours (a callback's): as it is
+  const auto *c10_error = dynamic_cast<const c10::Error *>(&e);
+  const std::string text = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  // The reason is the last line of the text (the TorchScript interpreter puts its traceback first).
+  std::string reason;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find_first_not_of(" \t\r") != std::string::npos) reason = line;
+  }
+  for (const char *prefix : {"RuntimeError: ", "ValueError: ", "TypeError: ", "IndexError: ", "Exception: "}) {
+    if (reason.rfind(prefix, 0) == 0) reason.erase(0, std::strlen(prefix));
+  }
+  reason.erase(0, reason.find_first_not_of(' '));
+  auto mentions = [&](std::initializer_list<const char *> words) {
+    for (const char *w : words) {
+      if (reason.find(w) != std::string::npos) return true;
+    }
+    return false;
+  };
+  int status = FTC_ERR_TORCH;
+  if (mentions({"same device", "device type", "Expected all tensors to be on", "cuda", "CUDA"})) {
+    status = FTC_ERR_DEVICE;
+  } else if (mentions({"dtype", "scalar type", "Float but found", "Double but found", "must have the same dtype"})) {
+    status = FTC_ERR_DTYPE;
+  } else if (mentions({"shape", "size of tensor", "sizes", "dimension", "must match the size", "cannot be multiplied",
+                       "Expected input", "expected input"})) {
+    status = FTC_ERR_SHAPE;
+  }
+  std::string msg = "forward failed: " + reason;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!args[i].isTensor()) continue;
+    const at::Tensor &t = args[i].toTensor();
+    msg += "\n  input " + std::to_string(i + 1) + ": shape " + shape_string(t.sizes()) + ", " +
+           std::string(c10::getDtypeNames(t.scalar_type()).first) + ", on " + t.device().str();
+  }
+  if (text != reason) msg += "\n" + text;
+  fail(status, msg);
+}
 
 void store_result(ftc_tensor out, int index, const at::Tensor &result, const char *source) {
   auto &slot = tensor_slot(out, "output tensor", index + 1);

@@ -152,6 +152,16 @@ std::string enum_choices(const EnumTable &table, bool (*accepted)(int)) {
   return out;
 }
 
+std::string enum_name(const EnumTable &table, int value, const char *prefix) {
+  for (std::size_t i = 0; i < table.size; ++i) {
+    std::string name = table.names[i].name;
+    if (table.names[i].value != value) continue;
+    if (name.rfind(prefix, 0) == 0) name.erase(0, std::strlen(prefix));
+    return name;
+  }
+  return std::to_string(value);
+}
+
 void fail_unknown(const EnumTable &table, int value, int status) {
   fail(status, std::string("unknown ") + table.noun + " " + std::to_string(value) + " (one of: " + enum_choices(table) + ")");
 }

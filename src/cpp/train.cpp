@@ -145,7 +145,14 @@ std::shared_ptr<StagedCheckpoint> stage_checkpoint(const char *filename, ftc_mod
     if (o != nullptr) {
       auto &opt = ftc::optim_of(o);
       if (!archive.try_read("optimizer.kind", value)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint holds no optimizer");
-      if (value.toInt() != opt.kind) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's optimizer is of another kind");
+      if (value.toInt() != opt.kind) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+                  "the checkpoint's optimizer is " +
+                      ftc::enum_name(ftc::ftc_optim_kind_table, static_cast<int>(value.toInt()), "FTC_OPTIM_") +
+                      ", the one given to resume into is " +
+                      ftc::enum_name(ftc::ftc_optim_kind_table, opt.kind, "FTC_OPTIM_") +
+                      ": construct an optimizer of the checkpoint's kind (with its options) to resume");
+      }
       archive.read("optimizer.shapes", value);
       if (value.toStringRef() != shapes_of(opt.params)) {
         ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's optimizer has parameters of other shapes");
@@ -159,7 +166,12 @@ std::shared_ptr<StagedCheckpoint> stage_checkpoint(const char *filename, ftc_mod
       for (const auto &v : value.toListRef()) st.sched_state.push_back(v.toDouble());
       const auto expected = ftc::scheduler_of(s).state().size();
       if (st.sched_state.size() != expected || static_cast<int>(st.sched_state[0]) != ftc::scheduler_of(s).kind) {
-        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's scheduler is of another kind");
+        const int saved = st.sched_state.empty() ? -1 : static_cast<int>(st.sched_state[0]);
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+                  "the checkpoint's scheduler is " + ftc::enum_name(ftc::ftc_scheduler_kind_table, saved, "FTC_SCHED_") +
+                      ", the one given to resume into is " +
+                      ftc::enum_name(ftc::ftc_scheduler_kind_table, ftc::scheduler_of(s).kind, "FTC_SCHED_") +
+                      ": construct a scheduler of the checkpoint's kind to resume");
       }
     }
     archive.read("step", value);
@@ -252,9 +264,9 @@ at::Tensor step_loss(TrainStep &step) {
   std::vector<c10::IValue> args(step.inputs.begin(), step.inputs.end());
   c10::IValue result;
   try {
-    result = step.module->forward(std::move(args));
-  } catch (const c10::Error &e) {
-    fail(FTC_ERR_TORCH, std::string("forward failed: ") + e.what_without_backtrace());
+    result = step.module->forward(args);
+  } catch (const std::exception &e) {
+    forward_failed(e, args);
   }
   at::Tensor output;
   if (result.isTensor()) {

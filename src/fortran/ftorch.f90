@@ -6,7 +6,7 @@ module ftorch
   use ftorch_errors, only: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, &
                            FTORCH_ERR_DEVICE, FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, &
                            FTORCH_ERR_INTERNAL, FTORCH_ERR_CALLBACK, FTORCH_ERR_DISTRIBUTED, FTORCH_ERR_PYTHON, &
-                           torch_catch_begin, &
+                           FTORCH_ERR_SHAPE, torch_catch_begin, &
                            torch_catch_end
   use ftorch_runtime, only: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, &
                             ftorch_check_runtime, torch_device_available, ftorch_live_handles
@@ -71,7 +71,7 @@ module ftorch
   public :: torch_kCPU, torch_kCUDA, torch_kHIP, torch_kXPU, torch_kMPS
   public :: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, FTORCH_ERR_DEVICE, &
             FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, FTORCH_ERR_INTERNAL, FTORCH_ERR_CALLBACK, &
-            FTORCH_ERR_DISTRIBUTED, FTORCH_ERR_PYTHON, torch_catch_begin, &
+            FTORCH_ERR_DISTRIBUTED, FTORCH_ERR_PYTHON, FTORCH_ERR_SHAPE, torch_catch_begin, &
             torch_catch_end
   public :: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, ftorch_check_runtime, &
             torch_device_available, ftorch_live_handles, ftorch_callbacks_registered

@@ -36,7 +36,11 @@ program test_errors
   ! --- forward
   call torch_tensor_from_array(two(1), x4, torch_kCPU)
   call torch_model_forward(model, two(1:1), tout, stat=stat, errmsg=msg)
-  call expect(FTORCH_ERR_TORCH, "torch_model_forward", "forward failed", "wrong input shape")
+  call check(index(msg, "input 1: shape [4], float64, on cpu") > 0 .and. &
+             index(msg, "forward failed: mat1") < index(msg, "Traceback"), &
+             "a failing forward lists its inputs, then the TorchScript traceback")
+  call expect(FTORCH_ERR_SHAPE, "torch_model_forward", "forward failed: mat1 and mat2 shapes cannot be multiplied", &
+              "wrong input shape: LibTorch's reason on the first line, a shape error")
   call forward_still_works("the model works after a wrong input shape")
   call torch_tensor_from_array(two(2), x, torch_kCPU)
   call torch_model_forward(model, [tin(1), two(2)], tout, stat=stat, errmsg=msg)

@@ -554,6 +554,11 @@ contains
     call torch_checkpoint_load(data_path("errors.ckpt"), model, optim, sched, stat=stat, errmsg=msg)
     call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "no scheduler") > 0, &
                "a checkpoint without the scheduler asked for is refused")
+    call torch_optim_RMSprop(other_optim, params, learning_rate=0.01d0)
+    call torch_checkpoint_load(data_path("errors.ckpt"), model, other_optim, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "the one given to resume into is RMSPROP") > 0, &
+               "resuming into an optimizer of another kind names both kinds: " // trim(msg))
+    call torch_delete(other_optim)
     call torch_checkpoint_load(data_path("no_such.ckpt"), model, stat=stat, errmsg=msg)
     call check(stat == FTORCH_ERR_IO, "a missing checkpoint is an I/O error")
     open(newunit=in_unit, file=data_path("errors.ckpt"), access="stream", form="unformatted", status="old")
