@@ -6,10 +6,10 @@
 # a venv venv-torch<version> (reused when it has that torch), the build directory
 # build-torch<version> and the wheel. The checkout's build/ and .venv are not touched.
 #
-# PyPI's Linux torch wheels are CUDA builds, and LibTorch's CMake package then wants a CUDA
-# toolkit (nvcc, the runtime library and headers) even where there is no GPU: the script installs
-# one from pip into the venv (NVIDIA's nvcc, crt, nvvm and cccl wheels of torch's CUDA release)
-# and points CMake at it. FTORCH_CUDA_ROOT=DIR uses a toolkit of your own instead.
+# PyPI's Linux torch wheels are CUDA builds: they are built here as a user's `pip install .` builds
+# them, with nothing but what `pip install torch` installed (no CUDA toolkit, no nvcc: FTorch's CMake
+# takes the CUDA runtime from torch's NVIDIA packages). FTORCH_CUDA_ROOT=DIR builds against a CUDA
+# toolkit of your own instead.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 TORCH_VERSION [pytest args...]" >&2; exit 2; }
 version="$1"
@@ -38,35 +38,15 @@ case "$(installed_torch)" in
 esac
 
 cmake_defines=()
-cuda="$("$py" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null)"
-if [ -n "$cuda" ]; then
-  cuda_root="${FTORCH_CUDA_ROOT:-}"
-  if [ -z "$cuda_root" ]; then
-    major="${cuda%%.*}"
-    site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    cuda_root="$site/nvidia/cu$major"
-    if [ "$major" -lt 13 ]; then
-      echo "torch $version is a CUDA $cuda build: set FTORCH_CUDA_ROOT to a CUDA $cuda toolkit" >&2
-      exit 1
-    fi
-    if [ ! -x "$cuda_root/bin/nvcc" ]; then
-      step "installing a CUDA $cuda compiler from pip (LibTorch's CMake package needs one)"
-      "$py" -m pip install -q "nvidia-cuda-nvcc==$cuda.*" "nvidia-cuda-crt==$cuda.*" "nvidia-nvvm==$cuda.*" \
-        "nvidia-cuda-cccl==$cuda.*"
-    fi
-    # The wheels' layout lacks what CMake's FindCUDA and nvcc look for: lib64, and the unversioned
-    # libcudart.so.
-    [ -e "$cuda_root/lib64" ] || ln -s lib "$cuda_root/lib64"
-    [ -e "$cuda_root/lib/libcudart.so" ] || ln -s "libcudart.so.$major" "$cuda_root/lib/libcudart.so"
-  fi
-  cmake_defines=(--config-settings="cmake.define.CUDA_TOOLKIT_ROOT_DIR=$cuda_root"
-                 --config-settings="cmake.define.CMAKE_CUDA_COMPILER=$cuda_root/bin/nvcc")
+if [ -n "${FTORCH_CUDA_ROOT:-}" ]; then
+  cmake_defines=(--config-settings="cmake.define.CUDA_TOOLKIT_ROOT_DIR=$FTORCH_CUDA_ROOT"
+                 --config-settings="cmake.define.CMAKE_CUDA_COMPILER=$FTORCH_CUDA_ROOT/bin/nvcc")
 fi
 
 step "building the wheel in $build"
 rm -rf "$wheels"
 PATH="$venv/bin:$PATH" "$py" -m pip wheel -q --no-build-isolation --no-deps -w "$wheels" \
-  --config-settings="build-dir=$build" "${cmake_defines[@]}" "$repo"
+  --config-settings="build-dir=$build" ${cmake_defines[@]+"${cmake_defines[@]}"} "$repo"
 step "installing it"
 "$py" -m pip install -q --no-deps --force-reinstall "$wheels"/ftorch-*.whl
 PATH="$venv/bin:$PATH" "$py" -m ftorch doctor

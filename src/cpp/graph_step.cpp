@@ -87,7 +87,12 @@ void check_graphable(const TrainStep &step, bool eager) {
   for (size_t i = 0; i < opt.params.size(); ++i) require_device(opt.params[i], "parameter " + std::to_string(i + 1));
   for (size_t i = 0; i < step.inputs.size(); ++i) require_device(step.inputs[i], "input " + std::to_string(i + 1));
   require_device(step.target, "target");
-#ifndef FTORCH_WITH_CUDA
+#if defined(FTORCH_CUDA_GRAPHS_MISSING)
+  fail(FTC_ERR_DEVICE, "this FTorch was built against torch " FTORCH_TORCH_VERSION " without the CUDA runtime's "
+                       "crt/ headers (no CUDA toolkit was named, and NVIDIA's nvidia-cuda-crt package was not "
+                       "installed), so CUDA graphs were left out: pip install \"nvidia-cuda-crt==" FTORCH_CUDA_GRAPHS_MISSING
+                       ".*\" and rebuild FTorch");
+#elif !defined(FTORCH_WITH_CUDA)
   fail(FTC_ERR_DEVICE, "this FTorch was built against a torch without CUDA (" FTORCH_TORCH_VERSION
                        "): CUDA graphs need a CUDA build of torch");
 #endif
