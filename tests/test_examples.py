@@ -90,6 +90,11 @@ def test_online_training_demo_script(installed, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     log = (tmp_path / "training.log").read_text().splitlines()
     assert len(log) == 4 and log[0].startswith("step 100  loss ")
+    # "step <n>  loss <value>  lr <rate>  <ms> ms/step", the time with its leading digit (0.5558, not .5558)
+    import re
+
+    for line in log:
+        assert re.fullmatch(r"step \d+  loss +[-+.\dE]+  lr +[-+.\dE]+  \d+\.\d{4} ms/step", line), line
 
     trained = torch.jit.load(str(tmp_path / "emulator_trained.pt"))
     untrained = torch.jit.load(str(tmp_path / "emulator.pt"))

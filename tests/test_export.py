@@ -202,6 +202,16 @@ def test_training_mode_is_kept_with_train(tmp_path):
 # AOTInductor packages
 
 
+def test_dtype_converts_the_model_and_the_inputs(tmp_path):
+    proc = cli("export", SPEC, "--input", "8,5", "--dtype", "float64", "-o", tmp_path / "mlp64.pt")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    net = torch.jit.load(str(tmp_path / "mlp64.pt"))
+    assert {p.dtype for p in net.parameters()} == {torch.float64}
+    assert "real(real64)" in cli("inspect", tmp_path / "mlp64.pt").stdout
+    proc = cli("export", SPEC, "--input", "8,5", "--dtype", "int32", "-o", tmp_path / "bad.pt")
+    assert proc.returncode == 2 and "float32 or float64" in proc.stderr
+
+
 def test_dynamic_batch_package_runs_other_batch_sizes(packages, trained):
     proc = packages["dynamic"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -378,7 +388,8 @@ def test_inspect_torchscript(tmp_path, bad_models):
     assert "forward(x: Tensor) -> Tensor" in out
     assert "net.0.weight                 [16, 5]      float32  requires_grad" in out
     assert "net.4.bias" in out and "6 tensors, 419 values" in out
-    assert "is_training=.true." in out
+    # The snippet runs inference: the load line leaves the model in eval() mode; a note says how to train.
+    assert 'call torch_model_load(model, "mlp.pt", torch_kCPU)\n' in out and "is_training=.true. keeps" in out
     proc = cli("inspect", tmp_path / "mlp.pt", "--input", "8,5", "--json")
     info = json.loads(proc.stdout)
     assert info["training"] is True and info["parameter_count"] == 419
@@ -386,6 +397,35 @@ def test_inspect_torchscript(tmp_path, bad_models):
     assert {"name": "net.2.weight", "shape": [16, 16], "dtype": "float32", "requires_grad": True} in info["parameters"]
     assert "real(real32), target :: out(8, 3)" in info["fortran"]
     assert "call torch_model_forward(model, inputs, outputs)" in info["fortran"]
+
+
+def test_inspect_snippet_takes_the_parameters_dtype(tmp_path):
+    """Without --input, the snippet's arrays have the model's dtype (real64 for a float64 model)."""
+    net = torch.jit.script(torch.nn.Linear(3, 2).double().eval())
+    net.save(str(tmp_path / "f64.pt"))
+    proc = cli("inspect", tmp_path / "f64.pt")
+    assert proc.returncode == 0, proc.stderr
+    assert "real(real64), target :: input(...)" in proc.stdout and "real(real32)" not in proc.stdout
+
+
+def test_inspect_names_an_ftorch_checkpoint(tmp_path):
+    """A checkpoint written by torch_checkpoint_save (here through the C API) is not a model: exit 2,
+    saying what the file is; torch_model_load refuses it too (tests/fortran/test_train.f90)."""
+    import ctypes
+
+    import ftorch
+
+    lib = ctypes.CDLL(str(Path(ftorch.get_libdir()) / "libftorch_c.so"))
+    torch.jit.script(torch.nn.Linear(3, 2)).save(str(tmp_path / "net.pt"))
+    model = ctypes.c_void_p()
+    assert lib.ftc_model_load(ctypes.byref(model), str(tmp_path / "net.pt").encode(), 0, -1, 0, 0) == 0
+    save = lib.ftc_checkpoint_save
+    save.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    assert save(str(tmp_path / "run.ckpt").encode(), model, None, None, 7) == 0
+    lib.ftc_model_delete(ctypes.byref(model))
+    proc = cli("inspect", tmp_path / "run.ckpt")
+    assert proc.returncode == 2 and "is an FTorch checkpoint (torch_checkpoint_save, step 7)" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_inspect_rejects_what_is_not_a_model(tmp_path):

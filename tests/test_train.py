@@ -204,6 +204,7 @@ def test_training_matches_torch_optim(train_binary, data_dir, name):
             np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     # The TorchScript file saved from Fortran holds the trained weights.
     trained = torch.jit.load(str(data_dir / f"trained_{name}.pt"))
+    assert not trained.training, "torch_model_save writes the model in eval() mode (trained in training mode)"
     for got, p in zip(got_params, trained.parameters(), strict=True):
         np.testing.assert_array_equal(got, p.detach().reshape(-1).numpy())
     if kind_uses_scheduler := CASES[name][2] >= 0:

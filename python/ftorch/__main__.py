@@ -75,6 +75,9 @@ def export_main(argv: list[str]) -> int:
     parser.add_argument("--rtol", type=float, help="relative tolerance of the check (default: per dtype)")
     parser.add_argument("--atol", type=float, help="absolute tolerance of the check (default: per dtype)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs and weights (default 0)")
+    parser.add_argument("--dtype", metavar="DTYPE",
+                        help="float32 or float64: convert the model's parameters and buffers, and the inputs "
+                             "given without a dtype, to it (default: as the model is, inputs float32)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
 
@@ -92,7 +95,8 @@ def export_main(argv: list[str]) -> int:
         report = export(args.model, args.input, torchscript=args.output, pt2=args.pt2, trace=args.trace,
                         dynamic_batch=args.dynamic_batch, min_batch=args.min_batch, max_batch=args.max_batch,
                         check=not args.no_check, training=args.train, freeze=args.freeze, init_kwargs=init_kwargs,
-                        weights=args.weights, device=args.device, rtol=args.rtol, atol=args.atol, seed=args.seed)
+                        weights=args.weights, device=args.device, rtol=args.rtol, atol=args.atol, seed=args.seed,
+                        dtype=args.dtype)
     except ExportError as exc:
         if exc.report is not None:
             _print(json.dumps(exc.report.to_dict(), indent=2) if args.json else exc.report)

@@ -742,6 +742,7 @@ def export(
     rtol: float | None = None,
     atol: float | None = None,
     seed: int = 0,
+    dtype: str | None = None,
 ) -> ExportReport:
     """Write a model as TorchScript (``torchscript``) and/or an AOTInductor package (``pt2``) for
     Fortran, then load each file back and compare its results with the eager model's.
@@ -755,6 +756,8 @@ def export(
     the .pt2 takes any size in [min_batch, max_batch] (max None: unbounded); the check then also runs
     other batch sizes. ``training``: TorchScript keeps training mode (the .pt2 is always eval).
     ``freeze``: torch.jit.freeze the TorchScript (inference only, parameters become constants).
+    ``dtype``: "float32" or "float64": the model's floating-point parameters and buffers are
+    converted to it, and inputs given as strings without a dtype take it (else float32).
 
     Returns an :class:`ExportReport`. Raises :class:`ExportError` (``UsageError`` for a bad request)
     when something cannot be exported or the check fails (its ``report`` then says what differed).
@@ -769,6 +772,13 @@ def export(
         raise UsageError("--freeze is for inference: it cannot keep training mode (--train)")
     if min_batch < 1 or (max_batch is not None and max_batch < min_batch):
         raise UsageError(f"bad batch range {min_batch}..{max_batch}")
+    if dtype is not None:
+        if _DTYPE_ALIASES.get(dtype) not in ("float32", "float64"):
+            raise UsageError(f"--dtype {dtype!r}: the model's dtype is float32 or float64")
+        dtype = _DTYPE_ALIASES[dtype]
+        items = [inputs] if isinstance(inputs, str) else list(inputs) if isinstance(inputs, (list, tuple)) else None
+        if items is not None:
+            inputs = [f"{x}:{dtype}" if isinstance(x, str) and ":" not in x else x for x in items]
     for item in [inputs] if isinstance(inputs, str) else inputs if isinstance(inputs, (list, tuple)) else []:
         if isinstance(item, str):
             parse_input(item)  # a syntax error is reported before the model is imported
@@ -796,6 +806,8 @@ def export(
             model, label = load_model(model_or_spec, init_kwargs, weights)
         else:
             raise UsageError(f"model: expected an nn.Module or 'file.py:Name', got {type(model_or_spec).__name__}")
+        if dtype is not None:
+            model = model.to(_torch_dtype(dtype))
         name = type(model).__name__
         specs, given = _normalize_inputs(model, name, inputs)
         if dynamic_batch and any(len(s.shape) == 0 for s in specs):

@@ -30,6 +30,7 @@ _FORTRAN_KINDS = {
     "int8": ("integer", "int8"), "int16": ("integer", "int16"),
     "int32": ("integer", "int32"), "int64": ("integer", "int64"),
 }
+_CHECKPOINT_FORMAT = "ftorch-checkpoint-1"  # the "format" entry of a checkpoint (src/cpp/internal.hpp)
 _RESERVED = {"model", "inputs", "outputs", "args", "results", "torch", "ftorch", "nbatch"}
 
 
@@ -116,6 +117,10 @@ def _inspect_torchscript(path: Path, inputs, device) -> dict:
         model = torch.jit.load(str(path), map_location=device)
     except Exception as exc:
         raise ExportError(f"cannot load {path} with torch.jit.load: {_error_text(exc)}") from None
+    if getattr(model, "format", None) == _CHECKPOINT_FORMAT:
+        steps = getattr(model, "step", None)
+        raise UsageError(f"{path} is an FTorch checkpoint (torch_checkpoint_save, step {steps}), not a model: "
+                         "inspect the model's TorchScript file; torch_checkpoint_load loads the checkpoint into it")
     info: dict[str, Any] = {"file": str(path), "format": "torchscript", "class": model.original_name,
                             "device": device, "training": bool(model.training)}
     info["modules_in_other_mode"] = [n for n, m in model.named_modules() if n and m.training != model.training]
@@ -290,13 +295,18 @@ def fortran_snippet(info: dict) -> str:
     dynamic = bool(info.get("dynamic_batch"))
     sizes: dict[str, int] = {}
 
+    # Without recorded dtypes, the arrays take the dtype of the model's floating-point parameters.
+    param_dtypes = [p.get("dtype") for p in info.get("parameters", []) if p.get("dtype") in ("float32", "float64")]
+    guess = param_dtypes[0] if param_dtypes else "float32"
+
     def declare(name: str, entry: dict, what: str) -> None:
         dtype, shape = entry.get("dtype"), entry.get("shape")
         if dtype is None or shape is None:
             decls.append(f"! {what} {name}: {entry.get('type', 'Tensor')}, shape and dtype not recorded "
-                         "(give --input to inspect)")
-            decls.append(f"real(real32), target :: {name}(...)")
-            kinds.add("real32")
+                         f"(give --input to inspect; {guess} is the parameters' dtype)")
+            ftype, kind = _FORTRAN_KINDS[guess]
+            decls.append(f"{ftype}({kind}), target :: {name}(...)")
+            kinds.add(kind)
             return
         for d, ex in zip(shape, entry.get("example_shape") or shape):
             if not isinstance(d, int):
@@ -333,8 +343,8 @@ def fortran_snippet(info: dict) -> str:
     device = "torch_kCUDA" if str(info.get("device", "cpu")).startswith("cuda") else "torch_kCPU"
     load_args = f'model, "{Path(info["file"]).name}", {device}'
     if info.get("training"):
-        load_args += ", is_training=.true."
-        notes.append("! saved in training mode: without is_training=.true. torch_model_load switches to eval()")
+        notes.append("! saved in training mode: torch_model_load switches it to eval() for inference "
+                     "(is_training=.true. keeps it training)")
     lines = ["use, intrinsic :: iso_fortran_env, only: " + ", ".join(sorted(kinds or {"real32"})), "use ftorch"]
     for size, example in sizes.items():
         lo = (info.get("dynamic_batch") or [1])[0]

@@ -102,6 +102,10 @@ std::shared_ptr<CheckpointUndo> apply_checkpoint(StagedCheckpoint &st);
 void undo_checkpoint(CheckpointUndo &undo, const StagedCheckpoint &st) noexcept;
 
 double get_lr(const Optim &o);
+
+// The value of a checkpoint's "format" entry (train.cpp writes it; model.cpp refuses to load such a
+// file as a model; python/ftorch/_inspect.py recognizes it).
+constexpr const char *kCheckpointFormat = "ftorch-checkpoint-1";
 void set_lr(Optim &o, double lr);
 
 }  // namespace ftc

@@ -242,6 +242,12 @@ int ftc_model_load(ftc_model *out, const char *filename, int device_type, int de
     } catch (const c10::Error &e) {
       ftc::fail(FTC_ERR_IO, "'" + file + "' is not a loadable TorchScript model: " + e.what_without_backtrace());
     }
+    // A checkpoint is an archive LibTorch loads as a module too (with no forward): say what it is.
+    if (module.hasattr("format") && module.attr("format").isString() &&
+        module.attr("format").toStringRef() == ftc::kCheckpointFormat) {
+      ftc::fail(FTC_ERR_IO, "'" + file + "' is an FTorch checkpoint (torch_checkpoint_save), not a model: load the "
+                            "model from its TorchScript file, then the checkpoint into it with torch_checkpoint_load");
+    }
     if (is_training > 0) {
       module.train();
     } else if (is_training == 0) {
@@ -296,11 +302,19 @@ int ftc_model_save(ftc_model m, const char *filename) {
   return ftc::guard([&] {
     auto &module = ftc::model_of(m);
     const std::string file = checked_filename(filename);
+    // Written in eval() mode, as a model for inference (a Python user's torch.jit.load then runs
+    // dropout and batch norm as at inference); each submodule's mode is restored after, parents
+    // first (train() sets a module's children too).
+    std::vector<std::pair<torch::jit::Module, bool>> modes;
+    for (const auto &sub : module.modules()) modes.emplace_back(sub, sub.is_training());
+    module.eval();
     try {
       module.save(file);
     } catch (const c10::Error &e) {
+      for (auto &[sub, training] : modes) sub.train(training);
       ftc::fail(FTC_ERR_IO, "cannot write model to '" + file + "': " + e.what_without_backtrace());
     }
+    for (auto &[sub, training] : modes) sub.train(training);
   });
 }
 

@@ -12,7 +12,7 @@
 
 namespace {
 
-constexpr const char *kFormat = "ftorch-checkpoint-1";
+constexpr const char *kFormat = ftc::kCheckpointFormat;
 
 std::string shapes_of(const std::vector<at::Tensor> &tensors) {
   std::string s;

@@ -113,6 +113,7 @@ contains
     real(c_double) :: value, seconds, clip
     integer(c_int) :: kind, reduction, status
     integer :: i, unit
+    character(len=16) :: ms
     do i = 1, size(input_tensors)
       handles(i) = input_tensors(i)%p
     end do
@@ -141,8 +142,10 @@ contains
       if (mod(steps, int(log_every, int64)) /= 0) return
       unit = output_unit
       if (present(log_unit)) unit = log_unit
-      write(unit, '(a,i0,a,es14.7,a,es11.4,a,f0.4,a)') "step ", steps, "  loss ", value, "  lr ", &
-        torch_optim_get_learning_rate(optim), "  ", 1.0e3_dp * seconds_since_log / steps_since_log, " ms/step"
+      ! (F0.d may drop the zero before the decimal point: "0.5558", never ".5558".)
+      write(ms, '(f16.4)') 1.0e3_dp * seconds_since_log / steps_since_log
+      write(unit, '(a,i0,a,es14.7,a,es11.4,a,a,a)') "step ", steps, "  loss ", value, "  lr ", &
+        torch_optim_get_learning_rate(optim), "  ", trim(adjustl(ms)), " ms/step"
       flush(unit)
     end associate
     seconds_since_log = 0

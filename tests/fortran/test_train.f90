@@ -210,6 +210,7 @@ contains
     close(unit)
     call check(torch_optim_step_count(optim) == nsteps, "the optimizer counted its steps")
     call torch_model_save(model, data_path("trained_" // trim(name) // ".pt"))
+    call check(torch_model_is_training(model), "the model is still in training mode after torch_model_save")
     call torch_delete(params)
     call torch_delete(optim)
     call torch_delete(sched)
@@ -561,6 +562,9 @@ contains
     call torch_delete(other_optim)
     call torch_checkpoint_load(data_path("no_such.ckpt"), model, stat=stat, errmsg=msg)
     call check(stat == FTORCH_ERR_IO, "a missing checkpoint is an I/O error")
+    call torch_model_load(other, data_path("errors.ckpt"), torch_kCPU, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_IO .and. index(msg, "is an FTorch checkpoint") > 0, &
+               "torch_model_load of a checkpoint says what the file is: " // trim(msg))
     open(newunit=in_unit, file=data_path("errors.ckpt"), access="stream", form="unformatted", status="old")
     inquire(unit=in_unit, size=size_bytes)
     allocate(bytes(size_bytes))
