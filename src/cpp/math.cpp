@@ -104,6 +104,12 @@ std::pair<const char *, const char *> byte_range(const at::Tensor &t) {
 // over overlapping sections of one Fortran array (a(1:4) and a(2:5)) are separate storages, which
 // LibTorch's own overlap check does not compare.
 bool overlaps(const at::Tensor &l, const at::Tensor &r) {
+  // First the whole storages (a few loads): disjoint for nearly every `=`.
+  const c10::TensorImpl *li = l.unsafeGetTensorImpl(), *ri = r.unsafeGetTensorImpl();
+  if (!li->has_storage() || !ri->has_storage()) return false;
+  const c10::StorageImpl *ls = li->storage().unsafeGetStorageImpl(), *rs = ri->storage().unsafeGetStorageImpl();
+  const char *l0 = static_cast<const char *>(ls->data()), *r0 = static_cast<const char *>(rs->data());
+  if (ls != rs && (l0 >= r0 + rs->nbytes() || r0 >= l0 + ls->nbytes())) return false;
   if (l.device() != r.device()) return false;
   const auto a = byte_range(l), b = byte_range(r);
   if (a.first == a.second || b.first == b.second || a.first >= b.second || b.first >= a.second) return false;
@@ -127,7 +133,6 @@ static at::Tensor part_from_others(const TensorTable::Slot &slot) {
   if ((slot.flags & kWrapped) != 0) return relocate(t);
   return at::empty_strided(t.sizes(), t.strides(), t.options().requires_grad(false));
 }
-
 
 // Whether t's memory is its device allocator's own allocation, rather than memory given to
 // LibTorch (a Fortran array, device memory the caller wrapped) or from elsewhere.
@@ -166,8 +171,10 @@ void assign_into(TensorTable::Slot &slot, const at::Tensor &rhs) {
     l = part_from_others(slot);  // (a leaf requiring grad gets here only to take rhs's history below)
   }
   // Right-hand memory that overlaps the left-hand side's is read before any of it is written.
-  const at::Tensor r = overlaps(l, rhs) ? rhs.clone() : rhs;
-  if (!grad_mode || !r.requires_grad()) {
+  at::Tensor copy;
+  if (overlaps(l, rhs)) copy = rhs.clone();
+  const at::Tensor &r = copy.defined() ? copy : rhs;
+  if (!carries_history) {  // (r.requires_grad() == rhs.requires_grad(): a clone keeps it)
     // No history to carry: a plain copy. A leaf stays a leaf (and keeps requires_grad); a
     // result of earlier operations drops that history. Autograd records nothing when neither
     // side requires grad, so grad mode is switched off (two calls into LibTorch) only for a

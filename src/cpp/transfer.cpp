@@ -35,6 +35,7 @@ int64_t chunk_bytes() {
 // Whether copying src into dst goes through staging: one side pageable host memory, the other a
 // CUDA device; the same dtype, both contiguous, large enough.
 bool staged(const at::Tensor &dst, const at::Tensor &src) {
+  if (dst.device().type() == src.device().type()) return false;  // (every `=` on one device: first)
   if (chunk_bytes() == 0) return false;
   const bool up = src.device().is_cpu() && dst.device().is_cuda();
   const bool down = src.device().is_cuda() && dst.device().is_cpu();
