@@ -17,6 +17,7 @@ program test_safety
   call overlapping_memory()
   call non_contiguous_arrays()
   call lossy_conversions()
+  call sourced_allocation_of_an_expression()
   if (index(compiler_version(), "flang") > 0) call expressions_live_to_the_end_of_the_statement()
   call check(ftorch_live_handles() == base, "every handle made by this program was freed")
   call summary()
@@ -227,6 +228,31 @@ contains
     call torch_delete(outputs)
     call torch_delete(net)
   end subroutine lossy_forward_outputs
+
+  !> `allocate(p, source=expr)` copies the handle of the expression's temporary, which the statement
+  !> frees (flang) or its first reader releases (gfortran 11/12): p then holds a stale handle, a
+  !> clear error to use (never another tensor's values), and nothing leaks.
+  subroutine sourced_allocation_of_an_expression()
+    real(real64), target :: av(2)
+    real(real64) :: got(2)
+    type(torch_tensor) :: a
+    type(torch_tensor), allocatable :: p
+    integer :: stat1, stat2
+    integer(c_int64_t) :: before
+    av = [1.0_real64, 2.0_real64]
+    call torch_tensor_from_array(a, av, torch_kCPU)
+    before = ftorch_live_handles()
+    allocate(p, source=a * 2.0_real64)
+    got = 0
+    call torch_tensor_to_array(p, got, stat=stat1)
+    call torch_tensor_to_array(p, got, stat=stat2)
+    call check((stat1 == 0 .and. all(got == [2.0_real64, 4.0_real64]) .or. stat1 == FTORCH_ERR_NULL_HANDLE) &
+               .and. stat2 == FTORCH_ERR_NULL_HANDLE, &
+               "allocate(p, source=expression) leaves p stale: the right values once at most, then a clear error")
+    deallocate(p)
+    call check(ftorch_live_handles() == before, "the sourced allocation of an expression leaks nothing")
+    call torch_delete(a)
+  end subroutine sourced_allocation_of_an_expression
 
   !> Where the compiler finalizes function results (flang; gfortran from 13), an expression's result
   !> lives until the compiler finalizes it: an associate name or a dummy argument may be read twice.
