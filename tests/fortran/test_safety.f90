@@ -19,6 +19,8 @@ program test_safety
   call lossy_conversions()
   call sourced_allocation_of_an_expression()
   if (index(compiler_version(), "flang") > 0) call expressions_live_to_the_end_of_the_statement()
+  if (index(compiler_version(), "GCC version 11.") > 0 .or. index(compiler_version(), "GCC version 12.") > 0) &
+    call expressions_are_read_once()
   call check(ftorch_live_handles() == base, "every handle made by this program was freed")
   call summary()
 
@@ -280,6 +282,33 @@ contains
     call torch_delete(b)
     call torch_delete(c)
   end subroutine expressions_live_to_the_end_of_the_statement
+
+  !> gfortran 11 and 12 never finalize function results: the first FTorch call that reads one
+  !> releases it, so a second read is a stale-handle error (never other values), and nothing leaks.
+  subroutine expressions_are_read_once()
+    real(real64), target :: av(2), bv(2), cv(2)
+    type(torch_tensor) :: a, b, c
+    integer :: stat
+    integer(c_int64_t) :: before
+    av = [1.0_real64, 2.0_real64]
+    cv = -1.0_real64
+    call torch_tensor_from_array(a, av, torch_kCPU)
+    call torch_tensor_from_array(b, bv, torch_kCPU)
+    call torch_tensor_from_array(c, cv, torch_kCPU)
+    before = ftorch_live_handles()
+    associate (s => a * 2.0_real64)
+      b = s
+      call torch_catch_begin()
+      c = s + 1.0_real64
+      call torch_catch_end(stat)
+    end associate
+    call check(all(bv == [2.0_real64, 4.0_real64]) .and. stat == FTORCH_ERR_NULL_HANDLE .and. all(cv == -1.0_real64), &
+               "an associate name for an expression is read once; the second read is a stale-handle error (gfortran 11/12)")
+    call check(ftorch_live_handles() == before, "the expression was freed")
+    call torch_delete(a)
+    call torch_delete(b)
+    call torch_delete(c)
+  end subroutine expressions_are_read_once
 
   subroutine read_twice(x, b, c)
     type(torch_tensor), intent(in) :: x
