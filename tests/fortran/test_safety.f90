@@ -78,6 +78,7 @@ contains
   subroutine pointers_into_results()
     real(real64), target :: av(3)
     real(real64), pointer :: p(:)
+    integer(c_int64_t), pointer :: sizes(:)
     type(torch_tensor) :: a
     integer :: stat
     integer(c_int64_t) :: before
@@ -90,6 +91,10 @@ contains
     call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "would dangle") > 0, &
                "a data pointer into a function's torch_result is refused: " // trim(msg))
     call check(ftorch_live_handles() == before, "the refused function result is freed")
+    msg = ""
+    sizes => torch_tensor_get_shape(twice(a), stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "would dangle") > 0 .and. .not. associated(sizes) &
+               .and. ftorch_live_handles() == before, "get_shape of a function's torch_result is refused and freed")
     msg = ""
     call torch_tensor_data_pointer(a * 2.0_real64, p, stat=stat, errmsg=msg)
     call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "would dangle") > 0 .and. &
