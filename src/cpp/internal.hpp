@@ -285,6 +285,8 @@ c10::Device device(int device_type, int device_index);
 int device_type_code(c10::DeviceType type);
 
 std::string shape_string(c10::IntArrayRef sizes);
+// PyTorch's name of a dtype (float64, int8, ...), for messages (tensor.cpp).
+std::string dtype_name(c10::ScalarType t);
 
 // ---- user callbacks (custom functions, hooks, gradcheck functions, checkpointed segments;
 // callbacks.cpp)

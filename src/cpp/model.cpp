@@ -182,7 +182,7 @@ void forward_failed(const std::exception &e, const std::vector<c10::IValue> &arg
     if (!args[i].isTensor()) continue;
     const at::Tensor &t = args[i].toTensor();
     msg += "\n  input " + std::to_string(i + 1) + ": shape " + shape_string(t.sizes()) + ", " +
-           std::string(c10::getDtypeNames(t.scalar_type()).first) + ", on " + t.device().str();
+           dtype_name(t.scalar_type()) + ", on " + t.device().str();
   }
   if (text != reason) msg += "\n" + text;
   fail(status, msg);
@@ -307,14 +307,17 @@ int ftc_model_save(ftc_model m, const char *filename) {
     // first (train() sets a module's children too).
     std::vector<std::pair<torch::jit::Module, bool>> modes;
     for (const auto &sub : module.modules()) modes.emplace_back(sub, sub.is_training());
+    auto restore = [&] {
+      for (auto &[sub, training] : modes) sub.train(training);
+    };
     module.eval();
     try {
       module.save(file);
     } catch (const c10::Error &e) {
-      for (auto &[sub, training] : modes) sub.train(training);
+      restore();
       ftc::fail(FTC_ERR_IO, "cannot write model to '" + file + "': " + e.what_without_backtrace());
     }
-    for (auto &[sub, training] : modes) sub.train(training);
+    restore();
   });
 }
 

@@ -196,10 +196,9 @@ at::Tensor wrap_memory(void *data, int ndims, const int64_t *shape, const int32_
 
 namespace ftc {
 
-namespace {
-
-// PyTorch's name of a dtype (float64, int8, ...).
 std::string dtype_name(c10::ScalarType t) { return std::string(c10::getDtypeNames(t).first); }
+
+namespace {
 
 [[noreturn]] void lossy(const std::string &values, c10::ScalarType from, c10::ScalarType to, const char *into,
                         const std::string &why) {
@@ -210,6 +209,18 @@ std::string dtype_name(c10::ScalarType t) { return std::string(c10::getDtypeName
 }
 
 bool integral(c10::ScalarType t, bool include_bool) { return c10::isIntegralType(t, include_bool); }
+
+// The values an integer dtype holds (bool: 0 and 1).
+std::pair<int64_t, int64_t> integer_range(c10::ScalarType t) {
+  int64_t min = 0, max = 1;
+  if (t != c10::kBool) {
+    AT_DISPATCH_INTEGRAL_TYPES(t, "integer_range", [&] {
+      min = static_cast<int64_t>(std::numeric_limits<scalar_t>::lowest());
+      max = static_cast<int64_t>(std::numeric_limits<scalar_t>::max());
+    });
+  }
+  return {min, max};
+}
 
 }  // namespace
 
@@ -226,11 +237,7 @@ void check_lossless(const at::Tensor &values, c10::ScalarType to, const char *in
   at::NoGradGuard no_grad;
   const auto range = at::aminmax(values);
   const int64_t lo = std::get<0>(range).item<int64_t>(), hi = std::get<1>(range).item<int64_t>();
-  int64_t min = 0, max = 0;
-  AT_DISPATCH_INTEGRAL_TYPES(to, "check_lossless", [&] {
-    min = static_cast<int64_t>(std::numeric_limits<scalar_t>::lowest());
-    max = static_cast<int64_t>(std::numeric_limits<scalar_t>::max());
-  });
+  const auto [min, max] = integer_range(to);
   if (lo < min || hi > max) {
     lossy("integers from " + std::to_string(lo) + " to " + std::to_string(hi), from, to, into,
           "overflow them (the range is " + std::to_string(min) + " to " + std::to_string(max) + ")");
@@ -239,13 +246,7 @@ void check_lossless(const at::Tensor &values, c10::ScalarType to, const char *in
 
 void check_lossless(const c10::Scalar &value, c10::ScalarType to, const char *into) {
   if (!integral(to, true) || value.isBoolean()) return;
-  int64_t min = 0, max = 1;
-  if (to != c10::kBool) {
-    AT_DISPATCH_INTEGRAL_TYPES(to, "check_lossless", [&] {
-      min = static_cast<int64_t>(std::numeric_limits<scalar_t>::lowest());
-      max = static_cast<int64_t>(std::numeric_limits<scalar_t>::max());
-    });
-  }
+  const auto [min, max] = integer_range(to);
   std::ostringstream text;
   if (value.isIntegral(false)) {
     const int64_t v = value.toLong();

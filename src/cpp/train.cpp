@@ -12,7 +12,6 @@
 
 namespace {
 
-constexpr const char *kFormat = ftc::kCheckpointFormat;
 
 std::string shapes_of(const std::vector<at::Tensor> &tensors) {
   std::string s;
@@ -100,7 +99,7 @@ std::shared_ptr<StagedCheckpoint> stage_checkpoint(const char *filename, ftc_mod
                                 e.what_without_backtrace());
     }
     c10::IValue value;
-    if (!archive.try_read("format", value) || !value.isString() || value.toStringRef() != kFormat) {
+    if (!archive.try_read("format", value) || !value.isString() || value.toStringRef() != ftc::kCheckpointFormat) {
       ftc::fail(FTC_ERR_IO, "'" + file + "' is not an FTorch checkpoint");
     }
 
@@ -327,7 +326,7 @@ int ftc_checkpoint_save(const char *filename, ftc_model m, ftc_optim o, ftc_sche
     if (filename == nullptr || filename[0] == '\0') ftc::fail(FTC_ERR_INVALID_ARGUMENT, "file name is empty");
     const std::string file(filename);
     torch::serialize::OutputArchive archive;
-    archive.write("format", c10::IValue(std::string(kFormat)));
+    archive.write("format", c10::IValue(std::string(ftc::kCheckpointFormat)));
     archive.write("step", c10::IValue(step));
     if (m != nullptr) {
       auto &module = ftc::model_of(m);
