@@ -57,8 +57,10 @@ def export_main(argv: list[str]) -> int:
                         help="TorchScript by torch.jit.trace on the example inputs instead of torch.jit.script")
     parser.add_argument("--freeze", action="store_true",
                         help="torch.jit.freeze the TorchScript (inference only: parameters become constants)")
-    parser.add_argument("--train", action="store_true",
-                        help="keep training mode in the TorchScript (default: eval mode; the .pt2 is always eval)")
+    parser.add_argument("--train", nargs="?", const=True, default=False, metavar="FILE.pt2",
+                        help="with a file: write a training package (forward and backward compiled by AOTInductor, "
+                             "trainable from Fortran without TorchScript); alone: keep training mode in the "
+                             "TorchScript (default: eval mode; the --pt2 package is always eval)")
     parser.add_argument("--dynamic-batch", action="store_true",
                         help="dim 0 of every input of the .pt2 may take any size in [--min-batch, --max-batch]; "
                              "the check also runs other batch sizes")
@@ -92,9 +94,14 @@ def export_main(argv: list[str]) -> int:
                 raise UsageError(f"--init-kwargs is not JSON: {exc}") from None
             if not isinstance(init_kwargs, dict):
                 raise UsageError('--init-kwargs must be a JSON object such as \'{"n": 5}\'')
-        report = export(args.model, args.input, torchscript=args.output, pt2=args.pt2, trace=args.trace,
+        train_package = args.train if isinstance(args.train, str) else None
+        if train_package is not None and not train_package.endswith(".pt2"):
+            raise UsageError(f"--train {train_package}: a training package is a .pt2 file (alone, --train keeps the "
+                             "TorchScript in training mode; put it after MODEL)")
+        report = export(args.model, args.input, torchscript=args.output, pt2=args.pt2, train_package=train_package,
+                        trace=args.trace,
                         dynamic_batch=args.dynamic_batch, min_batch=args.min_batch, max_batch=args.max_batch,
-                        check=not args.no_check, training=args.train, freeze=args.freeze, init_kwargs=init_kwargs,
+                        check=not args.no_check, training=args.train is True, freeze=args.freeze, init_kwargs=init_kwargs,
                         weights=args.weights, device=args.device, rtol=args.rtol, atol=args.atol, seed=args.seed,
                         dtype=args.dtype)
     except ExportError as exc:

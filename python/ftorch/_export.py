@@ -410,6 +410,7 @@ class OutputCheck:
     max_rel: float
     ok: bool
     problem: str = ""
+    name: str = ""  # what was compared, when not the index-th output ("gradient of fc.weight")
 
 
 @dataclasses.dataclass
@@ -449,6 +450,7 @@ class ExportReport:
     torchscript_method: str | None = None
     training: bool = False
     pt2: str | None = None
+    train_package: str | None = None
     dynamic_batch: list | None = None  # [min, max] (max None: unbounded)
     checks: list[FileCheck] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
@@ -482,6 +484,13 @@ class ExportReport:
                 lo, hi = self.dynamic_batch
                 batch = f", dynamic batch {lo}..{hi if hi is not None else 'any'}"
             out.append(f"wrote {self.pt2} (AOTInductor package, eval mode{batch})")
+        if self.train_package:
+            batch = ""
+            if self.dynamic_batch:
+                lo, hi = self.dynamic_batch
+                batch = f", dynamic batch {lo}..{hi if hi is not None else 'any'}"
+            out.append(f"wrote {self.train_package} (training package: forward and backward compiled by AOTInductor, "
+                       f"parameters and buffers owned by FTorch{batch})")
         for note in self.notes:
             out.append(f"note: {note}")
         for c in self.checks:
@@ -495,7 +504,8 @@ class ExportReport:
                     verdict = "ok" if o.ok else f"MISMATCH{': ' + o.problem if o.problem else ''}"
                     diffs = ("" if o.max_abs != o.max_abs else  # NaN: shapes or dtypes differ
                              f"max abs diff {o.max_abs:.3g}, max rel diff {o.max_rel:.3g}  ")
-                    out.append(f"  {r.label:<16} output {o.index + 1}: {shape:<18} {diffs}{verdict}")
+                    what = o.name or f"output {o.index + 1}"
+                    out.append(f"  {r.label:<16} {what}: {shape:<18} {diffs}{verdict}")
             if c.note:
                 out.append(f"  note: {c.note}")
         if self.checks:
@@ -729,6 +739,7 @@ def export(
     torchscript: str | os.PathLike | None = None,
     pt2: str | os.PathLike | None = None,
     *,
+    train_package: str | os.PathLike | None = None,
     trace: bool = False,
     dynamic_batch: bool = False,
     min_batch: int = 1,
@@ -752,6 +763,10 @@ def export(
     state_dict file to load). ``inputs``: one entry per tensor argument of forward, a tensor, a
     ``(shape, dtype)`` pair or a ``"8,5:float32"`` string; shapes are those of the Fortran arrays.
 
+    ``train_package``: a training package to write (``python -m ftorch export --train FILE.pt2``): the
+    forward and backward compiled by AOTInductor, the parameters and buffers as state FTorch owns;
+    checked against eager autograd (outputs, gradients, updated buffers).
+
     ``trace``: torch.jit.trace instead of torch.jit.script. ``dynamic_batch``: dim 0 of every input of
     the .pt2 takes any size in [min_batch, max_batch] (max None: unbounded); the check then also runs
     other batch sizes. ``training``: TorchScript keeps training mode (the .pt2 is always eval).
@@ -763,11 +778,15 @@ def export(
     when something cannot be exported or the check fails (its ``report`` then says what differed).
     """
     # What can be checked without torch first: a wrong command line fails fast.
-    if torchscript is None and pt2 is None:
-        raise UsageError("nothing to write: give a TorchScript file (-o model.pt) and/or an AOTInductor package "
-                         "(--pt2 model.pt2)")
+    if torchscript is None and pt2 is None and train_package is None:
+        raise UsageError("nothing to write: give a TorchScript file (-o model.pt), an AOTInductor package "
+                         "(--pt2 model.pt2) and/or a training package (--train model_train.pt2)")
     if pt2 is not None and not str(pt2).endswith(".pt2"):
         raise UsageError(f"the AOTInductor package name must end with .pt2: {pt2}")
+    if train_package is not None and not str(train_package).endswith(".pt2"):
+        raise UsageError(f"the training package name must end with .pt2: {train_package}")
+    if train_package is not None and pt2 is not None and Path(train_package) == Path(pt2):
+        raise UsageError("the training package and the inference package (--pt2) need different files")
     if freeze and training:
         raise UsageError("--freeze is for inference: it cannot keep training mode (--train)")
     if min_batch < 1 or (max_batch is not None and max_batch < min_batch):
@@ -822,13 +841,13 @@ def export(
         model = model.to(dev)
         try:
             return _export(model, name, label, specs, given, Path(torchscript) if torchscript else None,
-                           Path(pt2) if pt2 else None, trace, dynamic_batch, min_batch, max_batch, check, training,
+                           Path(pt2) if pt2 else None, Path(train_package) if train_package else None, trace, dynamic_batch, min_batch, max_batch, check, training,
                            freeze, dev, rtol, atol, seed)
         finally:
             model.train(was_training)
 
 
-def _export(model, name, label, specs, given, ts_path, pt2_path, trace, dynamic_batch, min_batch, max_batch,
+def _export(model, name, label, specs, given, ts_path, pt2_path, train_path, trace, dynamic_batch, min_batch, max_batch,
             check, training, freeze, dev, rtol, atol, seed) -> ExportReport:
     import torch
 
@@ -891,6 +910,17 @@ def _export(model, name, label, specs, given, ts_path, pt2_path, trace, dynamic_
                    report)
         if check:
             _check_pt2(model, name, pt2_path, example, second, draw, extra_batches, eager, rtol, atol, report)
+    if train_path is not None:
+        from . import _train_package
+
+        report.train_package = str(train_path)
+        if dynamic_batch:
+            report.dynamic_batch = [min_batch, max_batch]
+        written = _train_package.write(model, name, label, specs, example, dev, train_path, dynamic_batch, min_batch,
+                                       max_batch)
+        if check:
+            _train_package.check(model, name, train_path, written, example, second, draw, extra_batches, rtol, atol,
+                                 gen, report)
     if check and not report.ok:
         bad = [c for c in report.checks if not c.ok]
         run = next(r for r in bad[0].runs if not r.ok)
@@ -1168,24 +1198,32 @@ def _pt2_child() -> None:
         os.abort()
     with _aoti_input_checks(), _quiet_native_stderr(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        models = job.get("models") or [None] * len(job["runs"])
+        packages = {}
         try:
-            package = torch._inductor.aoti_load_package(job["path"])
+            for model_name in dict.fromkeys(models):
+                if model_name is None:
+                    packages[None] = torch._inductor.aoti_load_package(job["path"])
+                else:
+                    from torch._inductor.package import load_package
+
+                    packages[model_name] = load_package(job["path"], model_name)
         except Exception as exc:
             done["load_error"] = _error_text(exc)
             save()
             return
         save()
-        for args in job["runs"]:
+        for model_name, args in zip(models, job["runs"]):
             try:
                 with torch.no_grad():
-                    out = package(*args)
+                    out = packages[model_name](*args)
                 done["results"].append({"outputs": _flatten_outputs(out, "the loaded model")})
             except Exception as exc:
                 done["results"].append({"error": _error_text(exc)})
             save()
 
 
-def _run_pt2_in_child(path, inputs: list) -> tuple[str | None, list]:
+def _run_pt2_in_child(path, inputs: list, models: list | None = None) -> tuple[str | None, list]:
     """Load and run a package in a child process: (load error, one result per input set), where a
     result is {"outputs": [...]} or {"error": text}. A crash of the child is reported, not shared."""
     import signal
@@ -1196,7 +1234,7 @@ def _run_pt2_in_child(path, inputs: list) -> tuple[str | None, list]:
 
     with tempfile.TemporaryDirectory() as d:
         src, dst = os.path.join(d, "job.pt"), os.path.join(d, "done.pt")
-        torch.save({"path": str(path), "runs": inputs}, src)
+        torch.save({"path": str(path), "runs": inputs, "models": models}, src)
         code = "from ftorch._export import _pt2_child; _pt2_child()"
         try:
             proc = subprocess.run([sys.executable, "-c", code, src, dst], capture_output=True, text=True,

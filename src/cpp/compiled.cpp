@@ -21,20 +21,6 @@
 
 namespace ftc {
 
-// What a package takes, as `python -m ftorch export --pt2` records it in the package's metadata
-// (key "ftorch_inputs"): per input its dtype and, per dimension, a size or a named range (a name
-// shared by several dimensions is one size). FTorch checks a call against these itself, in place
-// of AOTInductor's generated input checks (which build a std::stringstream on every call).
-struct DimRule {
-  std::string name;  // empty: a static size (lo == hi)
-  int64_t lo = 0;
-  int64_t hi = -1;  // -1: no upper bound
-};
-struct InputRule {
-  c10::ScalarType dtype;
-  std::vector<DimRule> dims;
-};
-
 class CompiledModel {
  public:
   CompiledModel(const std::string &file, const std::string &name, const c10::Device &device)
@@ -160,8 +146,8 @@ std::string message_of(const std::exception &e) {
   return msg;
 }
 
-// The records of a zip archive written by PyTorch (the top directory dropped), or nothing when
-// the file is not one.
+}  // namespace
+
 std::vector<std::string> archive_records(const std::string &file, std::string *archive_format) {
   try {
     caffe2::serialize::PyTorchStreamReader reader(file);
@@ -174,6 +160,8 @@ std::vector<std::string> archive_records(const std::string &file, std::string *a
     return {};
   }
 }
+
+namespace {
 
 // The model of the package to run: "model" (what aoti_compile_and_package writes), else the only one.
 std::string model_name(const std::string &file, const std::vector<std::string> &records) {
@@ -218,20 +206,10 @@ constexpr std::pair<const char *, c10::ScalarType> kDtypeNames[] = {
     {"uint8", c10::kByte},     {"bool", c10::kBool},      {"complex64", c10::kComplexFloat},
     {"complex128", c10::kComplexDouble}};
 
-std::string dtype_name(c10::ScalarType t) {
-  for (const auto &[name, type] : kDtypeNames) {
-    if (type == t) return name;
-  }
-  return c10::toString(t);
-}
+}  // namespace
 
-// The rules of metadata["ftorch_inputs"]: "v1" then per input ";dtype[dim,dim,...]", a dim being
-// a size or "name:lo:hi" (hi -1: unbounded), e.g. "v1;float32[batch:1:4096,5]". Nothing when the
-// package has none or they do not parse (its generated checks are used then).
-std::optional<std::vector<InputRule>> parse_input_rules(const std::unordered_map<std::string, std::string> &metadata) {
-  const auto it = metadata.find("ftorch_inputs");
-  if (it == metadata.end()) return std::nullopt;
-  std::istringstream text(it->second);
+std::optional<std::vector<InputRule>> parse_rules(const std::string &rules_text) {
+  std::istringstream text(rules_text);
   std::string item;
   if (!std::getline(text, item, ';') || item != "v1") return std::nullopt;
   std::vector<InputRule> rules;
@@ -276,6 +254,8 @@ std::optional<std::vector<InputRule>> parse_input_rules(const std::unordered_map
   return rules;
 }
 
+namespace {
+
 // What a rule allows, for messages: [batch (1..4096), 5].
 std::string rule_string(const InputRule &rule) {
   std::string text = "[";
@@ -291,8 +271,8 @@ std::string rule_string(const InputRule &rule) {
   return text + "]";
 }
 
-// The inputs against the package's rules: count, dtype, rank, each size (a named size equal
-// wherever it appears). Layout and device are seen to by run_compiled.
+}  // namespace
+
 void check_inputs(const std::vector<InputRule> &rules, const std::vector<at::Tensor> &inputs) {
   if (inputs.size() != rules.size()) {
     fail(FTC_ERR_INVALID_ARGUMENT, "the compiled model takes " + std::to_string(rules.size()) + " input" +
@@ -335,6 +315,8 @@ void check_inputs(const std::vector<InputRule> &rules, const std::vector<at::Ten
     }
   }
 }
+
+namespace {
 
 // Guards AOTI_RUNTIME_CHECK_INPUTS: set while loading, read at a package's first run.
 std::mutex &environment_mutex() {
@@ -388,8 +370,9 @@ bool is_pt2_archive(const std::string &file) {
   return format.rfind("pt2", 0) == 0;
 }
 
-std::shared_ptr<CompiledModel> load_compiled(const std::string &file, const c10::Device &device) {
-  const std::string name = model_name(file, archive_records(file, nullptr));
+std::shared_ptr<CompiledModel> load_compiled(const std::string &file, const c10::Device &device,
+                                             const std::string &wanted) {
+  const std::string name = wanted.empty() ? model_name(file, archive_records(file, nullptr)) : wanted;
   std::unordered_map<std::string, std::string> metadata;
   try {
     metadata = torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(file, name);
@@ -411,7 +394,8 @@ std::shared_ptr<CompiledModel> load_compiled(const std::string &file, const c10:
                                          ": compile the package on (or for) this machine");
     }
   }
-  auto rules = parse_input_rules(metadata);
+  std::optional<std::vector<InputRule>> rules;
+  if (metadata.count("ftorch_inputs") != 0) rules = parse_rules(metadata["ftorch_inputs"]);
   if (!rules) enable_input_checks();
   StderrCapture capture;
   try {

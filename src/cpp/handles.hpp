@@ -249,9 +249,12 @@ class HandleTable final : public TableFreeList {
 class CompiledModel;  // compiled.hpp
 
 // A model handle holds a TorchScript module, or an AOTInductor package (compiled is set).
+struct TrainingPackage;  // train_package.cpp
+
 struct Model {
   torch::jit::Module module;
   std::shared_ptr<CompiledModel> compiled;
+  std::shared_ptr<TrainingPackage> package;  // set for a training package (module calls its code)
 };
 
 using TensorTable = HandleTable<at::Tensor>;

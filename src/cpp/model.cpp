@@ -9,6 +9,7 @@
 
 #include "arglist.hpp"
 #include "compiled.hpp"
+#include "train_package.hpp"
 
 namespace {
 
@@ -225,10 +226,15 @@ int ftc_model_load(ftc_model *out, const char *filename, int device_type, int de
     if (!std::ifstream(file).good()) {
       ftc::fail(FTC_ERR_IO, "cannot open model file '" + file + "' (missing or unreadable)");
     }
+    if (ftc::is_training_package(file)) {
+      ftc::replace_handle<ftc::ModelTable>(out, ftc::load_training_package(file, dev, requires_grad != 0, is_training));
+      return;
+    }
     if (ftc::is_pt2_archive(file)) {
       if (requires_grad != 0 || is_training > 0) {
         ftc::fail(FTC_ERR_INVALID_ARGUMENT, "'" + file + "' is a compiled AOTInductor package (.pt2), which runs "
-                  "forward only: it cannot be loaded for training or with parameters requiring grad");
+                  "forward only: it cannot be loaded for training or with parameters requiring grad: export a training package "
+                  "(`python -m ftorch export MODEL --train FILE.pt2`) to train it");
       }
       auto model = std::make_shared<ftc::Model>();
       model->compiled = ftc::load_compiled(file, dev);
@@ -302,6 +308,11 @@ int ftc_model_save(ftc_model m, const char *filename) {
   return ftc::guard([&] {
     auto &module = ftc::model_of(m);
     const std::string file = checked_filename(filename);
+    const auto &model = ftc::any_model_of(m);
+    if (model.package) {
+      ftc::save_training_package(model, file);
+      return;
+    }
     // Written in eval() mode, as a model for inference (a Python user's torch.jit.load then runs
     // dropout and batch norm as at inference); each submodule's mode is restored after, parents
     // first (train() sets a module's children too).

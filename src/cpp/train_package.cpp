@@ -1,0 +1,433 @@
+// train_package.cpp - training packages: load one as a TorchScript module whose forward runs the
+// compiled forward and records one autograd node running the compiled backward; save its state.
+#include "train_package.hpp"
+
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/frontend/resolver.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+
+#include <cstdio>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include "compiled.hpp"
+
+namespace ftc {
+
+namespace {
+
+// Records of a training package (python/ftorch/_train_package.py writes them).
+constexpr const char *kMetaRecord = "extra/ftorch_train.txt";
+constexpr const char *kStateRecord = "ftorch/state.pt";
+constexpr const char *kFormat = "ftorch-train-1";
+
+}  // namespace
+
+struct TrainingPackage {
+  std::string file;
+  c10::Device device{c10::kCPU};
+  std::shared_ptr<CompiledModel> forward, backward, eval;  // eval null: forward serves eval mode too
+  std::vector<std::string> param_names, buffer_names;
+  std::vector<at::Tensor> params, buffers;  // the module's own tensors
+  std::optional<std::vector<InputRule>> input_rules;
+  size_t n_inputs = 0, n_outputs = 0, n_random = 0;
+  std::vector<bool> input_gradient;  // per input: the backward returns its gradient
+  int64_t id = 0;
+  ~TrainingPackage();
+};
+
+namespace {
+
+// Packages by the id their module's forward passes to the operator (a TorchScript attribute holds
+// an integer, not a C++ object). Entries go when their package does.
+struct Registry {
+  std::mutex mutex;
+  std::unordered_map<int64_t, std::weak_ptr<TrainingPackage>> packages;
+  int64_t next = 1;
+  static Registry &instance() {
+    static auto *r = new Registry;  // never destroyed: packages may outlive static destruction order
+    return *r;
+  }
+};
+
+std::shared_ptr<TrainingPackage> package_of(int64_t id) {
+  auto &r = Registry::instance();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto it = r.packages.find(id);
+  auto p = it != r.packages.end() ? it->second.lock() : nullptr;
+  if (!p) fail(FTC_ERR_INVALID_ARGUMENT, "the training package of this model has been deleted");
+  return p;
+}
+
+// key=value lines of the package's training record.
+std::unordered_map<std::string, std::string> read_meta(caffe2::serialize::PyTorchStreamReader &reader,
+                                                       const std::string &file) {
+  if (!reader.hasRecord(kMetaRecord)) fail(FTC_ERR_IO, "'" + file + "' is not a training package");
+  auto [data, size] = reader.getRecord(kMetaRecord);
+  std::istringstream text(std::string(static_cast<const char *>(data.get()), size));
+  std::unordered_map<std::string, std::string> meta;
+  for (std::string line; std::getline(text, line);) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) meta[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  if (meta["format"] != kFormat) {
+    fail(FTC_ERR_IO, "'" + file + "' is a training package of format '" + meta["format"] + "', this FTorch reads '" +
+                         kFormat + "': export it again with this FTorch's `python -m ftorch export --train`");
+  }
+  return meta;
+}
+
+std::vector<std::string> split(const std::string &text, char sep) {
+  std::vector<std::string> items;
+  if (text.empty()) return items;
+  std::istringstream in(text);
+  for (std::string item; std::getline(in, item, sep);) items.push_back(item);
+  return items;
+}
+
+size_t count_of(std::unordered_map<std::string, std::string> &meta, const char *key, const std::string &file) {
+  try {
+    return static_cast<size_t>(std::stoul(meta.at(key)));
+  } catch (const std::exception &) {
+    fail(FTC_ERR_IO, "'" + file + "': the training record has no valid '" + key + "'");
+  }
+}
+
+// The tensors of list `key` of the package's state.
+std::vector<at::Tensor> state_list(const c10::IValue &state, const char *key, size_t expected, const std::string &file) {
+  std::vector<at::Tensor> out;
+  if (state.isGenericDict()) {
+    const auto dict = state.toGenericDict();
+    const auto it = dict.find(c10::IValue(std::string(key)));
+    if (it != dict.end() && it->value().isList()) {
+      for (const auto &v : it->value().toListRef()) {
+        if (v.isTensor()) out.push_back(v.toTensor());
+      }
+    }
+  }
+  if (out.size() != expected) {
+    fail(FTC_ERR_IO, "'" + file + "': the package's state holds " + std::to_string(out.size()) + " " + key +
+                         ", its training record names " + std::to_string(expected));
+  }
+  return out;
+}
+
+// params, then buffers, then `more`: the leading inputs of every compiled model of a package.
+std::vector<at::Tensor> with_state(const std::vector<at::Tensor> &params,
+                                   const std::vector<at::Tensor> &buffers, std::initializer_list<const std::vector<at::Tensor> *> more) {
+  std::vector<at::Tensor> flat;
+  size_t n = params.size() + buffers.size();
+  for (const auto *m : more) n += m->size();
+  flat.reserve(n);
+  flat.insert(flat.end(), params.begin(), params.end());
+  flat.insert(flat.end(), buffers.begin(), buffers.end());
+  for (const auto *m : more) flat.insert(flat.end(), m->begin(), m->end());
+  return flat;
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The compiled forward as one node of the autograd graph: its backward runs the compiled backward
+// (which recomputes the forward, given the random values the forward drew).
+struct PackageNode : public torch::autograd::Function<PackageNode> {
+  // The tensors come as TensorLists: the form whose items autograd takes as the node's inputs.
+  static variable_list forward(AutogradContext *ctx, int64_t id, bool training, at::TensorList params,
+                               at::TensorList inputs) {
+    const auto p = package_of(id);
+    const std::vector<at::Tensor> params_vec = params.vec(), inputs_vec = inputs.vec();
+    auto results = run_compiled(*p->forward, with_state(params_vec, p->buffers, {&inputs_vec}));
+    const size_t n_out = p->n_outputs, n_buf = p->buffers.size();
+    if (results.size() != n_out + n_buf + p->n_random) {
+      fail(FTC_ERR_INTERNAL, "the compiled forward returned " + std::to_string(results.size()) + " tensors, expected " +
+                                 std::to_string(n_out + n_buf + p->n_random));
+    }
+    // Buffers as the forward read them, for the backward; a training forward then updates them
+    // (batch-norm running statistics) in place, where every holder of the buffer sees them.
+    std::vector<at::Tensor> buffers_read;
+    buffers_read.reserve(n_buf);
+    for (size_t k = 0; k < n_buf; ++k) {
+      if (training) {
+        buffers_read.push_back(p->buffers[k].clone());
+        p->buffers[k].copy_(results[n_out + k]);
+      } else {
+        buffers_read.push_back(p->buffers[k]);
+      }
+    }
+    std::vector<at::Tensor> saved(params.begin(), params.end());
+    saved.insert(saved.end(), inputs.begin(), inputs.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["id"] = id;
+    ctx->saved_data["buffers"] = c10::List<at::Tensor>(buffers_read);
+    ctx->saved_data["random"] = c10::List<at::Tensor>(
+        std::vector<at::Tensor>(results.begin() + static_cast<std::ptrdiff_t>(n_out + n_buf), results.end()));
+    std::vector<at::Tensor> outputs(results.begin(), results.begin() + static_cast<std::ptrdiff_t>(n_out));
+    // What an unused output's gradient is made of: its shape and options.
+    c10::List<at::Tensor> like;
+    for (const auto &o : outputs) like.push_back(at::empty({0}, o.options()));
+    ctx->saved_data["like"] = like;
+    for (size_t k = 0; k < outputs.size(); ++k) ctx->saved_data["shape" + std::to_string(k)] = outputs[k].sizes().vec();
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grad_outputs) {
+    const auto p = package_of(ctx->saved_data["id"].toInt());
+    const auto saved = ctx->get_saved_variables();
+    const size_t n_params = p->params.size();
+    const std::vector<at::Tensor> params(saved.begin(), saved.begin() + static_cast<std::ptrdiff_t>(n_params));
+    const std::vector<at::Tensor> inputs(saved.begin() + static_cast<std::ptrdiff_t>(n_params), saved.end());
+    const auto buffers = ctx->saved_data["buffers"].toTensorVector();
+    const auto random = ctx->saved_data["random"].toTensorVector();
+    const auto like = ctx->saved_data["like"].toTensorVector();
+    std::vector<at::Tensor> grads;
+    for (size_t k = 0; k < grad_outputs.size(); ++k) {
+      grads.push_back(grad_outputs[k].defined()
+                          ? grad_outputs[k]
+                          : at::zeros(ctx->saved_data["shape" + std::to_string(k)].toIntVector(), like[k].options()));
+    }
+    auto results = run_compiled(*p->backward, with_state(params, buffers, {&inputs, &random, &grads}));
+    variable_list out;
+    out.reserve(2 + n_params + inputs.size());
+    out.emplace_back();  // id
+    out.emplace_back();  // training
+    size_t r = 0;
+    for (size_t k = 0; k < n_params; ++k) out.push_back(results.at(r++));
+    for (size_t k = 0; k < inputs.size(); ++k) out.push_back(p->input_gradient[k] ? results.at(r++) : at::Tensor());
+    return out;
+  }
+};
+
+// torch.ops.ftorch.package_forward(package, training, inputs): what a training package's module
+// forward calls.
+std::vector<at::Tensor> package_forward(int64_t id, bool training, std::vector<at::Tensor> inputs) {
+  const auto p = package_of(id);
+  if (inputs.size() != p->n_inputs) {
+    fail(FTC_ERR_INVALID_ARGUMENT, "the training package takes " + std::to_string(p->n_inputs) + " input" +
+                                       (p->n_inputs == 1 ? "" : "s") + ", got " + std::to_string(inputs.size()));
+  }
+  if (p->input_rules) check_inputs(*p->input_rules, inputs);
+  if (!training && p->eval) {
+    bool wants_graph = false;
+    if (at::GradMode::is_enabled()) {
+      for (const auto &t : p->params) wants_graph = wants_graph || t.requires_grad();
+      for (const auto &t : inputs) wants_graph = wants_graph || t.requires_grad();
+    }
+    if (wants_graph) {
+      fail(FTC_ERR_INVALID_ARGUMENT,
+           "this training package computes something else in eval mode than in training mode (dropout, batch "
+           "norm) and has no eval-mode backward: run the eval-mode forward without recording a graph "
+           "(requires_grad=.false.), or switch the model to training mode for gradients");
+    }
+    return run_compiled(*p->eval, with_state(p->params, p->buffers, {&inputs}));
+  }
+  return PackageNode::apply(id, training, at::TensorList(p->params), at::TensorList(inputs));
+}
+
+TORCH_LIBRARY(ftorch, m) { m.def("package_forward(int package, bool training, Tensor[] inputs) -> Tensor[]"); }
+
+// Above autograd: the kernel records the node itself.
+TORCH_LIBRARY_IMPL(ftorch, CompositeImplicitAutograd, m) { m.impl("package_forward", &package_forward); }
+
+// `value` as torch.save writes it (a zip of a pickle and the tensors' bytes), without the
+// TorchScript type tags torch::pickle_save adds (torch.load(weights_only=True) refuses those).
+std::vector<char> pickled(const c10::IValue &value) {
+  std::vector<char> data;
+  torch::jit::Pickler pickler([&](const char *bytes, size_t n) { data.insert(data.end(), bytes, bytes + n); },
+                              nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void *bytes, size_t n) {
+    const auto *b = static_cast<const char *>(bytes);
+    archive.insert(archive.end(), b, b + n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", data.data(), data.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return archive;
+}
+
+// Names in the module's TorchScript source: `ftorch` is this library's operator namespace.
+struct PackageResolver : public torch::jit::Resolver {
+  std::shared_ptr<torch::jit::SugaredValue> resolveValue(const std::string &name, torch::jit::GraphFunction &m,
+                                                         const torch::jit::SourceRange &loc) override {
+    if (name == "ftorch") return std::make_shared<torch::jit::BuiltinModule>("ftorch");
+    return torch::jit::nativeResolver()->resolveValue(name, m, loc);
+  }
+  c10::TypePtr resolveType(const std::string &, const torch::jit::SourceRange &) override { return nullptr; }
+};
+
+// The module that owns the parameter or buffer `dotted` ("encoder.0.weight"): submodules made on
+// the way, each with the "training" attribute that train()/eval() set.
+torch::jit::Module owner_of(torch::jit::Module root, const std::string &dotted, std::string &leaf,
+                            const std::shared_ptr<torch::jit::CompilationUnit> &cu) {
+  auto parts = split(dotted, '.');
+  leaf = parts.back();
+  parts.pop_back();
+  torch::jit::Module cur = std::move(root);
+  std::string path = "__torch__.ftorch.TrainingPackage";
+  for (const auto &part : parts) {
+    path += "_" + part;
+    if (cur.hasattr(part) && cur.attr(part).isModule()) {
+      cur = cur.attr(part).toModule();
+      continue;
+    }
+    torch::jit::Module child(c10::QualifiedName(path), cu, /*shouldMangle=*/true);
+    child.register_attribute("training", c10::BoolType::get(), true);
+    cur.register_module(part, child);
+    cur = child;
+  }
+  return cur;
+}
+
+}  // namespace
+
+TrainingPackage::~TrainingPackage() {
+  auto &r = Registry::instance();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.packages.erase(id);
+}
+
+bool is_training_package(const std::string &file) {
+  for (const auto &record : archive_records(file)) {
+    if (record == kMetaRecord) return true;
+  }
+  return false;
+}
+
+std::shared_ptr<Model> load_training_package(const std::string &file, const c10::Device &device, bool requires_grad,
+                                             int is_training) {
+  (void)requires_grad;  // parameters keep the trainability they were exported with, as TorchScript's do
+  auto p = std::make_shared<TrainingPackage>();
+  p->file = file;
+  p->device = device;
+  c10::IValue state;
+  std::unordered_map<std::string, std::string> meta;
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(file);
+    meta = read_meta(reader, file);
+    if (!reader.hasRecord(kStateRecord)) fail(FTC_ERR_IO, "'" + file + "' holds no parameters (" + kStateRecord + ")");
+    auto [data, size] = reader.getRecord(kStateRecord);
+    const auto *bytes = static_cast<const char *>(data.get());
+    state = torch::pickle_load(std::vector<char>(bytes, bytes + size));
+  } catch (const Error &) {
+    throw;
+  } catch (const c10::Error &e) {
+    fail(FTC_ERR_IO, "cannot read the training package '" + file + "': " + e.what_without_backtrace());
+  }
+  p->param_names = split(meta["parameters"], ',');
+  p->buffer_names = split(meta["buffers"], ',');
+  const auto trainable = split(meta["requires_grad"], ',');
+  p->n_inputs = count_of(meta, "inputs", file);
+  p->n_outputs = count_of(meta, "outputs", file);
+  p->n_random = count_of(meta, "random_values", file);
+  p->input_gradient.assign(p->n_inputs, false);
+  for (const auto &k : split(meta["input_gradients"], ',')) {
+    const auto i = static_cast<size_t>(std::stoul(k));
+    if (i >= 1 && i <= p->n_inputs) p->input_gradient[i - 1] = true;
+  }
+  if (!meta["input_rules"].empty()) p->input_rules = parse_rules(meta["input_rules"]);
+  const auto params = state_list(state, "parameters", p->param_names.size(), file);
+  const auto buffers = state_list(state, "buffers", p->buffer_names.size(), file);
+
+  p->forward = load_compiled(file, device, "forward");
+  p->backward = load_compiled(file, device, "backward");
+  if (meta["eval"] == "eval") p->eval = load_compiled(file, device, "eval");
+
+  auto cu = std::make_shared<torch::jit::CompilationUnit>();
+  torch::jit::Module module(c10::QualifiedName("__torch__.ftorch.TrainingPackage"), cu, /*shouldMangle=*/true);
+  module.register_attribute("training", c10::BoolType::get(), true);
+  for (size_t k = 0; k < params.size(); ++k) {
+    std::string leaf;
+    auto owner = owner_of(module, p->param_names[k], leaf, cu);
+    at::Tensor t = params[k].to(device).detach().clone();
+    t.requires_grad_(k >= trainable.size() || trainable[k] != "0");
+    owner.register_parameter(leaf, t, /*is_buffer=*/false);
+    p->params.push_back(t);
+  }
+  for (size_t k = 0; k < buffers.size(); ++k) {
+    std::string leaf;
+    auto owner = owner_of(module, p->buffer_names[k], leaf, cu);
+    at::Tensor t = buffers[k].to(device).detach().clone();
+    owner.register_buffer(leaf, t);
+    p->buffers.push_back(t);
+  }
+  {
+    auto &r = Registry::instance();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    p->id = r.next++;
+    r.packages[p->id] = p;
+  }
+  module.register_attribute("_ftorch_package", c10::IntType::get(), p->id);
+  std::string args, list, result;
+  for (size_t i = 1; i <= p->n_inputs; ++i) {
+    args += ", x" + std::to_string(i) + ": Tensor";
+    list += (i > 1 ? ", x" : "x") + std::to_string(i);
+  }
+  if (p->n_outputs == 1) {
+    result = "r[0]";
+  } else {
+    for (size_t k = 0; k < p->n_outputs; ++k) result += (k > 0 ? ", r[" : "(r[") + std::to_string(k) + "]";
+    result += ")";
+  }
+  module.define("def forward(self" + args + "):\n    r = ftorch.package_forward(self._ftorch_package, "
+                "self.training, [" + list + "])\n    return " + result + "\n",
+                std::make_shared<PackageResolver>());
+  module.train(is_training != 0);
+  auto model = std::make_shared<Model>();
+  model->module = std::move(module);
+  model->package = std::move(p);
+  return model;
+}
+
+void save_training_package(const Model &model, const std::string &file) {
+  const auto &p = *model.package;
+  c10::Dict<std::string, at::Tensor> dict;
+  for (size_t k = 0; k < p.params.size(); ++k) dict.insert(p.param_names[k], p.params[k].detach().cpu());
+  for (size_t k = 0; k < p.buffers.size(); ++k) dict.insert(p.buffer_names[k], p.buffers[k].detach().cpu());
+  const bool package = file.size() >= 4 && file.compare(file.size() - 4, 4, ".pt2") == 0;
+  const std::string tmp = file + ".tmp";
+  try {
+    if (!package) {
+      const auto bytes = pickled(c10::IValue(dict));
+      std::FILE *f = std::fopen(tmp.c_str(), "wb");
+      if (f == nullptr) fail(FTC_ERR_IO, "cannot write the state_dict to '" + file + "'");
+      const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+      if (std::fclose(f) != 0 || !ok) fail(FTC_ERR_IO, "cannot write the state_dict to '" + file + "'");
+    } else {
+      c10::List<at::Tensor> params, buffers;
+      for (const auto &t : p.params) params.push_back(t.detach().cpu());
+      for (const auto &t : p.buffers) buffers.push_back(t.detach().cpu());
+      c10::impl::GenericDict state(c10::StringType::get(), c10::ListType::ofTensors());
+      state.insert("parameters", params);
+      state.insert("buffers", buffers);
+      const auto bytes = pickled(c10::IValue(state));
+      caffe2::serialize::PyTorchStreamReader reader(p.file);
+      caffe2::serialize::PyTorchStreamWriter writer(tmp);
+      for (const auto &name : reader.getAllRecords()) {
+        if (name == kStateRecord) {
+          writer.writeRecord(name, bytes.data(), bytes.size());
+        } else {
+          auto [data, size] = reader.getRecord(name);
+          writer.writeRecord(name, data.get(), size);
+        }
+      }
+      writer.writeEndOfFile();
+    }
+  } catch (const Error &) {
+    std::remove(tmp.c_str());
+    throw;
+  } catch (const std::exception &e) {
+    std::remove(tmp.c_str());
+    fail(FTC_ERR_IO, "cannot write '" + file + "': " + e.what());
+  }
+  if (std::rename(tmp.c_str(), file.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    fail(FTC_ERR_IO, "cannot rename the written file into place at '" + file + "'");
+  }
+}
+
+}  // namespace ftc

@@ -1,0 +1,32 @@
+// train_package.hpp - training packages (`python -m ftorch export MODEL --train FILE.pt2`): a
+// model's forward and backward compiled by AOTInductor, its parameters and buffers owned here.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "internal.hpp"
+
+namespace ftc {
+
+struct TrainingPackage;
+
+// Whether `file` is a training package (a .pt2 archive with FTorch's training record).
+bool is_training_package(const std::string &file);
+
+// The model of a training package on `device`: a TorchScript module built here, holding the
+// package's parameters and buffers (under their names in the exported model), whose forward calls
+// the compiled code, recording one autograd node whose backward is the compiled backward. So every
+// procedure made for TorchScript models (parameters, optimizers, training steps, autograd through
+// the outputs, checkpoints, data-parallel training) works on it unchanged. `requires_grad`: the
+// parameters require grad (those the exporter saw frozen stay frozen); `is_training`: 1 train,
+// 0 eval, < 0 the mode the model was exported in (training).
+std::shared_ptr<Model> load_training_package(const std::string &file, const c10::Device &device, bool requires_grad,
+                                             int is_training);
+
+// Write the model's current parameters and buffers: an updated package when `file` ends in ".pt2"
+// (the compiled code of the loaded package, the new state), else the state_dict that Python's
+// torch.load reads (a dict of name -> tensor, on the CPU).
+void save_training_package(const Model &model, const std::string &file);
+
+}  // namespace ftc
