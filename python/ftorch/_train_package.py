@@ -31,6 +31,7 @@ FORMAT = "ftorch-train-1"
 STATE_RECORD = "ftorch/state.pt"  # not under extra/: torch reads those as text
 META_RECORD = "extra/ftorch_train.json"
 RECORD_FOR_CPP = "extra/ftorch_train.txt"
+STEP_MODEL = "step_mse_adam"  # the compiled training step (MSE loss, Adam or AdamW)
 BATCH = "batch"
 
 
@@ -275,6 +276,52 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
                           f"{_user_frame(exc, None)}") from None
     finally:
         model.train(was_training)
+    # The whole training step of torch_train_step with an MSE loss and Adam or AdamW, compiled as
+    # one graph: forward, loss, backward, gradient-norm clipping, the update, all in place on the
+    # state FTorch passes (parameters, buffers, gradients, the optimizer's moments). The
+    # optimizer's settings come each step as numbers (STEP_SETTINGS), so any Adam/AdamW settings
+    # and a learning-rate schedule use the same code. The arithmetic is written as LibTorch's Adam,
+    # AdamW and clip_grad_norm_ compute it, operation for operation.
+    step_gm = None
+    if n_o >= 1:
+        def step(*flat):
+            k = 0
+
+            def take(n):
+                nonlocal k
+                k += n
+                return list(flat[k - n:k])
+
+            ps, bs, grads_out, m1, m2 = take(n_p), take(n_b), take(n_p), take(n_p), take(n_p)
+            (h,) = take(1)
+            inputs, (target,) = take(n_x), take(1)
+            h = h.to(ps[0].dtype)
+            b1, one_b1, b2, one_b2, eps, l2, decay, step_size, sqrt_bc2, max_norm, mean = (h[i] for i in range(11))
+            leaf = [p.detach().requires_grad_(True) for p in ps]
+            bs_new = [b.clone() for b in bs]
+            with torch.enable_grad():
+                pred = run(leaf, bs_new, inputs, True)[0]
+                loss = torch.where(mean > 0, torch.nn.functional.mse_loss(pred, target, reduction="mean"),
+                                   torch.nn.functional.mse_loss(pred, target, reduction="sum"))
+                gs_ = torch.autograd.grad(loss, leaf, allow_unused=True)
+            gs_ = [torch.zeros_like(p) if g is None else g for g, p in zip(gs_, ps)]
+            with torch.no_grad():
+                total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in gs_]))
+                coef = max_norm / (total + 1e-6)
+                clip = (max_norm > 0) & (coef < 1)
+                gs_ = [torch.where(clip, g * coef, g) for g in gs_]
+                for p, g, g_out, ma, mb in zip(ps, gs_, grads_out, m1, m2):
+                    g_out.copy_(g)
+                    p.mul_(decay)
+                    g = g + l2 * p
+                    ma.copy_(ma * b1 + one_b1 * g)
+                    mb.copy_(mb * b2 + (one_b2 * g) * g)
+                    denom = mb.sqrt() / sqrt_bc2 + eps
+                    p.copy_(p + (-step_size * ma) / denom)
+                for b, new in zip(bs, bs_new):
+                    b.copy_(new)
+            return (loss.detach(),)
+
     fw_gm, bw_gm, n_random = _split(joint_gm, n_p + n_b + n_x, n_o, n_b, n_grads)
     eval_same = train_gm.code == eval_gm.code and n_random == 0
 
@@ -317,6 +364,21 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
                                      shapes(n_p + n_b, x_dims + rnd_dims + out_batch_dims), meta_common, label,
                                      "backward", min_batch, max_batch)
         aoti["backward"] = files
+        if n_o >= 1:
+            zeros = [torch.zeros_like(p) for p in params]
+            settings = torch.tensor([0.9, 0.1, 0.999, 0.001, 1e-8, 0.0, 1.0, 0.001, 1.0, 0.0, 1.0], dtype=torch.float64,
+                                    device=dev)
+            target = torch.randn_like(outs[0])
+            step_args = [*[p.clone() for p in params], *[b.clone() for b in buffers], *zeros,
+                         *[z.clone() for z in zeros], *[z.clone() for z in zeros], settings, *xs, target]
+            try:
+                with torch.random.fork_rng(devices=[] if dev.type == "cpu" else [dev]):
+                    step_gm = make_fx(step, tracing_mode=mode)(*step_args)
+            finally:
+                model.train(was_training)
+            files, _ = _compile(step_gm, step_args, shapes(n_p + n_b + 3 * n_p + 1, x_dims + [out_batch_dims[0]]),
+                                meta_common, label, "training step", min_batch, max_batch)
+            aoti[STEP_MODEL] = files
         if not eval_same:
             files, _ = _compile(eval_gm, [*params, *buffers, *xs], shapes(n_p + n_b, x_dims), meta_common, label,
                                 "eval", min_batch, max_batch)
@@ -346,6 +408,7 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
         "input_gradients": [i + 1 for i in grad_inputs],
         "random_values": n_random,
         "eval": "forward" if eval_same else "eval",
+        "step": STEP_MODEL if n_o >= 1 else None,
         "dynamic_batch": [min_batch, max_batch] if dynamic_batch else None,
         "input_rules": _rules(fw_program, n_x, min_batch, max_batch),
         "forward_rules": _rules(fw_program, None, min_batch, max_batch),
@@ -363,6 +426,7 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
         "input_gradients": ",".join(str(i + 1) for i in grad_inputs),
         "eval": meta["eval"],
         "input_rules": meta["input_rules"] or "",
+        "step": STEP_MODEL if STEP_MODEL in aoti else "",
     }
     state = io.BytesIO()
     torch.save({"parameters": [p.cpu() for p in params], "buffers": [b.cpu() for b in buffers]}, state)

@@ -409,6 +409,10 @@ std::shared_ptr<CompiledModel> load_compiled(const std::string &file, const c10:
   }
 }
 
+const std::vector<InputRule> *input_rules(const CompiledModel &model) {
+  return model.rules ? &*model.rules : nullptr;
+}
+
 std::vector<at::Tensor> run_compiled(CompiledModel &model, std::vector<at::Tensor> inputs) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i].device() != model.device) {

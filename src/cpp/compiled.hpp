@@ -44,6 +44,9 @@ std::shared_ptr<CompiledModel> load_compiled(const std::string &file, const c10:
 // the file is not one.
 std::vector<std::string> archive_records(const std::string &file, std::string *archive_format = nullptr);
 
+// The input rules a package records (null when it records none).
+const std::vector<InputRule> *input_rules(const CompiledModel &model);
+
 // Run it on tensors (in the row-major layout the compiled code expects: a copy only when the
 // memory layout differs, as for Fortran arrays of several non-unit dimensions). The
 // results are new tensors; no graph is recorded.

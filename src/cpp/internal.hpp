@@ -252,9 +252,12 @@ void store_result(ftc_tensor out, int index, const at::Tensor &result, const cha
 
 // A training step's arguments, resolved and checked (train.cpp); its parts are shared by the
 // eager step and its CUDA-graph form (graph_step.cpp).
+struct TrainingPackage;  // train_package.cpp
+
 struct TrainStep {
   std::vector<at::Tensor> inputs;
   torch::jit::Module *module = nullptr;
+  TrainingPackage *package = nullptr;  // the model's training package, if it is one
   Optim *opt = nullptr;
   Scheduler *sched = nullptr;
   at::Tensor target;

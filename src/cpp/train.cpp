@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "internal.hpp"
+#include "train_package.hpp"
 
 namespace {
 
@@ -247,6 +248,7 @@ TrainStep train_step_of(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_ten
   TrainStep step;
   step.inputs = tensors_of(inputs, n_inputs, "input tensor");
   step.module = &model_of(m);
+  step.package = any_model_of(m).package.get();
   step.opt = &optim_of(o);
   step.sched = s != nullptr ? &scheduler_of(s) : nullptr;
   step.target = tensor_of(target, "target tensor");
@@ -316,7 +318,9 @@ int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *
     ftc::note_step();
     const auto start = std::chrono::steady_clock::now();
     ftc::TrainStep step = ftc::train_step_of(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm);
-    ftc::finish_train_step(step, ftc::eager_train_step(step), start, loss, seconds);
+    // A training package's compiled step where it applies, else forward, loss, backward and update.
+    const auto compiled = ftc::compiled_train_step(step);
+    ftc::finish_train_step(step, compiled ? *compiled : ftc::eager_train_step(step), start, loss, seconds);
   });
 }
 

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "compiled.hpp"
+#include "optim_state.hpp"
 
 namespace ftc {
 
@@ -29,6 +30,7 @@ struct TrainingPackage {
   std::string file;
   c10::Device device{c10::kCPU};
   std::shared_ptr<CompiledModel> forward, backward, eval;  // eval null: forward serves eval mode too
+  std::shared_ptr<CompiledModel> step;  // the compiled training step (MSE, Adam/AdamW), if the package has one
   std::vector<std::string> param_names, buffer_names;
   std::vector<at::Tensor> params, buffers;  // the module's own tensors
   std::optional<std::vector<InputRule>> input_rules;
@@ -336,6 +338,7 @@ std::shared_ptr<Model> load_training_package(const std::string &file, const c10:
   p->forward = load_compiled(file, device, "forward");
   p->backward = load_compiled(file, device, "backward");
   if (meta["eval"] == "eval") p->eval = load_compiled(file, device, "eval");
+  if (!meta["step"].empty()) p->step = load_compiled(file, device, meta["step"]);
 
   auto cu = std::make_shared<torch::jit::CompilationUnit>();
   torch::jit::Module module(c10::QualifiedName("__torch__.ftorch.TrainingPackage"), cu, /*shouldMangle=*/true);
@@ -428,6 +431,96 @@ void save_training_package(const Model &model, const std::string &file) {
     std::remove(tmp.c_str());
     fail(FTC_ERR_IO, "cannot rename the written file into place at '" + file + "'");
   }
+}
+
+namespace {
+
+// Whether `inputs` fit `rules` (what check_inputs accepts).
+bool fits(const std::vector<InputRule> &rules, const std::vector<at::Tensor> &inputs) {
+  try {
+    check_inputs(rules, inputs);
+    return true;
+  } catch (const Error &) {
+    return false;
+  }
+}
+
+}  // namespace
+
+std::optional<double> compiled_train_step(TrainStep &step) {
+  TrainingPackage *p = step.package;
+  if (p == nullptr || !p->step || !step.module->is_training()) return std::nullopt;
+  if (step.loss_kind != FTC_LOSS_MSE || (step.reduction != FTC_REDUCTION_MEAN && step.reduction != FTC_REDUCTION_SUM)) {
+    return std::nullopt;
+  }
+  Optim &opt = *step.opt;
+  if ((opt.kind != FTC_OPTIM_ADAM && opt.kind != FTC_OPTIM_ADAMW) || opt.sync || opt.opt->param_groups().size() != 1) {
+    return std::nullopt;
+  }
+  const Settings settings = settings_of(opt);
+  if (settings.amsgrad || opt.params.size() != p->params.size()) return std::nullopt;
+  for (size_t k = 0; k < p->params.size(); ++k) {
+    if (!opt.params[k].is_same(p->params[k]) || !p->params[k].requires_grad()) return std::nullopt;
+  }
+  // The inputs and the target as the compiled step takes them (else the eager step reports).
+  const auto *rules = input_rules(*p->step);
+  if (rules == nullptr || rules->size() < p->n_inputs + 1) return std::nullopt;
+  std::vector<at::Tensor> data(step.inputs);
+  data.push_back(step.target);
+  if (!fits(std::vector<InputRule>(rules->end() - static_cast<std::ptrdiff_t>(data.size()), rules->end()), data)) {
+    return std::nullopt;
+  }
+  for (const auto &t : data) {
+    if (t.device() != p->device) return std::nullopt;
+  }
+  // One step count for every parameter (as after steps that updated all of them).
+  std::vector<torch::optim::OptimizerParamState *> states;
+  int64_t t = -1;
+  for (const auto &param : p->params) {
+    auto &s = adam_state_made(opt, param, false);
+    const int64_t count = adam_state(opt, s).step;
+    if (t >= 0 && count != t) return std::nullopt;
+    t = count;
+    states.push_back(&s);
+  }
+  ++t;
+  const double bias_correction1 = 1 - std::pow(settings.beta1, static_cast<double>(t));
+  const double bias_correction2 = 1 - std::pow(settings.beta2, static_cast<double>(t));
+  const bool decoupled = opt.kind == FTC_OPTIM_ADAMW;
+  // The numbers the compiled update reads, in _train_package.py's order (each computed in double
+  // as LibTorch's Adam, AdamW and clip_grad_norm_ compute them).
+  const std::vector<double> numbers{settings.beta1,
+                                    1 - settings.beta1,
+                                    settings.beta2,
+                                    1 - settings.beta2,
+                                    settings.eps,
+                                    decoupled ? 0.0 : settings.weight_decay,
+                                    decoupled ? 1 - settings.lr * settings.weight_decay : 1.0,
+                                    settings.lr / bias_correction1,
+                                    std::sqrt(bias_correction2),
+                                    step.max_grad_norm > 0 ? step.max_grad_norm : 0.0,
+                                    step.reduction == FTC_REDUCTION_MEAN ? 1.0 : 0.0};
+  at::Tensor settings_tensor =
+      at::tensor(numbers, at::TensorOptions().dtype(at::kDouble)).to(p->device, /*non_blocking=*/false);
+  std::vector<at::Tensor> flat;
+  flat.reserve(4 * p->params.size() + p->buffers.size() + 2 + step.inputs.size());
+  flat.insert(flat.end(), p->params.begin(), p->params.end());
+  flat.insert(flat.end(), p->buffers.begin(), p->buffers.end());
+  for (auto &param : p->params) {
+    // The gradients are written as the eager step leaves them (readable after the step).
+    if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param, at::MemoryFormat::Contiguous);
+    flat.push_back(param.grad());
+  }
+  for (auto *s : states) flat.push_back(adam_state(opt, *s).exp_avg);
+  for (auto *s : states) flat.push_back(adam_state(opt, *s).exp_avg_sq);
+  flat.push_back(settings_tensor);
+  flat.insert(flat.end(), data.begin(), data.end());
+  const auto results = run_compiled(*p->step, std::move(flat));
+  // Written in place by the compiled code: what autograd's version checks must see as changed.
+  for (auto &param : p->params) param.unsafeGetTensorImpl()->bump_version();
+  for (auto &b : p->buffers) b.unsafeGetTensorImpl()->bump_version();
+  for (auto *s : states) advance_step(opt, *s);
+  return results.at(0).item<double>();
 }
 
 }  // namespace ftc

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "internal.hpp"
@@ -28,5 +29,14 @@ std::shared_ptr<Model> load_training_package(const std::string &file, const c10:
 // (the compiled code of the loaded package, the new state), else the state_dict that Python's
 // torch.load reads (a dict of name -> tensor, on the CPU).
 void save_training_package(const Model &model, const std::string &file);
+
+// torch_train_step of a training package as the one compiled graph the package holds (forward,
+// MSE loss, backward, clipping, Adam's or AdamW's update, in place), when the step is one it
+// computes: MSE loss with mean or sum reduction, Adam or AdamW without amsgrad, the optimizer
+// updating exactly the model's parameters (all trainable, in the model's order, one step count),
+// not data-parallel, the model in training mode, inputs and target of the exported shapes and
+// dtype. The loss value; nothing when the step is another (the caller takes the eager step,
+// which gives the same values).
+std::optional<double> compiled_train_step(TrainStep &step);
 
 }  // namespace ftc
