@@ -24,7 +24,10 @@ from test_train import CASES, case_line, python_run, read_run
 # (run uncaptured on the CPU).
 PACKAGE_CASES = ["sgd_nesterov", "adam", "adamw_amsgrad", "rmsprop_options", "adagrad_options", "lbfgs",
                  "multistep_lr", "exponential_lr", "linear_warmup", "plateau", "clip_norm", "clip_value",
-                 "train_step", "graph_adam_options"]
+                 "train_step", "train_step_adamw", "graph_adam_options"]
+# torch_train_step with MSE and Adam/AdamW runs the package's compiled step (FTORCH_COMPILED_STEP=
+# require fails the step if it would not); the same cases again with the eager step (=0).
+COMPILED_STEP = {"train_step": "require", "train_step_adamw": "require"}
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +59,9 @@ def train_binary(request, cmake_consumer):
 # 1e-11) -- 10x the TorchScript-vs-torch.optim bounds of test_train.py, for the compiled kernels.
 @pytest.mark.parametrize("name", PACKAGE_CASES)
 def test_package_trains_like_torch_optim(train_binary, package_dir, data_dir, name):
-    env = None
+    env = dict(os.environ, FTORCH_COMPILED_STEP=COMPILED_STEP.get(name, "1"))
     if CASES[name][4] == 5:
-        env = {**os.environ, "FTORCH_CUDA_GRAPHS": "eager"}
+        env["FTORCH_CUDA_GRAPHS"] = "eager"
     assert_all_passed(run([train_binary, package_dir, "parity", case_line(name)], check=False, env=env))
     got_loss, got_lr, got_params = read_run(package_dir / f"train_{name}.txt")
     want_loss, want_lr, want_params = python_run(data_dir, name)
@@ -75,6 +78,32 @@ def test_package_trains_like_torch_optim(train_binary, package_dir, data_dir, na
     assert list(state) == [n for n, _ in train_model().named_parameters()]
     for got, value in zip(got_params, state.values(), strict=True):
         np.testing.assert_array_equal(got, value.reshape(-1).numpy())
+
+
+@pytest.mark.parametrize("name", sorted(COMPILED_STEP))
+def test_eager_step_of_a_package_matches_too(cmake_consumer, package_dir, data_dir, name):
+    """FTORCH_COMPILED_STEP=0: the same steps through the compiled forward and backward nodes and
+    LibTorch's optimizer."""
+    binary = cmake_consumer(COMPILERS[0]) / "test_train"
+    env = dict(os.environ, FTORCH_COMPILED_STEP="0")
+    assert_all_passed(run([binary, package_dir, "parity", case_line(name)], check=False, env=env))
+    got_loss, _, got_params = read_run(package_dir / f"train_{name}.txt")
+    want_loss, _, want_params = python_run(data_dir, name)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-9, atol=0)
+    for got, want in zip(got_params, want_params, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-11)
+
+
+def test_required_compiled_step_says_why_not(cmake_consumer, package_dir):
+    """FTORCH_COMPILED_STEP=require on a step the compiled graph does not compute (SGD here): an
+    error naming the reason, not a silent slow path."""
+    binary = cmake_consumer(COMPILERS[0]) / "test_train"
+    env = dict(os.environ, FTORCH_COMPILED_STEP="require")
+    proc = run([binary, package_dir, "parity", case_line("train_step").replace(" 1 0.01 ", " 0 0.01 ", 1)],
+               check=False, env=env)
+    assert proc.returncode != 0
+    assert "FTORCH_COMPILED_STEP=require, but this step is not the compiled one: the optimizer is not Adam or AdamW" \
+        in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("compiler", COMPILERS)

@@ -7,7 +7,9 @@
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -445,42 +447,79 @@ bool fits(const std::vector<InputRule> &rules, const std::vector<at::Tensor> &in
   }
 }
 
-}  // namespace
-
-std::optional<double> compiled_train_step(TrainStep &step) {
-  TrainingPackage *p = step.package;
-  if (p == nullptr || !p->step || !step.module->is_training()) return std::nullopt;
-  if (step.loss_kind != FTC_LOSS_MSE || (step.reduction != FTC_REDUCTION_MEAN && step.reduction != FTC_REDUCTION_SUM)) {
-    return std::nullopt;
-  }
-  Optim &opt = *step.opt;
-  if ((opt.kind != FTC_OPTIM_ADAM && opt.kind != FTC_OPTIM_ADAMW) || opt.sync || opt.opt->param_groups().size() != 1) {
-    return std::nullopt;
-  }
-  const Settings settings = settings_of(opt);
-  if (settings.amsgrad || opt.params.size() != p->params.size()) return std::nullopt;
+// What keeps the step from the compiled one ("" when nothing does).
+std::string not_compiled_because(const TrainStep &step) {
+  const TrainingPackage *p = step.package;
+  if (p == nullptr) return "the model is not a training package";
+  if (!p->step) return "the package has no compiled training step (export it again with this FTorch)";
+  if (!step.module->is_training()) return "the model is in eval mode";
+  if (step.loss_kind != FTC_LOSS_MSE) return "the loss is not MSE";
+  if (step.reduction != FTC_REDUCTION_MEAN && step.reduction != FTC_REDUCTION_SUM) return "the reduction is not mean or sum";
+  const Optim &opt = *step.opt;
+  if (opt.kind != FTC_OPTIM_ADAM && opt.kind != FTC_OPTIM_ADAMW) return "the optimizer is not Adam or AdamW";
+  if (opt.sync) return "the optimizer is data-parallel";
+  if (opt.opt->param_groups().size() != 1) return "the optimizer has several parameter groups";
+  if (settings_of(opt).amsgrad) return "the optimizer uses amsgrad";
+  if (opt.params.size() != p->params.size()) return "the optimizer does not update exactly the model's parameters";
   for (size_t k = 0; k < p->params.size(); ++k) {
-    if (!opt.params[k].is_same(p->params[k]) || !p->params[k].requires_grad()) return std::nullopt;
+    if (!opt.params[k].is_same(p->params[k])) return "the optimizer does not update the model's parameters in order";
+    if (!p->params[k].requires_grad()) return "a parameter is frozen";
   }
-  // The inputs and the target as the compiled step takes them (else the eager step reports).
   const auto *rules = input_rules(*p->step);
-  if (rules == nullptr || rules->size() < p->n_inputs + 1) return std::nullopt;
+  if (rules == nullptr || rules->size() < p->n_inputs + 1) return "the package records no input rules";
   std::vector<at::Tensor> data(step.inputs);
   data.push_back(step.target);
   if (!fits(std::vector<InputRule>(rules->end() - static_cast<std::ptrdiff_t>(data.size()), rules->end()), data)) {
-    return std::nullopt;
+    return "the inputs or the target do not have the exported shapes and dtypes";
   }
   for (const auto &t : data) {
-    if (t.device() != p->device) return std::nullopt;
+    if (t.device() != p->device) return "an input or the target is on another device than the model";
   }
+  int64_t t = -1;
+  for (const auto &param : p->params) {
+    const auto *s = state_of(opt, param);
+    const int64_t count = s != nullptr ? adam_state(opt, *const_cast<torch::optim::OptimizerParamState *>(s)).step : 0;
+    if (t >= 0 && count != t) return "the parameters have different step counts";
+    t = count;
+  }
+  return "";
+}
+
+// FTORCH_COMPILED_STEP: unset or 1, the compiled step where it applies; 0, never; "require",
+// an error saying why when it does not apply.
+int compiled_step_setting() {
+  static const int setting = [] {
+    const char *v = std::getenv("FTORCH_COMPILED_STEP");
+    if (v == nullptr || std::string(v).empty() || std::string(v) == "1") return 1;
+    if (std::string(v) == "require") return 2;
+    return 0;
+  }();
+  return setting;
+}
+
+}  // namespace
+
+std::optional<double> compiled_train_step(TrainStep &step) {
+  const int setting = compiled_step_setting();
+  if (setting == 0 || (step.package == nullptr && setting != 2)) return std::nullopt;
+  const std::string why = not_compiled_because(step);
+  if (!why.empty()) {
+    if (setting == 2) {
+      fail(FTC_ERR_INVALID_ARGUMENT, "FTORCH_COMPILED_STEP=require, but this step is not the compiled one: " + why);
+    }
+    return std::nullopt;
+  }
+  TrainingPackage *p = step.package;
+  Optim &opt = *step.opt;
+  const Settings settings = settings_of(opt);
+  std::vector<at::Tensor> data(step.inputs);
+  data.push_back(step.target);
   // One step count for every parameter (as after steps that updated all of them).
   std::vector<torch::optim::OptimizerParamState *> states;
   int64_t t = -1;
   for (const auto &param : p->params) {
     auto &s = adam_state_made(opt, param, false);
-    const int64_t count = adam_state(opt, s).step;
-    if (t >= 0 && count != t) return std::nullopt;
-    t = count;
+    t = adam_state(opt, s).step;  // the same for all (not_compiled_because)
     states.push_back(&s);
   }
   ++t;
