@@ -7,6 +7,7 @@ buffers, dropout, saving a package, errors)."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import sys
@@ -153,3 +154,138 @@ def test_package_checkpoint_resume_is_bit_identical(cmake_consumer, package_dir)
     steps_split = [ln for ln in first if ln.startswith("step")] + [ln for ln in second if ln.startswith("step")]
     assert len(steps_full) == 20 and steps_split == steps_full
     assert [ln for ln in second if ln.startswith("param")] == [ln for ln in full if ln.startswith("param")]
+
+
+# ------------------------------------------------------------------------------------------------
+# Models TorchScript rejects, and training-mode behaviour (tests/train_models.py), from Fortran.
+
+BATCH = 5
+# The package's kernels are Inductor's: fused loops that sum (matmul bias gradients, batch-norm
+# statistics, the attention's softmax and einsum) in another order than ATen's eager kernels,
+# vectorized or blocked by the CPU's instruction set. Each reduction may round differently by a
+# few ulps; float64 values are compared at 1e-10 relative (atol 1e-12), ~1e5 ulps of margin for
+# the few reductions in a row these models have.
+RTOL, ATOL = 1e-10, 1e-12
+
+
+def fortran_order(t: torch.Tensor) -> str:
+    return " ".join(repr(float(v)) for v in t.detach().t().reshape(-1))
+
+
+def write_matrix(path, t: torch.Tensor) -> None:
+    path.write_text(f"2 {t.shape[0]} {t.shape[1]}\n{fortran_order(t)}\n")
+
+
+def read_got(path) -> dict:
+    got = {}
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if parts[0] == "grad":
+            got["grad " + parts[1]] = np.array([float(v) for v in parts[2:]])
+        else:
+            got[parts[0]] = np.array([float(v) for v in parts[1:]])
+    return got
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """Each model of train_models.py as a training package (dynamic batch), its input and output
+    gradient; an inference package of one of them for the errors."""
+    sys.path.insert(0, str(TESTS))
+    import ftorch
+    import train_models
+
+    d = tmp_path_factory.mktemp("train_models")
+    g = torch.Generator().manual_seed(23)
+    for name in [*train_models.REJECTED_BY_TORCHSCRIPT, *train_models.TRAINING_MODE]:
+        report = ftorch.export(train_models.build(name), [f"{BATCH},{train_models.FEATURES}:float64"],
+                               train_package=d / f"{name}.pt2", dynamic_batch=True,
+                               min_batch=2 if name == "batch_norm" else 1)
+        assert report.ok, report
+        write_matrix(d / f"{name}_x.txt", torch.randn(BATCH, train_models.FEATURES, generator=g, dtype=torch.float64))
+        write_matrix(d / f"{name}_g.txt", torch.randn(BATCH, train_models.OUTPUTS, generator=g, dtype=torch.float64))
+    report = ftorch.export(train_models.build("kwargs"), [f"{BATCH},{train_models.FEATURES}:float64"],
+                           pt2=d / "kwargs_inference.pt2", check=False)
+    return d
+
+
+def read_matrix(path) -> torch.Tensor:
+    head, values = path.read_text().splitlines()[:2]
+    _, n1, n2 = map(int, head.split())
+    return torch.tensor([float(v) for v in values.split()], dtype=torch.float64).reshape(n2, n1).t().contiguous()
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+@pytest.mark.parametrize("name", ["dataclass_config", "kwargs", "ensemble", "attention", "parameter_dict", "batch_norm"])
+def test_models_torchscript_rejects_train_from_fortran(cmake_consumer, model_dir, compiler, name):
+    import train_models
+
+    if name in train_models.REJECTED_BY_TORCHSCRIPT:
+        with pytest.raises(Exception):
+            torch.jit.script(train_models.build(name))
+    binary = cmake_consumer(compiler) / "test_train_package"
+    assert_all_passed(run([binary, model_dir, "grads", name], check=False))
+    got = read_got(model_dir / f"{name}_got.txt")
+
+    # Eager PyTorch: the same loss, sum(out * g), in training mode.
+    model = train_models.build(name)
+    x = read_matrix(model_dir / f"{name}_x.txt").requires_grad_(True)
+    g = read_matrix(model_dir / f"{name}_g.txt")
+    model.train()
+    out = model(x)
+    (out * g).sum().backward()
+    np.testing.assert_allclose(got["out"], out.detach().reshape(-1).numpy(), rtol=RTOL, atol=ATOL)
+    for n, p in model.named_parameters():
+        np.testing.assert_allclose(got["grad " + n], p.grad.reshape(-1).numpy(), rtol=RTOL, atol=ATOL, err_msg=n)
+    np.testing.assert_allclose(got["xgrad"], x.grad.reshape(-1).numpy(), rtol=RTOL, atol=ATOL)
+    # The state after the training forward: batch norm's running statistics updated as eager's.
+    state = torch.load(model_dir / f"{name}_state.pt", weights_only=True)
+    assert list(state) == list(model.state_dict())
+    for key, value in model.state_dict().items():
+        np.testing.assert_allclose(state[key].numpy(), value.numpy(), rtol=RTOL, atol=ATOL, err_msg=key)
+    # Eval mode on the initial state.
+    fresh = train_models.build(name).eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(got["eval"], fresh(x).reshape(-1).numpy(), rtol=RTOL, atol=ATOL)
+    # One Adam step: the state_dict and the updated package hold the stepped parameters. Adam's
+    # first step is lr * g / (|g| + eps), eps = 1e-8: a gradient that vanishes mathematically (the
+    # attention's key bias, to which softmax is invariant) is rounding noise of ~1e-17 there, and
+    # the step magnifies a 1e-16 difference in it by lr / eps = 1e6; hence atol 1e-8 here.
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
+    opt.step()
+    stepped = torch.load(model_dir / f"{name}_stepped.pt", weights_only=True)
+    for key, value in model.state_dict().items():
+        np.testing.assert_allclose(stepped[key].numpy(), value.numpy(), rtol=RTOL, atol=1e-8, err_msg=key)
+    from torch._inductor.package import load_package
+    from torch.export.pt2_archive._package import PT2ArchiveReader
+
+    with PT2ArchiveReader(str(model_dir / f"{name}_stepped.pt2")) as reader:
+        packed = torch.load(io.BytesIO(reader.read_bytes("ftorch/state.pt")), weights_only=True)
+    for got_p, value in zip(packed["parameters"], (p for _, p in model.named_parameters()), strict=True):
+        np.testing.assert_array_equal(got_p.numpy(), stepped[[k for k, v in model.named_parameters()
+                                                              if v is value][0]].numpy())
+    # Python loads the saved package's compiled forward too, and runs it on the saved state.
+    forward = load_package(str(model_dir / f"{name}_stepped.pt2"), "forward")
+    with torch.no_grad():
+        result = forward(*packed["parameters"], *packed["buffers"], x.detach())[0]
+        np.testing.assert_allclose(result.numpy(), torch.func.functional_call(
+            model.train(), dict(model.named_parameters()) | dict(zip([n for n, _ in model.named_buffers()],
+                                                                     packed["buffers"])), (x.detach(),)).numpy(),
+            rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_dropout_masks_follow_the_seed_set_from_fortran(cmake_consumer, model_dir, compiler):
+    assert_all_passed(run([cmake_consumer(compiler) / "test_train_package", model_dir, "dropout", "dropout"],
+                          check=False))
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_package_errors(cmake_consumer, model_dir, compiler):
+    assert_all_passed(run([cmake_consumer(compiler) / "test_train_package", model_dir, "errors", "kwargs"],
+                          check=False))
+
+
+def test_package_training_loop_keeps_handles_flat(cmake_consumer, model_dir):
+    assert_all_passed(run([cmake_consumer(COMPILERS[0]) / "test_train_package", model_dir, "memory", "batch_norm"],
+                          check=False))

@@ -420,6 +420,8 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
         "parameters": ",".join(pnames),
         "requires_grad": ",".join("1" if p.requires_grad else "0" for _, p in model.named_parameters()),
         "buffers": ",".join(bnames),
+        # What torch_model_save writes as the state_dict, in its order (no non-persistent buffers).
+        "state_dict": ",".join(model.state_dict().keys()),
         "inputs": n_x,
         "outputs": n_o,
         "random_values": n_random,
@@ -450,7 +452,8 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
     traced backward graph run eagerly on the package's random values, the eval mode with eager."""
     import torch
 
-    from ._export import FileCheck, RunCheck, _compare, _flatten_outputs, _run_pt2_in_child, package_input
+    from ._export import (FileCheck, RunCheck, _compare, _error_text, _flatten_outputs, _run_pt2_in_child,
+                          package_input)
 
     meta = written["meta"]
     pnames, bnames, grad_inputs = written["pnames"], written["bnames"], written["grad_inputs"]
@@ -485,7 +488,10 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
     runs_spec = [("example inputs", example), ("second draw", second)]
     runs_spec += [(f"batch {b}", draw(b)) for b in extra_batches]
     refs = []
-    for _, args in runs_spec:
+    fc = FileCheck(str(path), "train", "the package's forward, backward and eval models in a child process, "
+                                       "compared with eager autograd")
+    kept = []
+    for label, args in runs_spec:
         # Output gradients: random, of the outputs' shapes on these inputs.
         with torch.no_grad():
             model.train(True)
@@ -495,7 +501,14 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
             model.train(was_training)
         gs = [torch.randn(s, generator=gen, dtype=torch.float64).to(dtype=params[0].dtype if params else torch.float32,
                                                                       device=args[0].device) for s in shapes]
-        refs.append((args, gs, eager(args, gs)))
+        try:
+            refs.append((args, gs, eager(args, gs)))
+            kept.append((label, args))
+        except Exception as exc:
+            fc.runs.append(RunCheck(label, [], f"eager PyTorch fails on these inputs: {_error_text(exc)}"))
+            if label == "batch 1":
+                fc.note = "the model does not train on a batch of 1 (batch norm?): export with --min-batch 2"
+    runs_spec = kept
 
     # Child process, step 1: training forwards and eval forwards. Step 2: backwards on the random
     # values step 1 drew.
@@ -509,8 +522,6 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
             calls.append(state + xs)
             models.append("eval")
     load_error, results = _run_pt2_in_child(path, calls, models)
-    fc = FileCheck(str(path), "train", "the package's forward, backward and eval models in a child process, "
-                                       "compared with eager autograd")
     if load_error is not None:
         fc.runs.append(RunCheck("load", [], load_error))
         report.checks.append(fc)
@@ -560,7 +571,7 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
                 for o, nm in zip(run.outputs, names):
                     o.name = nm
                 fc.runs.append(run)
-    if n_r:
+    if n_r and not fc.note:
         fc.note = ("the model draws random numbers in training mode (dropout): the training forward's outputs "
                    "differ from eager PyTorch's draw; the backward was compared on the package's own draw")
     report.checks.append(fc)

@@ -57,6 +57,10 @@ FTC_API int ftc_catch_end(int *status);
 FTC_API void ftc_callback_scope_begin(void);
 FTC_API int ftc_callback_scope_end(int *status);
 
+/* Seed every random-number generator LibTorch draws from (the CPU's and each GPU's), as
+ * torch.manual_seed does: dropout and random initial values, in compiled packages too. */
+FTC_API int ftc_manual_seed(int64_t seed); /* seed >= 0 */
+
 /* Number of live handles (tensors, models, optimizers, schedulers) over all threads. */
 FTC_API int64_t ftc_live_handles(void);
 

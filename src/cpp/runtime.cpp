@@ -349,6 +349,13 @@ int ftc_reject(int status, const char *msg, int64_t msglen, const ftc_tensor *ha
   });
 }
 
+int ftc_manual_seed(int64_t seed) {
+  return ftc::guard([&] {
+    if (seed < 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the seed must not be negative, got " + std::to_string(seed));
+    torch::manual_seed(static_cast<uint64_t>(seed));
+  });
+}
+
 int ftc_device_available(int device_type, int device_index) {
   try {
     ftc::device(device_type, device_index);

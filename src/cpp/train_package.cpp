@@ -34,6 +34,7 @@ struct TrainingPackage {
   std::shared_ptr<CompiledModel> forward, backward, eval;  // eval null: forward serves eval mode too
   std::shared_ptr<CompiledModel> step;  // the compiled training step (MSE, Adam/AdamW), if the package has one
   std::vector<std::string> param_names, buffer_names;
+  std::vector<std::string> state_dict;  // the state_dict's keys, in its order
   std::vector<at::Tensor> params, buffers;  // the module's own tensors
   std::optional<std::vector<InputRule>> input_rules;
   size_t n_inputs = 0, n_outputs = 0, n_random = 0;
@@ -324,6 +325,7 @@ std::shared_ptr<Model> load_training_package(const std::string &file, const c10:
   }
   p->param_names = split(meta["parameters"], ',');
   p->buffer_names = split(meta["buffers"], ',');
+  p->state_dict = split(meta["state_dict"], ',');
   const auto trainable = split(meta["requires_grad"], ',');
   p->n_inputs = count_of(meta, "inputs", file);
   p->n_outputs = count_of(meta, "outputs", file);
@@ -390,9 +392,15 @@ std::shared_ptr<Model> load_training_package(const std::string &file, const c10:
 
 void save_training_package(const Model &model, const std::string &file) {
   const auto &p = *model.package;
+  // The state_dict as the model's own: its keys in its order (parameters and persistent buffers).
+  std::unordered_map<std::string, at::Tensor> by_name;
+  for (size_t k = 0; k < p.params.size(); ++k) by_name[p.param_names[k]] = p.params[k];
+  for (size_t k = 0; k < p.buffers.size(); ++k) by_name[p.buffer_names[k]] = p.buffers[k];
   c10::Dict<std::string, at::Tensor> dict;
-  for (size_t k = 0; k < p.params.size(); ++k) dict.insert(p.param_names[k], p.params[k].detach().cpu());
-  for (size_t k = 0; k < p.buffers.size(); ++k) dict.insert(p.buffer_names[k], p.buffers[k].detach().cpu());
+  for (const auto &key : p.state_dict) {
+    const auto it = by_name.find(key);
+    if (it != by_name.end()) dict.insert(key, it->second.detach().cpu());
+  }
   const bool package = file.size() >= 4 && file.compare(file.size() - 4, 4, ".pt2") == 0;
   const std::string tmp = file + ".tmp";
   try {
@@ -403,10 +411,12 @@ void save_training_package(const Model &model, const std::string &file) {
       const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
       if (std::fclose(f) != 0 || !ok) fail(FTC_ERR_IO, "cannot write the state_dict to '" + file + "'");
     } else {
-      c10::List<at::Tensor> params, buffers;
+      // Lists of Any: a tensor-typed list is pickled with a TorchScript constructor that
+      // torch.load(weights_only=True) refuses.
+      c10::impl::GenericList params(c10::AnyType::get()), buffers(c10::AnyType::get());
       for (const auto &t : p.params) params.push_back(t.detach().cpu());
       for (const auto &t : p.buffers) buffers.push_back(t.detach().cpu());
-      c10::impl::GenericDict state(c10::StringType::get(), c10::ListType::ofTensors());
+      c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
       state.insert("parameters", params);
       state.insert("buffers", buffers);
       const auto bytes = pickled(c10::IValue(state));

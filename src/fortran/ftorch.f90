@@ -9,7 +9,7 @@ module ftorch
                            FTORCH_ERR_SHAPE, torch_catch_begin, &
                            torch_catch_end
   use ftorch_runtime, only: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, &
-                            ftorch_check_runtime, torch_device_available, ftorch_live_handles
+                            ftorch_check_runtime, torch_device_available, ftorch_live_handles, torch_manual_seed
   use ftorch_callbacks, only: ftorch_callbacks_registered
   use ftorch_tensor_type, only: torch_tensor, torch_tensor_from_array, torch_tensor_from_blob, torch_tensor_empty, &
                                 torch_tensor_zeros, torch_tensor_ones, torch_tensor_delete, torch_tensor_get_rank, &
@@ -74,7 +74,7 @@ module ftorch
             FTORCH_ERR_DISTRIBUTED, FTORCH_ERR_PYTHON, FTORCH_ERR_SHAPE, torch_catch_begin, &
             torch_catch_end
   public :: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, ftorch_check_runtime, &
-            torch_device_available, ftorch_live_handles, ftorch_callbacks_registered
+            torch_device_available, ftorch_live_handles, ftorch_callbacks_registered, torch_manual_seed
   public :: torch_tensor, torch_tensor_from_array, torch_tensor_from_blob, torch_tensor_empty, torch_tensor_zeros, &
             torch_tensor_ones, torch_tensor_delete, torch_tensor_get_rank, torch_tensor_get_shape, &
             torch_tensor_get_stride, torch_tensor_get_dtype, torch_tensor_get_device_type, &

@@ -6,7 +6,7 @@ module ftorch_runtime
   implicit none
   private
   public :: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, &
-            ftorch_check_runtime, torch_device_available, ftorch_live_handles
+            ftorch_check_runtime, torch_device_available, ftorch_live_handles, torch_manual_seed
 
   interface
     function ftc_version() result(p) bind(c, name="ftc_version")
@@ -30,6 +30,11 @@ module ftorch_runtime
       integer(c_int), value :: device_type, device_index
       integer(c_int) :: ok
     end function ftc_device_available
+    function ftc_manual_seed(seed) result(status) bind(c, name="ftc_manual_seed")
+      import :: c_int, c_int64_t
+      integer(c_int64_t), value :: seed
+      integer(c_int) :: status
+    end function ftc_manual_seed
     function ftc_live_handles() result(n) bind(c, name="ftc_live_handles")
       import :: c_int64_t
       integer(c_int64_t) :: n
@@ -76,6 +81,19 @@ contains
     if (present(device_index)) idx = int(device_index, c_int)
     torch_device_available = ftc_device_available(device_type, idx) /= 0
   end function torch_device_available
+
+  !> Seed the random-number generators LibTorch draws from (CPU and GPUs), as torch.manual_seed
+  !> does: the same seed gives the same dropout masks and random tensors, in compiled training
+  !> packages too.
+  subroutine torch_manual_seed(seed, stat, errmsg)
+    !> The seed (a non-negative integer).
+    integer, intent(in) :: seed
+    !> Status: 0 on success, else an `FTORCH_ERR_*` code. When absent, a failure stops the program.
+    integer, intent(out), optional :: stat
+    !> On failure, when `stat` is present: the message "[procedure] reason" (unchanged otherwise).
+    character(len=*), intent(inout), optional :: errmsg
+    call ftorch_check(ftc_manual_seed(int(seed, c_int64_t)), "torch_manual_seed", stat, errmsg)
+  end subroutine torch_manual_seed
 
   !> Number of tensor and model handles currently alive.
   function ftorch_live_handles() result(n)

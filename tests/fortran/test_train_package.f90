@@ -1,0 +1,252 @@
+!> Training packages from Fortran (run by tests/test_train_package.py, which compares with eager
+!> PyTorch). Usage: test_train_package <data dir> <mode> <case>
+!>   grads <case>    <case>.pt2 on <case>_x.txt: the training-mode forward recorded, a loss built
+!>                   in Fortran from the outputs (sum(out * g) with g from <case>_g.txt), its
+!>                   backward; writes the outputs, every parameter gradient, the input gradient and
+!>                   the eval-mode outputs to <case>_got.txt, the state after that forward to
+!>                   <case>_state.pt, and after one Adam step the state and the package
+!>                   (<case>_stepped.pt, <case>_stepped.pt2), then loads the saved package back
+!>   dropout <case>  the same seed gives the same dropout masks (outputs and gradients), another
+!>                   seed others
+!>   errors <case>   what a training package refuses, each with its reason
+!>   memory <case>   200 training steps of forward, Fortran loss and backward: live handles flat
+program test_train_package
+  use, intrinsic :: iso_fortran_env, only: real64, int64
+  use ftorch
+  use testing, only: check, summary, data_path
+  implicit none
+  character(len=64) :: mode, name
+  real(real64), allocatable, target :: x(:, :), g(:, :)
+
+  call get_command_argument(2, mode)
+  call get_command_argument(3, name)
+  call read_matrix(trim(name) // "_x.txt", x)
+  call read_matrix(trim(name) // "_g.txt", g)
+  select case (trim(mode))
+  case ("grads")
+    call gradients()
+  case ("dropout")
+    call dropout()
+  case ("errors")
+    call errors()
+  case ("memory")
+    call memory()
+  case default
+    call check(.false., "unknown mode " // trim(mode))
+  end select
+  call summary()
+
+contains
+
+  subroutine read_matrix(file, a)
+    character(len=*), intent(in) :: file
+    real(real64), allocatable, intent(out) :: a(:, :)
+    integer :: unit, rank, n1, n2
+    open(newunit=unit, file=data_path(file), status="old", action="read")
+    read(unit, *) rank, n1, n2
+    allocate(a(n1, n2))
+    read(unit, *) a
+    close(unit)
+  end subroutine read_matrix
+
+  !> The values of any tensor, flattened in PyTorch's (row-major) order.
+  function values_of(t) result(v)
+    type(torch_tensor), intent(in) :: t
+    real(real64), allocatable, target :: v(:)
+    type(torch_tensor) :: flat, tv
+    integer(int64), allocatable :: shape(:)
+    shape = torch_tensor_get_shape(t)
+    allocate(v(product(shape)))
+    flat = torch_reshape(t, [size(v)])
+    call torch_tensor_from_array(tv, v, torch_kCPU)
+    tv = flat
+    call torch_delete(tv)
+    call torch_delete(flat)
+  end function values_of
+
+  subroutine write_values(unit, key, v)
+    integer, intent(in) :: unit
+    character(len=*), intent(in) :: key
+    real(real64), intent(in) :: v(:)
+    integer :: i
+    write(unit, '(a)', advance="no") key
+    do i = 1, size(v)
+      write(unit, '(1x,es24.16e3)', advance="no") v(i)
+    end do
+    write(unit, *)
+  end subroutine write_values
+
+  ! Forward (recorded), loss = sum(out * g) in Fortran, backward; the outputs and gradients.
+  subroutine forward_backward(model, out, tx)
+    type(torch_model), intent(in) :: model
+    real(real64), intent(inout), target :: out(:, :)
+    type(torch_tensor), intent(inout) :: tx
+    type(torch_tensor) :: outputs(1), tg, loss
+    call torch_tensor_from_array(tx, x, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_from_array(outputs(1), out, torch_kCPU)
+    call torch_tensor_from_array(tg, g, torch_kCPU)
+    call torch_model_forward(model, [tx], outputs, requires_grad=.true.)
+    loss = torch_sum(outputs(1) * tg)
+    call torch_tensor_backward(loss)
+    call torch_delete(loss)
+    call torch_delete(tg)
+    call torch_delete(outputs)
+  end subroutine forward_backward
+
+  subroutine gradients()
+    type(torch_model) :: model, evaluated, reloaded
+    type(torch_optim) :: optim
+    type(torch_tensor), allocatable :: params(:), again(:)
+    type(torch_tensor) :: tx, grad, inputs(1), outputs(1)
+    real(real64), allocatable, target :: out(:, :), evals(:, :)
+    integer :: unit, i, n
+
+    call torch_model_load(model, data_path(trim(name) // ".pt2"), torch_kCPU, is_training=.true.)
+    call check(torch_model_is_training(model), "loaded in training mode")
+    n = torch_model_parameter_count(model)
+    allocate(params(n))
+    call torch_model_parameters(model, params)
+    allocate(out(size(g, 1), size(g, 2)), evals(size(g, 1), size(g, 2)))
+    call forward_backward(model, out, tx)
+    open(newunit=unit, file=data_path(trim(name) // "_got.txt"), status="replace", action="write")
+    call write_values(unit, "out", reshape(transpose(out), [size(out)]))
+    do i = 1, n
+      call torch_tensor_get_gradient(grad, params(i))
+      call write_values(unit, "grad " // torch_model_parameter_name(model, i), values_of(grad))
+      call torch_delete(grad)
+    end do
+    call torch_tensor_get_gradient(grad, tx)
+    call write_values(unit, "xgrad", values_of(grad))
+    call torch_delete(grad)
+    ! The state after one training-mode forward (batch-norm statistics updated once).
+    call torch_model_save(model, data_path(trim(name) // "_state.pt"))
+
+    ! Eval mode, a model loaded fresh (its initial buffers).
+    call torch_model_load(evaluated, data_path(trim(name) // ".pt2"), torch_kCPU)
+    call check(.not. torch_model_is_training(evaluated), "loaded in eval mode by default")
+    call torch_tensor_from_array(inputs(1), x, torch_kCPU)
+    call torch_tensor_from_array(outputs(1), evals, torch_kCPU)
+    call torch_model_forward(evaluated, inputs, outputs)
+    call write_values(unit, "eval", reshape(transpose(evals), [size(evals)]))
+    close(unit)
+
+    ! One Adam step on those gradients; the new state and an updated package written.
+    call torch_optim_Adam(optim, params, learning_rate=0.01_real64)
+    call torch_optim_step(optim)
+    call torch_model_save(model, data_path(trim(name) // "_stepped.pt"))
+    call torch_model_save(model, data_path(trim(name) // "_stepped.pt2"))
+    ! The saved package loads with the stepped parameters.
+    call torch_model_load(reloaded, data_path(trim(name) // "_stepped.pt2"), torch_kCPU, is_training=.true.)
+    allocate(again(n))
+    call torch_model_parameters(reloaded, again)
+    do i = 1, n
+      call check(all(values_of(again(i)) == values_of(params(i))), &
+                 "the saved package holds the trained " // torch_model_parameter_name(model, i))
+    end do
+    call torch_delete(again)
+    call torch_delete(params)
+    call torch_delete(tx)
+    call torch_delete(inputs)
+    call torch_delete(outputs)
+    call torch_delete(optim)
+    call torch_delete(reloaded)
+    call torch_delete(evaluated)
+    call torch_delete(model)
+    call check(ftorch_live_handles() == 0, "every handle released")
+  end subroutine gradients
+
+  subroutine dropout()
+    type(torch_model) :: model
+    type(torch_tensor), allocatable :: params(:)
+    type(torch_tensor) :: tx, grad
+    real(real64), allocatable, target :: out(:, :)
+    real(real64), allocatable :: first(:, :), grad_first(:), grad_again(:)
+
+    call torch_model_load(model, data_path(trim(name) // ".pt2"), torch_kCPU, is_training=.true.)
+    allocate(params(torch_model_parameter_count(model)))
+    call torch_model_parameters(model, params)
+    allocate(out(size(g, 1), size(g, 2)))
+    call torch_manual_seed(7)
+    call forward_backward(model, out, tx)
+    first = out
+    call torch_tensor_get_gradient(grad, params(1))
+    grad_first = values_of(grad)
+    call torch_delete(grad)
+    call torch_delete(tx)
+    ! No zero_grad: the second backward accumulates onto the first gradients.
+    call torch_manual_seed(7)
+    call forward_backward(model, out, tx)
+    call torch_tensor_get_gradient(grad, params(1))
+    grad_again = values_of(grad)
+    call torch_delete(grad)
+    call torch_delete(tx)
+    call check(all(out == first), "the same seed: the same dropout masks (outputs)")
+    call check(all(grad_again == 2 * grad_first), "the same seed: the same masks in the backward (gradients accumulate)")
+    call torch_manual_seed(8)
+    call forward_backward(model, out, tx)
+    call torch_delete(tx)
+    call check(any(out /= first), "another seed: other masks")
+    call torch_delete(params)
+    call torch_delete(model)
+    call check(ftorch_live_handles() == 0, "every handle released")
+  end subroutine dropout
+
+  subroutine errors()
+    type(torch_model) :: model
+    type(torch_tensor) :: inputs(1), outputs(1)
+    real(real64), allocatable, target :: out(:, :), wide(:, :)
+    real, allocatable, target :: single(:, :)
+    integer :: stat
+    character(len=1024) :: msg
+
+    call torch_model_load(model, data_path(trim(name) // ".pt2"), torch_kCPU, is_training=.true.)
+    allocate(out(size(g, 1), size(g, 2)), single(size(x, 1), size(x, 2)), wide(size(x, 1), size(x, 2) + 1))
+    single = real(x)
+    call torch_tensor_from_array(inputs(1), single, torch_kCPU)
+    call torch_tensor_from_array(outputs(1), out, torch_kCPU)
+    msg = ""
+    call torch_model_forward(model, inputs, outputs, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_DTYPE .and. index(msg, "dtype float32") > 0 .and. index(msg, "float64") > 0, &
+               "a float32 input into a float64 package: " // trim(msg))
+    call torch_tensor_from_array(inputs(1), wide, torch_kCPU)
+    msg = ""
+    call torch_model_forward(model, inputs, outputs, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_SHAPE .and. index(msg, "exported for") > 0, &
+               "an input of another feature count: " // trim(msg))
+    msg = ""
+    call torch_model_save(model, "/nonexistent/dir/state.pt", stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_IO .and. index(msg, "/nonexistent/dir/state.pt") > 0, &
+               "saving where nothing can be written: " // trim(msg))
+    msg = ""
+    call torch_manual_seed(-1, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "negative") > 0, "a negative seed: " // trim(msg))
+    call torch_delete(inputs)
+    call torch_delete(outputs)
+    call torch_delete(model)
+    ! A package for inference only (--pt2) refuses training and says what to export instead.
+    msg = ""
+    call torch_model_load(model, data_path(trim(name) // "_inference.pt2"), torch_kCPU, is_training=.true., &
+                          stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "--train") > 0, "an inference package loaded for training: " // trim(msg))
+    call check(ftorch_live_handles() == 0, "every handle released")
+  end subroutine errors
+
+  subroutine memory()
+    type(torch_model) :: model
+    type(torch_tensor) :: tx
+    real(real64), allocatable, target :: out(:, :)
+    integer(int64) :: before
+    integer :: step
+
+    call torch_model_load(model, data_path(trim(name) // ".pt2"), torch_kCPU, is_training=.true.)
+    allocate(out(size(g, 1), size(g, 2)))
+    do step = 1, 200
+      call forward_backward(model, out, tx)
+      call torch_delete(tx)
+      if (step == 10) before = ftorch_live_handles()
+    end do
+    call check(ftorch_live_handles() == before, "live handles flat over 190 training steps")
+    call torch_delete(model)
+    call check(ftorch_live_handles() == 0, "every handle released")
+  end subroutine memory
+end program test_train_package
