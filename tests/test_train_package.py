@@ -289,3 +289,38 @@ def test_package_errors(cmake_consumer, model_dir, compiler):
 def test_package_training_loop_keeps_handles_flat(cmake_consumer, model_dir):
     assert_all_passed(run([cmake_consumer(COMPILERS[0]) / "test_train_package", model_dir, "memory", "batch_norm"],
                           check=False))
+
+
+def test_cli_names_a_training_package_pt2(tmp_path):
+    """--train FILE must be a .pt2 (alone, --train keeps TorchScript's training mode)."""
+    model = TESTS / "train_models.py"
+    proc = run([sys.executable, "-m", "ftorch", "export", f"{model}:Kwargs", "--input", "5,6", "--train", "x.pt"],
+               check=False)
+    assert proc.returncode == 2 and "a training package is a .pt2 file" in proc.stderr, proc.stderr
+
+
+def test_export_refuses_what_cannot_train(tmp_path):
+    import ftorch
+
+    class IntegerOutput(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(x).argmax(dim=1)
+
+    with pytest.raises(ftorch.UsageError, match="floating-point outputs"):
+        ftorch.export(IntegerOutput(), ["3,4"], train_package=tmp_path / "bad.pt2")
+    with pytest.raises(ftorch.UsageError, match="must end with .pt2"):
+        ftorch.export(IntegerOutput(), ["3,4"], train_package=tmp_path / "bad.pt")
+
+
+def test_inspect_describes_a_training_package(model_dir):
+    proc = run([sys.executable, "-m", "ftorch", "inspect", model_dir / "batch_norm.pt2"])
+    out = proc.stdout
+    assert "(training package, class BatchNormModel)" in out, out
+    assert "eval mode runs its own compiled forward" in out
+    assert "torch_train_step with MSE and Adam/AdamW runs the compiled training step" in out
+    assert "net.1.running_mean" in out and "trainable" in out
+    assert "batch: dim 0 of every input may be 2..any" in out

@@ -138,7 +138,8 @@ def export(model_or_spec, inputs, torchscript=None, pt2=None, **options):
     (``pt2``), then load each file back, run it on inputs laid out as Fortran passes them and compare
     with the eager model. ``model_or_spec``: an ``nn.Module`` or ``"file.py:Name"``; ``inputs``: a
     tensor, ``(shape, dtype)`` or ``"8,5:float32"`` per tensor argument of forward. Options:
-    trace, dynamic_batch, min_batch, max_batch, check, training, freeze, init_kwargs, weights,
+    train_package (a training package to write: forward and backward compiled, trainable from
+    Fortran without TorchScript, checked against eager autograd), trace, dynamic_batch, min_batch, max_batch, check, training, freeze, init_kwargs, weights,
     device, rtol, atol, seed. Returns a report (``.ok``, ``.to_dict()``, ``str()``); raises
     ``ftorch.ExportError`` on failure. Same as ``python -m ftorch export``."""
     from ._export import export as _export
@@ -158,8 +159,8 @@ def inspect_model(path, inputs=None, device="cpu"):
 
 def __getattr__(name: str):
     # ftorch.ExportError without importing the export code (or torch) before it is needed.
-    if name == "ExportError":
-        from ._export import ExportError
+    if name in ("ExportError", "UsageError"):
+        from . import _export
 
-        return ExportError
+        return getattr(_export, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

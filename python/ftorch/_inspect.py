@@ -105,7 +105,13 @@ def inspect_model(path: str | Path, inputs: Sequence | None = None, device: str 
     kind = _archive_kind(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        info = _inspect_torchscript(path, inputs, device) if kind == "torchscript" else _inspect_pt2(path, inputs)
+        if kind == "torchscript":
+            info = _inspect_torchscript(path, inputs, device)
+        else:
+            from ._train_package import read_meta
+
+            train = read_meta(path)
+            info = _inspect_pt2(path, inputs) if train is None else _inspect_train_package(path, train, inputs)
     info["fortran"] = fortran_snippet(info)
     return info
 
@@ -374,14 +380,56 @@ def _shape_text(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+def _inspect_train_package(path: Path, meta: dict, inputs) -> dict:
+    """A training package, from the record its exporter wrote (nothing is loaded or run)."""
+    if inputs:
+        raise UsageError(f"{path} is a training package: its inputs' shapes are recorded (shown without --input); "
+                         "--input runs TorchScript models and inference packages")
+    info: dict[str, Any] = {"file": str(path), "format": "train", "class": meta.get("model"),
+                            "device": meta.get("device", "cpu"), "training": True, "modules_in_other_mode": []}
+    info["inputs"] = [{"name": i["name"], "type": "Tensor", "shape": i["shape"], "dtype": i["dtype"]}
+                      for i in meta["inputs"]]
+    info["outputs"] = [{"type": "Tensor", "shape": o["shape"], "dtype": o["dtype"]} for o in meta["outputs"]]
+    info["dynamic_batch"] = meta.get("dynamic_batch")
+    info["parameters"] = meta.get("parameters", [])
+    info["buffers"] = meta.get("buffers", [])
+    info["parameter_count"] = sum(_numel(p["shape"]) for p in info["parameters"])
+    info["exported_with"] = {"ftorch": meta.get("ftorch_version"), "torch": meta.get("torch_version")}
+    info["eval_mode"] = ("the training-mode code (the model computes the same in both modes)"
+                         if meta.get("eval") == "forward" else "its own compiled forward (no gradients in eval mode)")
+    info["compiled_step"] = meta.get("step")
+    info["random_values"] = meta.get("random_values", 0)
+    info["returns"] = ("Tensor" if len(info["outputs"]) == 1 else
+                       f"Tuple[{', '.join('Tensor' for _ in info['outputs'])}]")
+    info["signature"] = (f"forward({', '.join(i['name'] + ': Tensor' for i in info['inputs'])}) -> "
+                         f"{info['returns']}")
+    info["outputs_from_run"] = False
+    return info
+
+
 def format_inspection(info: dict) -> str:
-    kind = "TorchScript" if info["format"] == "torchscript" else "AOTInductor package"
+    kind = {"torchscript": "TorchScript", "pt2": "AOTInductor package",
+            "train": "training package"}[info["format"]]
     out = [f"file: {info['file']} ({kind}" + (f", class {info['class']}" if info.get("class") else "") + ")"]
     if info["format"] == "torchscript":
         mode = "training" if info["training"] else "eval"
         out.append(f"mode: saved in {mode} mode (torch_model_load calls eval() unless is_training=.true.)")
         if info["modules_in_other_mode"]:
             out.append(f"  submodules in the other mode: {', '.join(info['modules_in_other_mode'])}")
+    elif info["format"] == "train":
+        out.append(f"mode: trainable (forward and backward compiled by AOTInductor, parameters and buffers held by "
+                   f"FTorch); device {info['device']}")
+        out.append(f"  eval mode runs {info['eval_mode']}")
+        if info.get("compiled_step"):
+            out.append("  torch_train_step with MSE and Adam/AdamW runs the compiled training step")
+        if info.get("random_values"):
+            out.append("  training mode draws random numbers (dropout): torch_manual_seed sets them")
+        if info.get("dynamic_batch"):
+            lo, hi = info["dynamic_batch"]
+            out.append(f"batch: dim 0 of every input may be {lo}..{hi if hi is not None else 'any'} "
+                       "(other dims fixed)")
+        else:
+            out.append("batch: fixed (the package takes only the shapes below)")
     else:
         out.append(f"mode: inference (compiled in eval mode); device {info['device']}")
         if info.get("dynamic_batch"):
@@ -418,6 +466,8 @@ def format_inspection(info: dict) -> str:
         if "shape" in p:
             grad = ("compiled in" if info["format"] == "pt2" else
                     "requires_grad" if p.get("requires_grad") else "no grad")
+            if info["format"] == "train":
+                grad = "trainable" if p.get("requires_grad") else "frozen"
             out.append(f"  {p['name']:<28} {_shape_text(p['shape']):<12} {p['dtype']:<8} {grad}")
         else:
             out.append(f"  {p['name']}")
