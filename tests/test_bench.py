@@ -32,6 +32,21 @@ def test_benchmark_smoke_run(installed, tmp_path):
     assert "| case | Fortran (FTorch) | C++ (LibTorch) | Python (PyTorch) | Fortran/C++ | Python/Fortran |" in table
 
 
+def test_training_package_benchmark_smoke_run(installed, tmp_path):
+    """bench/train_package.py --quick: the package's step from Fortran beside C++ and Python."""
+    import json
+
+    out = tmp_path / "results"
+    run([sys.executable, REPO / "bench" / "train_package.py", "--quick", "--out", out, "--build-dir",
+         tmp_path / "build"], timeout=1800)
+    result = json.loads((out / "train_package.json").read_text())
+    row = result["rows"]["batch 1, hidden 32"]
+    assert set(row["median_seconds"]) == {"package_fortran", "package_fortran_uncompiled_step", "torchscript_fortran",
+                                          "libtorch_cpp", "pytorch_python", "package_inference_fortran",
+                                          "pt2_inference_fortran"}
+    assert all(v > 0 for v in row["median_seconds"].values())
+
+
 def test_distributed_benchmark_smoke_run(installed, tmp_path):
     """bench/distributed.py --quick: FTorch's data-parallel step (mpirun, 1 and 2 ranks) and
     PyTorch's DDP on Gloo, side by side; the table and the JSON are written."""

@@ -27,6 +27,20 @@ void store_output(ftc_tensor out, int index, const c10::IValue &value) {
   ftc::store_result(out, index, value.toTensor(), "the model returned");
 }
 
+// The tensors of a call's arguments (a compiled model takes tensors only).
+std::vector<at::Tensor> tensor_args(const std::vector<c10::IValue> &args) {
+  std::vector<at::Tensor> inputs;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!args[i].isTensor()) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "argument " + std::to_string(i + 1) + " is a " + args[i].tagKind() +
+                                              ": a compiled model takes tensors only (other values were fixed "
+                                              "when it was exported)");
+    }
+    inputs.push_back(args[i].toTensor());
+  }
+  return inputs;
+}
+
 // forward of a compiled model on its input tensors.
 std::vector<at::Tensor> compiled_forward(ftc::CompiledModel &compiled, std::vector<at::Tensor> inputs,
                                          int requires_grad) {
@@ -39,22 +53,27 @@ std::vector<at::Tensor> compiled_forward(ftc::CompiledModel &compiled, std::vect
 
 // forward of a compiled model: values in (tensors only), a tuple of tensors out.
 c10::IValue call_compiled(ftc::CompiledModel &compiled, const std::vector<c10::IValue> &args, int requires_grad) {
-  std::vector<at::Tensor> inputs;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (!args[i].isTensor()) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "argument " + std::to_string(i + 1) + " is a " + args[i].tagKind() +
-                                              ": a compiled model takes tensors only (other values were fixed "
-                                              "when it was exported)");
-    }
-    inputs.push_back(args[i].toTensor());
-  }
-  const auto results = compiled_forward(compiled, std::move(inputs), requires_grad);
+  const auto results = compiled_forward(compiled, tensor_args(args), requires_grad);
+  return c10::ivalue::Tuple::create(std::vector<c10::IValue>(results.begin(), results.end()));
+}
+
+// forward of a training package (its operator, without the TorchScript interpreter).
+c10::IValue call_package(ftc::Model &model, const std::vector<c10::IValue> &args, int requires_grad) {
+  auto results = ftc::package_forward(model, tensor_args(args), requires_grad != 0);
+  if (results.size() == 1) return results[0];
   return c10::ivalue::Tuple::create(std::vector<c10::IValue>(results.begin(), results.end()));
 }
 
 // forward(args...) of a model (graph recorded when requires_grad).
 c10::IValue call_forward(ftc::Model &model, std::vector<c10::IValue> args, int requires_grad) {
   if (model.compiled) return call_compiled(*model.compiled, args, requires_grad);
+  if (model.package) {
+    try {
+      return call_package(model, args, requires_grad);
+    } catch (const std::exception &e) {
+      ftc::forward_failed(e, args);
+    }
+  }
   auto &module = model.module;
   torch::AutoGradMode grad_mode(requires_grad != 0);
   ftc::apply_jit_optimize();
@@ -119,6 +138,19 @@ void run_forward(ftc_model m, std::vector<c10::IValue> args, const ftc_tensor *o
 void run_forward(ftc_model m, std::vector<at::Tensor> inputs, const ftc_tensor *outputs, int n_outputs,
                  int requires_grad) {
   auto &model = checked_forward(m, outputs, n_outputs);
+  if (model.package) {
+    std::vector<at::Tensor> results;
+    try {
+      results = ftc::package_forward(model, inputs, requires_grad != 0);
+    } catch (const std::exception &e) {
+      ftc::forward_failed(e, std::vector<c10::IValue>(inputs.begin(), inputs.end()));
+    }
+    check_result_count(results.size(), n_outputs);
+    for (int i = 0; i < n_outputs; ++i) {
+      ftc::store_result(outputs[i], i, results[static_cast<size_t>(i)], "the model returned");
+    }
+    return;
+  }
   if (!model.compiled) {
     forward_into(model, std::vector<c10::IValue>(inputs.begin(), inputs.end()), outputs, n_outputs, requires_grad);
     return;

@@ -204,36 +204,49 @@ struct PackageNode : public torch::autograd::Function<PackageNode> {
   }
 };
 
-// torch.ops.ftorch.package_forward(package, training, inputs): what a training package's module
-// forward calls.
-std::vector<at::Tensor> package_forward(int64_t id, bool training, std::vector<at::Tensor> inputs) {
-  const auto p = package_of(id);
+// forward of package p on inputs: one autograd node when a graph is to be recorded, else the
+// compiled forward alone.
+std::vector<at::Tensor> run_package_on(TrainingPackage *p, bool training, std::vector<at::Tensor> inputs) {
+  const int64_t id = p->id;
   if (inputs.size() != p->n_inputs) {
     fail(FTC_ERR_INVALID_ARGUMENT, "the training package takes " + std::to_string(p->n_inputs) + " input" +
                                        (p->n_inputs == 1 ? "" : "s") + ", got " + std::to_string(inputs.size()));
   }
   if (p->input_rules) check_inputs(*p->input_rules, inputs);
-  if (!training && p->eval) {
-    bool wants_graph = false;
-    if (at::GradMode::is_enabled()) {
-      for (const auto &t : p->params) wants_graph = wants_graph || t.requires_grad();
-      for (const auto &t : inputs) wants_graph = wants_graph || t.requires_grad();
-    }
-    if (wants_graph) {
-      fail(FTC_ERR_INVALID_ARGUMENT,
-           "this training package computes something else in eval mode than in training mode (dropout, batch "
-           "norm) and has no eval-mode backward: run the eval-mode forward without recording a graph "
-           "(requires_grad=.false.), or switch the model to training mode for gradients");
-    }
-    return run_compiled(*p->eval, with_state(p->params, p->buffers, {&inputs}));
+  bool wants_graph = false;
+  if (at::GradMode::is_enabled()) {
+    for (const auto &t : p->params) wants_graph = wants_graph || t.requires_grad();
+    for (const auto &t : inputs) wants_graph = wants_graph || t.requires_grad();
   }
-  return PackageNode::apply(id, training, at::TensorList(p->params), at::TensorList(inputs));
+  if (wants_graph && !training && p->eval) {
+    fail(FTC_ERR_INVALID_ARGUMENT,
+         "this training package computes something else in eval mode than in training mode (dropout, batch "
+         "norm) and has no eval-mode backward: run the eval-mode forward without recording a graph "
+         "(requires_grad=.false.), or switch the model to training mode for gradients");
+  }
+  if (wants_graph) return PackageNode::apply(id, training, at::TensorList(p->params), at::TensorList(inputs));
+  // No graph to record: the compiled forward alone (a training one still updates the buffers).
+  if (!training && p->eval) return run_compiled(*p->eval, with_state(p->params, p->buffers, {&inputs}));
+  auto results = run_compiled(*p->forward, with_state(p->params, p->buffers, {&inputs}));
+  if (training) {
+    at::NoGradGuard no_grad;
+    for (size_t k = 0; k < p->buffers.size(); ++k) p->buffers[k].copy_(results.at(p->n_outputs + k));
+  }
+  results.resize(p->n_outputs);
+  return results;
+}
+
+// torch.ops.ftorch.package_forward(package, training, inputs): what a training package's module
+// forward calls.
+std::vector<at::Tensor> run_package(int64_t id, bool training, std::vector<at::Tensor> inputs) {
+  const auto p = package_of(id);  // held for the call
+  return run_package_on(p.get(), training, std::move(inputs));
 }
 
 TORCH_LIBRARY(ftorch, m) { m.def("package_forward(int package, bool training, Tensor[] inputs) -> Tensor[]"); }
 
 // Above autograd: the kernel records the node itself.
-TORCH_LIBRARY_IMPL(ftorch, CompositeImplicitAutograd, m) { m.impl("package_forward", &package_forward); }
+TORCH_LIBRARY_IMPL(ftorch, CompositeImplicitAutograd, m) { m.impl("package_forward", &run_package); }
 
 // `value` as torch.save writes it (a zip of a pickle and the tensors' bytes), without the
 // TorchScript type tags torch::pickle_save adds (torch.load(weights_only=True) refuses those).
@@ -289,6 +302,11 @@ torch::jit::Module owner_of(torch::jit::Module root, const std::string &dotted, 
 }
 
 }  // namespace
+
+std::vector<at::Tensor> package_forward(const Model &model, std::vector<at::Tensor> inputs, bool requires_grad) {
+  at::AutoGradMode grad_mode(requires_grad);
+  return run_package_on(model.package.get(), model.module.is_training(), std::move(inputs));
+}
 
 TrainingPackage::~TrainingPackage() {
   auto &r = Registry::instance();

@@ -25,6 +25,11 @@ bool is_training_package(const std::string &file);
 std::shared_ptr<Model> load_training_package(const std::string &file, const c10::Device &device, bool requires_grad,
                                              int is_training);
 
+// forward of a training package's model on tensors, in the module's mode, without the TorchScript
+// interpreter its module's forward goes through (the same operator, called directly); a graph is
+// recorded when requires_grad.
+std::vector<at::Tensor> package_forward(const Model &model, std::vector<at::Tensor> inputs, bool requires_grad);
+
 // Write the model's current parameters and buffers: an updated package when `file` ends in ".pt2"
 // (the compiled code of the loaded package, the new state), else the state_dict that Python's
 // torch.load reads (a dict of name -> tensor, on the CPU).
