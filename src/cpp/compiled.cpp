@@ -292,7 +292,7 @@ void check_inputs(const std::vector<InputRule> &rules, const std::vector<at::Ten
       fits = sizes[k] >= d.lo && (d.hi < 0 || sizes[k] <= d.hi);
     }
     if (!fits) {
-      fail(FTC_ERR_INVALID_ARGUMENT, "input " + std::to_string(i + 1) + " has shape " + shape_string(sizes) +
+      fail(FTC_ERR_SHAPE, "input " + std::to_string(i + 1) + " has shape " + shape_string(sizes) +
                                          " but the compiled model was exported for " + rule_string(rule));
     }
   }
@@ -304,7 +304,7 @@ void check_inputs(const std::vector<InputRule> &rules, const std::vector<at::Ten
       for (size_t j = 0; j <= i; ++j) {
         for (size_t l = 0; l < (j == i ? k : rules[j].dims.size()); ++l) {
           if (rules[j].dims[l].name == name && inputs[j].size(l) != inputs[i].size(k)) {
-            fail(FTC_ERR_INVALID_ARGUMENT, "input " + std::to_string(i + 1) + " has " + name + " = " +
+            fail(FTC_ERR_SHAPE, "input " + std::to_string(i + 1) + " has " + name + " = " +
                                                std::to_string(inputs[i].size(k)) + " (dim " + std::to_string(k + 1) +
                                                ") but input " + std::to_string(j + 1) + " has " + name + " = " +
                                                std::to_string(inputs[j].size(l)) + " (dim " + std::to_string(l + 1) +

@@ -290,7 +290,7 @@ contains
     y1 = -1
     msg = ""
     call torch_model_forward(model, tbad, tout, stat=stat, errmsg=msg)
-    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "batch") > 0 .and. all(y1 == -1), &
+    call check(stat == FTORCH_ERR_SHAPE .and. index(msg, "batch") > 0 .and. all(y1 == -1), &
                "inputs with batches 3 and 2 where the package takes one batch: " // trim(msg))
     call torch_delete(tbad(1))
     call torch_tensor_from_array(tbad(1), f, torch_kCPU)
