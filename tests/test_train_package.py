@@ -189,23 +189,31 @@ def read_got(path) -> dict:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """Each model of train_models.py as a training package (dynamic batch), its input and output
-    gradient; an inference package of one of them for the errors."""
+    """A directory for the models of train_models.py as training packages (see `packaged`)."""
     sys.path.insert(0, str(TESTS))
+    return tmp_path_factory.mktemp("train_models")
+
+
+def packaged(d, name: str):
+    """`name` of train_models.py exported (once) into d as a training package with a dynamic batch
+    (from 2 for batch norm, which cannot train on one sample), with its input and output gradient
+    (<name>_x.txt, <name>_g.txt); for "kwargs" also an inference package (kwargs_inference.pt2)."""
     import ftorch
     import train_models
 
-    d = tmp_path_factory.mktemp("train_models")
-    g = torch.Generator().manual_seed(23)
-    for name in [*train_models.REJECTED_BY_TORCHSCRIPT, *train_models.TRAINING_MODE]:
-        report = ftorch.export(train_models.build(name), [f"{BATCH},{train_models.FEATURES}:float64"],
-                               train_package=d / f"{name}.pt2", dynamic_batch=True,
-                               min_batch=2 if name == "batch_norm" else 1)
-        assert report.ok, report
-        write_matrix(d / f"{name}_x.txt", torch.randn(BATCH, train_models.FEATURES, generator=g, dtype=torch.float64))
-        write_matrix(d / f"{name}_g.txt", torch.randn(BATCH, train_models.OUTPUTS, generator=g, dtype=torch.float64))
-    report = ftorch.export(train_models.build("kwargs"), [f"{BATCH},{train_models.FEATURES}:float64"],
-                           pt2=d / "kwargs_inference.pt2", check=False)
+    if (d / f"{name}.pt2").exists():
+        return d
+    g = torch.Generator().manual_seed(23 + sorted([*train_models.REJECTED_BY_TORCHSCRIPT,
+                                                   *train_models.TRAINING_MODE]).index(name))
+    report = ftorch.export(train_models.build(name), [f"{BATCH},{train_models.FEATURES}:float64"],
+                           train_package=d / f"{name}.pt2", dynamic_batch=True,
+                           min_batch=2 if name == "batch_norm" else 1)
+    assert report.ok, report
+    write_matrix(d / f"{name}_x.txt", torch.randn(BATCH, train_models.FEATURES, generator=g, dtype=torch.float64))
+    write_matrix(d / f"{name}_g.txt", torch.randn(BATCH, train_models.OUTPUTS, generator=g, dtype=torch.float64))
+    if name == "kwargs":
+        ftorch.export(train_models.build("kwargs"), [f"{BATCH},{train_models.FEATURES}:float64"],
+                      pt2=d / "kwargs_inference.pt2", check=False)
     return d
 
 
@@ -224,7 +232,7 @@ def test_models_torchscript_rejects_train_from_fortran(cmake_consumer, model_dir
         with pytest.raises(Exception):
             torch.jit.script(train_models.build(name))
     binary = cmake_consumer(compiler) / "test_train_package"
-    assert_all_passed(run([binary, model_dir, "grads", name], check=False))
+    assert_all_passed(run([binary, packaged(model_dir, name), "grads", name], check=False))
     got = read_got(model_dir / f"{name}_got.txt")
 
     # Eager PyTorch: the same loss, sum(out * g), in training mode.
@@ -276,18 +284,21 @@ def test_models_torchscript_rejects_train_from_fortran(cmake_consumer, model_dir
 
 @pytest.mark.parametrize("compiler", COMPILERS)
 def test_dropout_masks_follow_the_seed_set_from_fortran(cmake_consumer, model_dir, compiler):
-    assert_all_passed(run([cmake_consumer(compiler) / "test_train_package", model_dir, "dropout", "dropout"],
+    assert_all_passed(run([cmake_consumer(compiler) / "test_train_package", packaged(model_dir, "dropout"), "dropout",
+                           "dropout"],
                           check=False))
 
 
 @pytest.mark.parametrize("compiler", COMPILERS)
 def test_package_errors(cmake_consumer, model_dir, compiler):
-    assert_all_passed(run([cmake_consumer(compiler) / "test_train_package", model_dir, "errors", "kwargs"],
+    assert_all_passed(run([cmake_consumer(compiler) / "test_train_package", packaged(model_dir, "kwargs"), "errors",
+                           "kwargs"],
                           check=False))
 
 
 def test_package_training_loop_keeps_handles_flat(cmake_consumer, model_dir):
-    assert_all_passed(run([cmake_consumer(COMPILERS[0]) / "test_train_package", model_dir, "memory", "batch_norm"],
+    assert_all_passed(run([cmake_consumer(COMPILERS[0]) / "test_train_package", packaged(model_dir, "batch_norm"),
+                           "memory", "batch_norm"],
                           check=False))
 
 
@@ -317,7 +328,7 @@ def test_export_refuses_what_cannot_train(tmp_path):
 
 
 def test_inspect_describes_a_training_package(model_dir):
-    proc = run([sys.executable, "-m", "ftorch", "inspect", model_dir / "batch_norm.pt2"])
+    proc = run([sys.executable, "-m", "ftorch", "inspect", packaged(model_dir, "batch_norm") / "batch_norm.pt2"])
     out = proc.stdout
     assert "(training package, class BatchNormModel)" in out, out
     assert "eval mode runs its own compiled forward" in out
