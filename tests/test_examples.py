@@ -28,6 +28,9 @@ def examples(installed, tmp_path_factory):
               "--input", "8,5", "--dynamic-batch"]
     run([*export, "-o", work / "exported_mlp.pt"], env=tool_env())
     proc = run([*export, "--pt2", work / "exported_mlp.pt2"], env=tool_env(), check=False)
+    # Example 15's training package, as its model.py says.
+    run([sys.executable, "-m", "ftorch", "export", REPO / "examples" / "15_training_package" / "model.py:Emulator",
+         "--input", "64,3:float64", "--train", work / "emulator_train.pt2"], env=tool_env())
     if proc.returncode != 0:
         # Some torch builds crash inside AOTInductor's package loader (seen with 2.11.0+cu130 on a
         # GPU machine): the helper's check reports it instead of crashing. Only example 13 needs the
@@ -50,7 +53,8 @@ def examples(installed, tmp_path_factory):
 @pytest.mark.parametrize("compiler", COMPILERS)
 @pytest.mark.parametrize("example", ["tensors", "inference", "errors", "autograd", "model_gradients",
                                      "online_training", "time_stepping", "custom_function", "hybrid_physics",
-                                     "python_training", "migration", "compiled_inference", "cuda_graph"])
+                                     "python_training", "migration", "compiled_inference", "cuda_graph",
+                                     "training_package"])
 def test_example_runs(examples, compiler, example):
     bdir, work = examples(compiler)
     if example == "compiled_inference" and _pt2_failure:
@@ -66,13 +70,21 @@ def test_example_runs(examples, compiler, example):
     proc = run([bdir / example, work, *args], env=env)
     number = {"tensors": 1, "inference": 2, "errors": 3, "autograd": 4, "model_gradients": 5,
               "online_training": 6, "time_stepping": 7, "custom_function": 8, "hybrid_physics": 9,
-              "python_training": 11, "migration": 12, "compiled_inference": 13, "cuda_graph": 14}[example]
+              "python_training": 11, "migration": 12, "compiled_inference": 13, "cuda_graph": 14,
+              "training_package": 15}[example]
     assert f"example {number} finished" in proc.stdout
     if example == "cuda_graph":
         # The graph steps (uncaptured without a GPU) against ordinary steps: LibTorch's optimizer and
         # FTorch's graph-safe update round a few ulps apart per step (1e-10 leaves a wide margin).
         largest = float(proc.stdout.split("with and without graphs:")[1].split()[0])
         assert largest <= 1e-10, proc.stdout
+    if example == "training_package":
+        # The state_dict the program saved loads into the Python model, which predicts as it does.
+        sys.path.insert(0, str(REPO / "examples" / "15_training_package"))
+        import model as example_model
+
+        emulator = example_model.Emulator()
+        emulator.load_state_dict(torch.load(work / "emulator_state.pt", weights_only=True))
 
 
 def test_inference_demo_script(installed, tmp_path):

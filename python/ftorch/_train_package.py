@@ -269,6 +269,10 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
     try:
         with torch.random.fork_rng(devices=[] if dev.type == "cpu" else [dev]):
             joint_gm = make_fx(joint, tracing_mode=mode)(*params, *buffers, *xs, *gs)
+            # Without in-place operations: a random value the forward hands to the backward must
+            # be the value as drawn (CPU dropout draws a mask with bernoulli_ and scales it in
+            # place; the backward would scale it again).
+            joint_gm = make_fx(torch.func.functionalize(joint_gm), tracing_mode=mode)(*params, *buffers, *xs, *gs)
             train_gm = make_fx(forward_only(True), tracing_mode=mode)(*params, *buffers, *xs)
             eval_gm = make_fx(forward_only(False), tracing_mode=mode)(*params, *buffers, *xs)
     except Exception as exc:
