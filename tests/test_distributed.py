@@ -136,6 +136,35 @@ def test_data_parallel_equals_single_process(mpi_program, mpi_data, np_, direct,
         assert err <= 1e-12, f"{name}: data-parallel parameters differ from torch.optim by {err:.3e}"
 
 
+def test_data_parallel_training_package(mpi_program, mpi_data, tmp_path):
+    """The same data-parallel program on a training package of the same model (put in the
+    TorchScript file's place): 2 ranks against single-process training in the program, and the
+    final parameters against torch.optim on the eager model. The package's kernels are Inductor's
+    (they may round a reduction differently from ATen's by an ulp): 1e-10 relative here, against
+    1e-12 for TorchScript above."""
+    import ftorch
+
+    d = tmp_path / "data"
+    d.mkdir()
+    for f in mpi_data.iterdir():
+        if f.name != "ddp_mlp.pt":
+            (d / f.name).symlink_to(f)
+    model = torch.jit.load(str(mpi_data / "ddp_mlp.pt"))
+    eager = DDPNet().double()
+    eager.load_state_dict(model.state_dict())
+    report = ftorch.export(eager, ["4,4:float64"], train_package=d / "ddp_mlp.pt2", dynamic_batch=True)
+    assert report.ok, report
+    shutil.copy(d / "ddp_mlp.pt2", d / "ddp_mlp.pt")
+    dump = tmp_path / "parity.txt"
+    assert_every_rank_passed(mpirun(2, mpi_program, d, "parity", dump), 2)
+    got = {line.split()[0]: np.array(line.split()[1:], dtype=float) for line in dump.read_text().splitlines()}
+    for name, optimizer, sizes in [("sgd_momentum", "sgd", [4] * 2), ("adam", "adam", [4] * 2),
+                                   ("uneven", "adam", [2 + 2 * r for r in range(2)])]:
+        want = torch_reference(mpi_data / "ddp_mlp.pt", optimizer, sizes)
+        err = np.max(np.abs(got[name] - want)) / np.max(np.abs(want))
+        assert err <= 1e-10, f"{name}: data-parallel parameters differ from torch.optim by {err:.3e}"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_data_parallel_on_the_gpu(mpi_program, mpi_data):
     """torch_train_step data-parallel with the models and batches on the GPU (2 ranks sharing

@@ -174,6 +174,9 @@ def _compile(gm, args, dynamic_shapes, metadata: dict, label: str, what: str, mi
     from ._export import ExportError, _error_text, _export_error, _quiet
 
     _strip_meta(gm)
+    # Row-major examples: the compiled code assumes the strides it was exported with, and FTorch
+    # passes every input contiguous (a random value or an output gradient may come strided).
+    args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
     captured = io.StringIO()
     try:
         with _quiet(captured):
@@ -241,6 +244,8 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
     n_p, n_b, n_x, n_o = len(params), len(buffers), len(xs), len(outs)
     n_grads = n_p + len(grad_inputs)
 
+    unused: set[int] = set()  # parameters whose gradient autograd leaves None (not used by forward)
+
     def joint(*flat):
         ps = [p.detach().requires_grad_(True) for p in flat[:n_p]]
         bs = [b.clone() for b in flat[n_p:n_p + n_b]]  # a training forward updates copies
@@ -254,6 +259,7 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
             live = [k for k, r in enumerate(results) if r.requires_grad]
             grads = torch.autograd.grad([results[k] for k in live], wrt, [gs[k] for k in live],
                                         allow_unused=True) if live else [None] * len(wrt)
+        unused.update(k for k, g in enumerate(grads[:n_p]) if g is None)
         grads = [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt)]
         return (*[r.detach() for r in results], *[b.detach() for b in bs], *grads)
 
@@ -430,6 +436,7 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
         "outputs": n_o,
         "random_values": n_random,
         "input_gradients": ",".join(str(i + 1) for i in grad_inputs),
+        "unused_parameters": ",".join(str(k + 1) for k in sorted(unused)),
         "eval": meta["eval"],
         "input_rules": meta["input_rules"] or "",
         "step": STEP_MODEL if STEP_MODEL in aoti else "",

@@ -39,6 +39,7 @@ struct TrainingPackage {
   std::optional<std::vector<InputRule>> input_rules;
   size_t n_inputs = 0, n_outputs = 0, n_random = 0;
   std::vector<bool> input_gradient;  // per input: the backward returns its gradient
+  std::vector<bool> unused;          // per parameter: the forward does not use it (gradient stays none)
   int64_t id = 0;
   ~TrainingPackage();
 };
@@ -198,7 +199,9 @@ struct PackageNode : public torch::autograd::Function<PackageNode> {
     out.emplace_back();  // id
     out.emplace_back();  // training
     size_t r = 0;
-    for (size_t k = 0; k < n_params; ++k) out.push_back(results.at(r++));
+    // A parameter the forward does not use keeps no gradient, as in PyTorch (the compiled
+    // backward returns zeros for it).
+    for (size_t k = 0; k < n_params; ++k, ++r) out.push_back(p->unused[k] ? at::Tensor() : results.at(r));
     for (size_t k = 0; k < inputs.size(); ++k) out.push_back(p->input_gradient[k] ? results.at(r++) : at::Tensor());
     return out;
   }
@@ -354,6 +357,11 @@ std::shared_ptr<Model> load_training_package(const std::string &file, const c10:
     if (i >= 1 && i <= p->n_inputs) p->input_gradient[i - 1] = true;
   }
   if (!meta["input_rules"].empty()) p->input_rules = parse_rules(meta["input_rules"]);
+  p->unused.assign(p->param_names.size(), false);
+  for (const auto &k : split(meta["unused_parameters"], ',')) {
+    const auto i = static_cast<size_t>(std::stoul(k));
+    if (i >= 1 && i <= p->unused.size()) p->unused[i - 1] = true;
+  }
   const auto params = state_list(state, "parameters", p->param_names.size(), file);
   const auto buffers = state_list(state, "buffers", p->buffer_names.size(), file);
 
@@ -492,6 +500,7 @@ std::string not_compiled_because(const TrainStep &step) {
   for (size_t k = 0; k < p->params.size(); ++k) {
     if (!opt.params[k].is_same(p->params[k])) return "the optimizer does not update the model's parameters in order";
     if (!p->params[k].requires_grad()) return "a parameter is frozen";
+    if (p->unused[k]) return "parameter " + p->param_names[k] + " is not used by the forward (its gradient stays none)";
   }
   const auto *rules = input_rules(*p->step);
   if (rules == nullptr || rules->size() < p->n_inputs + 1) return "the package records no input rules";
