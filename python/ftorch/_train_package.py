@@ -110,26 +110,23 @@ def _split(joint, n_state_inputs: int, n_outputs: int, n_buffers: int, n_grads: 
     return fw, bw, len(randoms)
 
 
-class _Wrap:
+def _as_module(gm):
     """An nn.Module that calls a graph module on its positional arguments (for torch.export)."""
+    import torch
 
-    @staticmethod
-    def make(gm):
-        import torch
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gm = gm
 
-        class Wrapped(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.gm = gm
+        def forward(self, *args):
+            return tuple(self.gm(*args))
 
-            def forward(self, *args):
-                return tuple(self.gm(*args))
-
-        return Wrapped()
+    return Wrapped()
 
 
 def _rules(program, n_user: int | None, min_batch: int, max_batch: int | None) -> str | None:
-    """FTorch's input rules (compiled.cpp parse_input_rules) for the placeholders of an exported
+    """FTorch's input rules (compiled.cpp parse_rules) for the placeholders of an exported
     program (all of them, or the last n_user): a size or the named dynamic batch per dim."""
     import torch
 
@@ -180,7 +177,7 @@ def _compile(gm, args, dynamic_shapes, metadata: dict, label: str, what: str, mi
     captured = io.StringIO()
     try:
         with _quiet(captured):
-            program = torch.export.export(_Wrap.make(gm), tuple(args), dynamic_shapes=dynamic_shapes, strict=False)
+            program = torch.export.export(_as_module(gm), tuple(args), dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as exc:
         err = _export_error(label, exc, dynamic_shapes is not None)
         raise ExportError(f"{what}: {err}") from None

@@ -57,22 +57,26 @@ c10::IValue call_compiled(ftc::CompiledModel &compiled, const std::vector<c10::I
   return c10::ivalue::Tuple::create(std::vector<c10::IValue>(results.begin(), results.end()));
 }
 
-// forward of a training package (its operator, without the TorchScript interpreter).
-c10::IValue call_package(ftc::Model &model, const std::vector<c10::IValue> &args, int requires_grad) {
-  auto results = ftc::package_forward(model, tensor_args(args), requires_grad != 0);
-  if (results.size() == 1) return results[0];
-  return c10::ivalue::Tuple::create(std::vector<c10::IValue>(results.begin(), results.end()));
+// forward of a training package (its operator, without the TorchScript interpreter); a failure
+// reported as a forward's (forward_failed).
+std::vector<at::Tensor> package_results(ftc::Model &model, const std::vector<c10::IValue> &args, int requires_grad) {
+  try {
+    return ftc::package_forward(model, tensor_args(args), requires_grad != 0);
+  } catch (const std::exception &e) {
+    ftc::forward_failed(e, args);
+  }
 }
+
+// A forward's result tensors written into its output tensors (as many as it returned).
+void store_results(const std::vector<at::Tensor> &results, const ftc_tensor *outputs, int n_outputs);
 
 // forward(args...) of a model (graph recorded when requires_grad).
 c10::IValue call_forward(ftc::Model &model, std::vector<c10::IValue> args, int requires_grad) {
   if (model.compiled) return call_compiled(*model.compiled, args, requires_grad);
   if (model.package) {
-    try {
-      return call_package(model, args, requires_grad);
-    } catch (const std::exception &e) {
-      ftc::forward_failed(e, args);
-    }
+    const auto results = package_results(model, args, requires_grad);
+    if (results.size() == 1) return results[0];
+    return c10::ivalue::Tuple::create(std::vector<c10::IValue>(results.begin(), results.end()));
   }
   auto &module = model.module;
   torch::AutoGradMode grad_mode(requires_grad != 0);
@@ -139,23 +143,16 @@ void run_forward(ftc_model m, std::vector<at::Tensor> inputs, const ftc_tensor *
                  int requires_grad) {
   auto &model = checked_forward(m, outputs, n_outputs);
   if (model.package) {
-    std::vector<at::Tensor> results;
-    try {
-      results = ftc::package_forward(model, inputs, requires_grad != 0);
-    } catch (const std::exception &e) {
-      ftc::forward_failed(e, std::vector<c10::IValue>(inputs.begin(), inputs.end()));
-    }
-    check_result_count(results.size(), n_outputs);
-    for (int i = 0; i < n_outputs; ++i) {
-      ftc::store_result(outputs[i], i, results[static_cast<size_t>(i)], "the model returned");
-    }
-    return;
-  }
-  if (!model.compiled) {
+    store_results(package_results(model, std::vector<c10::IValue>(inputs.begin(), inputs.end()), requires_grad),
+                  outputs, n_outputs);
+  } else if (model.compiled) {
+    store_results(compiled_forward(*model.compiled, std::move(inputs), requires_grad), outputs, n_outputs);
+  } else {
     forward_into(model, std::vector<c10::IValue>(inputs.begin(), inputs.end()), outputs, n_outputs, requires_grad);
-    return;
   }
-  const auto results = compiled_forward(*model.compiled, std::move(inputs), requires_grad);
+}
+
+void store_results(const std::vector<at::Tensor> &results, const ftc_tensor *outputs, int n_outputs) {
   check_result_count(results.size(), n_outputs);
   for (int i = 0; i < n_outputs; ++i) {
     ftc::store_result(outputs[i], i, results[static_cast<size_t>(i)], "the model returned");

@@ -484,7 +484,7 @@ bool fits(const std::vector<InputRule> &rules, const std::vector<at::Tensor> &in
 }
 
 // What keeps the step from the compiled one ("" when nothing does).
-std::string not_compiled_because(const TrainStep &step) {
+std::string not_compiled_because(const TrainStep &step, const std::vector<at::Tensor> &data) {
   const TrainingPackage *p = step.package;
   if (p == nullptr) return "the model is not a training package";
   if (!p->step) return "the package has no compiled training step (export it again with this FTorch)";
@@ -504,8 +504,6 @@ std::string not_compiled_because(const TrainStep &step) {
   }
   const auto *rules = input_rules(*p->step);
   if (rules == nullptr || rules->size() < p->n_inputs + 1) return "the package records no input rules";
-  std::vector<at::Tensor> data(step.inputs);
-  data.push_back(step.target);
   if (!fits(std::vector<InputRule>(rules->end() - static_cast<std::ptrdiff_t>(data.size()), rules->end()), data)) {
     return "the inputs or the target do not have the exported shapes and dtypes";
   }
@@ -514,8 +512,8 @@ std::string not_compiled_because(const TrainStep &step) {
   }
   int64_t t = -1;
   for (const auto &param : p->params) {
-    const auto *s = state_of(opt, param);
-    const int64_t count = s != nullptr ? adam_state(opt, *const_cast<torch::optim::OptimizerParamState *>(s)).step : 0;
+    auto *s = state_of(opt, param);
+    const int64_t count = s != nullptr ? adam_state(opt, *s).step : 0;
     if (t >= 0 && count != t) return "the parameters have different step counts";
     t = count;
   }
@@ -539,7 +537,10 @@ int compiled_step_setting() {
 std::optional<double> compiled_train_step(TrainStep &step) {
   const int setting = compiled_step_setting();
   if (setting == 0 || (step.package == nullptr && setting != 2)) return std::nullopt;
-  const std::string why = not_compiled_because(step);
+  // The inputs and the target, as the compiled step takes them after the model's state.
+  std::vector<at::Tensor> data(step.inputs);
+  data.push_back(step.target);
+  const std::string why = not_compiled_because(step, data);
   if (!why.empty()) {
     if (setting == 2) {
       fail(FTC_ERR_INVALID_ARGUMENT, "FTORCH_COMPILED_STEP=require, but this step is not the compiled one: " + why);
@@ -549,8 +550,6 @@ std::optional<double> compiled_train_step(TrainStep &step) {
   TrainingPackage *p = step.package;
   Optim &opt = *step.opt;
   const Settings settings = settings_of(opt);
-  std::vector<at::Tensor> data(step.inputs);
-  data.push_back(step.target);
   // One step count for every parameter (as after steps that updated all of them).
   std::vector<torch::optim::OptimizerParamState *> states;
   int64_t t = -1;
