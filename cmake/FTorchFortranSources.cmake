@@ -1,15 +1,18 @@
-# The Fortran sources we ship: hand-written ones plus those generated from fypp templates.
+# The Fortran sources we ship: hand-written ones plus those generated from fypp templates and,
+# ftorch_c_api, from the C interface's definition (src/capi).
 # FTORCH_FORTRAN_SOURCES lists them in compilation (module dependency) order.
 set(_src "${CMAKE_CURRENT_SOURCE_DIR}/src/fortran")
 set(_gen "${CMAKE_CURRENT_BINARY_DIR}/fortran")
 file(MAKE_DIRECTORY "${_gen}")
 
 set(FTORCH_FORTRAN_SOURCES)
-foreach(_name IN ITEMS ftorch_kinds ftorch_types ftorch_devices ftorch_errors ftorch_interop ftorch_runtime ftorch_tensor_type ftorch_callbacks ftorch_math
+foreach(_name IN ITEMS ftorch_kinds ftorch_c_api ftorch_types ftorch_devices ftorch_errors ftorch_interop ftorch_runtime ftorch_tensor_type ftorch_callbacks ftorch_math
                        ftorch_autograd ftorch_tensor ftorch_function ftorch_functional
                        ftorch_arglist ftorch_model ftorch_optim ftorch_loss ftorch_distributed ftorch_train ftorch_python
                        ftorch_test_utils ftorch torch_ftn)
-  if(EXISTS "${_src}/${_name}.fypp")
+  if(_name STREQUAL "ftorch_c_api")
+    list(APPEND FTORCH_FORTRAN_SOURCES "${FTORCH_C_API_FORTRAN}")  # (cmake/FTorchCAPI.cmake)
+  elseif(EXISTS "${_src}/${_name}.fypp")
     add_custom_command(
       OUTPUT "${_gen}/${_name}.f90"
       # Written only when the text changes (see the C headers in CMakeLists.txt).

@@ -135,7 +135,7 @@ def test_wheel_contents_and_pinned_torch(wheel):
         "ftorch/src/fortran/ftorch_model.f90", "ftorch/src/fortran/ftorch_test_utils.f90",
         "ftorch/src/fortran/ftorch_python.f90", "ftorch/src/fortran/ftorch_arglist.f90",
         "ftorch/src/fortran/torch_ftn.f90", "ftorch/lib/libftorch_python.so", "ftorch/_embed.py",
-        "ftorch/include/ftorch_c_python.h", "ftorch/include/ftorch_c_arglist.h",
+        "ftorch/include/ftorch_c_python.h", "ftorch/include/ftorch_c_arglist.h", "ftorch/src/fortran/ftorch_c_api.f90",
         "ftorch/_export.py", "ftorch/_inspect.py", "ftorch/_modules.py",
         "ftorch/lib/libftorch.a", "ftorch/include/fortran/ftorch.mod",
     }

@@ -13,6 +13,7 @@ module ftorch_functional
   use ftorch_tensor_type, only: torch_tensor
   use ftorch_function, only: torch_tensor_function, tensor_function_data
   use ftorch_callbacks, only: callback_tensors_trampoline
+  use ftorch_c_api, only: ftc_autograd_grad, ftc_autograd_jacobian, ftc_autograd_jvp, ftc_gradcheck
   implicit none
   private
 
@@ -39,46 +40,6 @@ module ftorch_functional
     !> of its elements.
     integer :: input = 0, input_element = 0, output = 0, output_element = 0
   end type torch_gradcheck_result
-
-  interface
-    function ftc_autograd_grad(outputs, n_outputs, inputs, n_inputs, grad_outputs, retain_graph, create_graph, &
-                               allow_unused, grads) result(status) bind(c, name="ftc_autograd_grad")
-      import :: c_ptr, c_int
-      type(c_ptr), intent(in) :: outputs(*), inputs(*)
-      type(c_ptr), value :: grad_outputs
-      integer(c_int), value :: n_outputs, n_inputs, retain_graph, create_graph, allow_unused
-      type(c_ptr), intent(inout) :: grads(*)
-      integer(c_int) :: status
-    end function ftc_autograd_grad
-    function ftc_autograd_jacobian(output, input, create_graph, jacobian) result(status) &
-        bind(c, name="ftc_autograd_jacobian")
-      import :: c_ptr, c_int
-      type(c_ptr), value :: output, input
-      integer(c_int), value :: create_graph
-      type(c_ptr), intent(inout) :: jacobian
-      integer(c_int) :: status
-    end function ftc_autograd_jacobian
-    function ftc_autograd_jvp(output, input, v, create_graph, result) result(status) bind(c, name="ftc_autograd_jvp")
-      import :: c_ptr, c_int
-      type(c_ptr), value :: output, input, v
-      integer(c_int), value :: create_graph
-      type(c_ptr), intent(inout) :: result
-      integer(c_int) :: status
-    end function ftc_autograd_jvp
-    function ftc_gradcheck(fn, data, inputs, n_inputs, n_outputs, eps, atol, rtol, passed, worst_error, analytic, &
-                           numeric, where) result(status) bind(c, name="ftc_gradcheck")
-      import :: c_funptr, c_ptr, c_int, c_double, c_int64_t
-      type(c_funptr), value :: fn
-      type(c_ptr), value :: data
-      type(c_ptr), intent(in) :: inputs(*)
-      integer(c_int), value :: n_inputs, n_outputs
-      real(c_double), value :: eps, atol, rtol
-      integer(c_int), intent(out) :: passed
-      real(c_double), intent(out) :: worst_error, analytic, numeric
-      integer(c_int64_t), intent(out) :: where(4)
-      integer(c_int) :: status
-    end function ftc_gradcheck
-  end interface
 
 contains
 

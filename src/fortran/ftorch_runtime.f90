@@ -3,43 +3,13 @@ module ftorch_runtime
   use, intrinsic :: iso_c_binding, only: c_int, c_int64_t, c_ptr
   use ftorch_errors, only: ftorch_check
   use ftorch_interop, only: f_string
+  use ftorch_c_api, only: ftc_check_runtime, ftc_device_available, ftc_live_handles, &
+                            ftc_manual_seed, ftc_torch_version_built, ftc_torch_version_runtime, &
+                            ftc_version
   implicit none
   private
   public :: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, &
             ftorch_check_runtime, torch_device_available, ftorch_live_handles, torch_manual_seed
-
-  interface
-    function ftc_version() result(p) bind(c, name="ftc_version")
-      import :: c_ptr
-      type(c_ptr) :: p
-    end function ftc_version
-    function ftc_torch_version_built() result(p) bind(c, name="ftc_torch_version_built")
-      import :: c_ptr
-      type(c_ptr) :: p
-    end function ftc_torch_version_built
-    function ftc_torch_version_runtime() result(p) bind(c, name="ftc_torch_version_runtime")
-      import :: c_ptr
-      type(c_ptr) :: p
-    end function ftc_torch_version_runtime
-    function ftc_check_runtime() result(status) bind(c, name="ftc_check_runtime")
-      import :: c_int
-      integer(c_int) :: status
-    end function ftc_check_runtime
-    function ftc_device_available(device_type, device_index) result(ok) bind(c, name="ftc_device_available")
-      import :: c_int
-      integer(c_int), value :: device_type, device_index
-      integer(c_int) :: ok
-    end function ftc_device_available
-    function ftc_manual_seed(seed) result(status) bind(c, name="ftc_manual_seed")
-      import :: c_int, c_int64_t
-      integer(c_int64_t), value :: seed
-      integer(c_int) :: status
-    end function ftc_manual_seed
-    function ftc_live_handles() result(n) bind(c, name="ftc_live_handles")
-      import :: c_int64_t
-      integer(c_int64_t) :: n
-    end function ftc_live_handles
-  end interface
 
 contains
 

@@ -12,6 +12,8 @@ module ftorch_train
   use ftorch_optim, only: torch_optim, torch_scheduler, torch_optim_get_learning_rate, torch_optim_step_count
   use ftorch_loss, only: torch_kMSELoss
   use ftorch_distributed, only: torch_comm
+  use ftorch_c_api, only: ftc_checkpoint_load, ftc_checkpoint_save, ftc_comm_checkpoint_load, &
+                            ftc_comm_checkpoint_save, ftc_train_step, ftc_train_step_cuda_graph
   implicit none
   ! Kind of the real literals below (double precision whatever -fdefault-real-8 or -fdefault-double-8 say).
   integer, parameter :: dp = c_double
@@ -21,57 +23,6 @@ module ftorch_train
   ! Progress-log accumulators (the time per step reported is the mean since the last line).
   real(real64) :: seconds_since_log = 0
   integer :: steps_since_log = 0
-
-  ! The C training step, eager and as a CUDA graph: one interface, two entry points.
-  abstract interface
-    function train_step_c(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm, loss, seconds) &
-        result(status) bind(c)
-      import :: c_ptr, c_int, c_double
-      type(c_ptr), value :: m, o, s, target
-      type(c_ptr), intent(in) :: inputs(*)
-      integer(c_int), value :: n_inputs, loss_kind, reduction
-      real(c_double), value :: max_grad_norm
-      real(c_double), intent(out) :: loss, seconds
-      integer(c_int) :: status
-    end function train_step_c
-  end interface
-  procedure(train_step_c), bind(c, name="ftc_train_step") :: ftc_train_step
-  procedure(train_step_c), bind(c, name="ftc_train_step_cuda_graph") :: ftc_train_step_cuda_graph
-
-  interface
-    function ftc_checkpoint_save(filename, m, o, s, step) result(status) bind(c, name="ftc_checkpoint_save")
-      import :: c_ptr, c_int, c_int64_t, c_char
-      character(kind=c_char), intent(in) :: filename(*)
-      type(c_ptr), value :: m, o, s
-      integer(c_int64_t), value :: step
-      integer(c_int) :: status
-    end function ftc_checkpoint_save
-    function ftc_checkpoint_load(filename, m, o, s, step) result(status) bind(c, name="ftc_checkpoint_load")
-      import :: c_ptr, c_int, c_int64_t, c_char
-      character(kind=c_char), intent(in) :: filename(*)
-      type(c_ptr), value :: m, o, s
-      integer(c_int64_t), intent(out) :: step
-      integer(c_int) :: status
-    end function ftc_checkpoint_load
-    function ftc_comm_checkpoint_save(c, filename, m, o, s, step) result(status) &
-        bind(c, name="ftc_comm_checkpoint_save")
-      import :: c_ptr, c_int, c_int64_t, c_char
-      type(c_ptr), value :: c
-      character(kind=c_char), intent(in) :: filename(*)
-      type(c_ptr), value :: m, o, s
-      integer(c_int64_t), value :: step
-      integer(c_int) :: status
-    end function ftc_comm_checkpoint_save
-    function ftc_comm_checkpoint_load(c, filename, m, o, s, step) result(status) &
-        bind(c, name="ftc_comm_checkpoint_load")
-      import :: c_ptr, c_int, c_int64_t, c_char
-      type(c_ptr), value :: c
-      character(kind=c_char), intent(in) :: filename(*)
-      type(c_ptr), value :: m, o, s
-      integer(c_int64_t), intent(out) :: step
-      integer(c_int) :: status
-    end function ftc_comm_checkpoint_load
-  end interface
 
 contains
 
@@ -108,7 +59,8 @@ contains
     character(len=*), intent(inout), optional :: errmsg
     !> Capture the step as a CUDA graph and replay it (default: .false.); see above.
     logical, intent(in), optional :: cuda_graph
-    procedure(train_step_c), pointer :: step
+    ! The C training step, eager or as a CUDA graph (one interface, two entry points).
+    procedure(ftc_train_step), pointer :: step
     type(c_ptr) :: handles(size(input_tensors)), sched
     real(c_double) :: value, seconds, clip
     integer(c_int) :: kind, reduction, status

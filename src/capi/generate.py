@@ -1,0 +1,315 @@
+"""The one definition of FTorch's C interface, and what is generated from it.
+
+Each ``src/capi/<concern>.capi`` file defines the C entry points of one concern (the same split as
+``src/cpp/<concern>.cpp`` and the Fortran modules). From them the build writes
+
+* the C headers ``ftorch_c_<concern>.h`` and the umbrella ``ftorch_c.h`` (installed; every C++
+  translation unit includes them, so a definition whose signature differs from its declaration
+  does not compile: two ``extern "C"`` functions of one name cannot have two signatures);
+* the Fortran module ``ftorch_c_api``: one ``bind(c)`` interface per entry point, used by every
+  other Fortran module (no module declares a C function itself).
+
+A ``.capi`` file is C text:
+
+* the leading comment and ``#include`` lines (its prologue) open the header, before
+  ``extern "C"``; the rest is copied inside it, comments included;
+* an entry point is a declaration that starts with ``FTC_API`` and ends with ``;``;
+* a parameter written ``T name[]`` is an array (Fortran: ``name(*)``); ``T *name`` is one value
+  the function reads (``const``) or writes; ``FTC_NULLABLE T *name`` may be null (Fortran passes a
+  ``type(c_ptr)`` by value: ``c_loc(x)`` or ``c_null_ptr``);
+* ``typedef struct x_s *x;`` and ``typedef void *x;`` declare handle types (``type(c_ptr)``);
+  ``typedef R (*x)(...);`` a callback type (``type(c_funptr)``).
+
+Command line: ``python generate.py CAPI_DIR HEADER_DIR FORTRAN_FILE``; files are rewritten only
+when their text changes (so that the build recompiles nothing otherwise).
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+import sys
+
+# C types of values passed by value, and their Fortran kinds.
+_NUMERIC = {
+    "int": "integer(c_int)",
+    "int32_t": "integer(c_int32_t)",
+    "int64_t": "integer(c_int64_t)",
+    "size_t": "integer(c_size_t)",
+    "double": "real(c_double)",
+    "float": "real(c_float)",
+    "char": "character(kind=c_char)",
+}
+_FORTRAN_NAMES = ("c_ptr", "c_funptr", "c_int", "c_int32_t", "c_int64_t", "c_size_t", "c_double", "c_float",
+                  "c_char")
+_LINE = 100  # Fortran lines are wrapped before this column (every compiler accepts 132)
+
+
+class DefinitionError(ValueError):
+    """A .capi file that the generator cannot read: the message names the file and the entry."""
+
+
+@dataclasses.dataclass
+class Param:
+    name: str
+    base: str          # the C type without const, pointers and brackets ("ftc_tensor", "double")
+    const: bool
+    pointers: int      # number of '*'
+    array: bool        # written name[]
+    nullable: bool     # FTC_NULLABLE
+
+    def c(self) -> str:
+        text = ("FTC_NULLABLE " if self.nullable else "") + ("const " if self.const else "") + self.base
+        text += " " + "*" * self.pointers if self.pointers else " "
+        return text + self.name + ("[]" if self.array else "")
+
+
+@dataclasses.dataclass
+class Function:
+    name: str
+    result: str        # C result type ("int", "void", "const char *", a handle type)
+    params: list
+    concern: str
+
+
+@dataclasses.dataclass
+class Concern:
+    name: str          # optim
+    prologue: str      # leading comment and #include lines
+    body: str          # the rest, declarations included
+    functions: list
+
+    @property
+    def header(self) -> str:
+        return f"ftorch_c_{self.name}.h"
+
+
+_DECL = re.compile(r"FTC_API\s+(?P<head>[^;(]*?)\s*\((?P<params>[^;]*?)\)\s*;", re.S)
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"/\*.*?\*/", lambda m: " " * len(m.group(0)), text, flags=re.S)
+
+
+def _split_prologue(text: str) -> tuple[str, str]:
+    lines = text.splitlines(keepends=True)
+    end, in_comment = 0, False
+    for i, line in enumerate(lines):
+        s = line.strip()
+        if in_comment:
+            in_comment = "*/" not in s
+        elif s.startswith("/*"):
+            in_comment = "*/" not in s
+        elif not (s == "" or s.startswith("#include")):
+            break
+        end = i + 1
+    return "".join(lines[:end]).rstrip() + "\n", "".join(lines[end:]).strip("\n") + "\n"
+
+
+def _param(text: str, where: str) -> Param:
+    words = text.replace("*", " * ").split()
+    nullable = "FTC_NULLABLE" in words
+    words = [w for w in words if w != "FTC_NULLABLE"]
+    const = "const" in words
+    words = [w for w in words if w != "const"]
+    name = words[-1]
+    array = name.endswith("[]")
+    name = name[:-2] if array else name
+    pointers = words.count("*")
+    base = " ".join(w for w in words[:-1] if w != "*")
+    if not re.fullmatch(r"[A-Za-z_]\w*", name) or not base:
+        raise DefinitionError(f"{where}: cannot read the parameter '{text}'")
+    if nullable and (pointers == 0 or array):
+        raise DefinitionError(f"{where}: FTC_NULLABLE applies to a pointer parameter ('{text}')")
+    return Param(name, base, const, pointers, array, nullable)
+
+
+def parse(path: pathlib.Path) -> Concern:
+    text = path.read_text()
+    prologue, body = _split_prologue(text)
+    functions = []
+    for m in _DECL.finditer(_strip_comments(body)):
+        head = " ".join(m.group("head").split())
+        name = re.search(r"(\w+)$", head).group(1)
+        result = head[: -len(name)].strip()
+        where = f"{path.name}: {name}"
+        params = m.group("params").strip()
+        plist = [] if params in ("", "void") else [_param(p, where) for p in params.split(",")]
+        functions.append(Function(name, result, plist, path.stem))
+    return Concern(path.stem, prologue, body, functions)
+
+
+def load(capi_dir: pathlib.Path) -> list:
+    """Every concern, the runtime first (the others include it), then by name."""
+    paths = sorted(pathlib.Path(capi_dir).glob("*.capi"), key=lambda p: (p.stem != "runtime", p.stem))
+    concerns = [parse(p) for p in paths]
+    seen = {}
+    for c in concerns:
+        for f in c.functions:
+            if f.name in seen:
+                raise DefinitionError(f"{f.name} is defined twice ({seen[f.name]}.capi and {c.name}.capi)")
+            seen[f.name] = c.name
+    return concerns
+
+
+def types(concerns) -> tuple[set, set]:
+    """(handle types, callback types) declared by typedefs in the definitions."""
+    handles, callbacks = set(), set()
+    for c in concerns:
+        body = _strip_comments(c.body)
+        handles |= set(re.findall(r"typedef\s+struct\s+\w+\s*\*\s*(\w+)\s*;", body))
+        handles |= set(re.findall(r"typedef\s+void\s*\*\s*(\w+)\s*;", body))
+        callbacks |= set(re.findall(r"typedef\s+[\w\s*]+\(\s*\*\s*(\w+)\s*\)", body))
+    return handles, callbacks
+
+
+# ------------------------------------------------------------------------------------- C headers
+
+def header(concern: Concern) -> str:
+    guard = f"FTORCH_C_{concern.name.upper()}_H"
+    return (f"{concern.prologue.rstrip()}\n"
+            f"/* Generated from src/capi/{concern.name}.capi by src/capi/generate.py: edit that file. */\n"
+            f"#ifndef {guard}\n#define {guard}\n\n"
+            "#include <stdint.h>\n"
+            "#ifndef FTC_API\n#if defined(__GNUC__)\n#define FTC_API __attribute__((visibility(\"default\")))\n"
+            "#else\n#define FTC_API\n#endif\n#endif\n"
+            "#ifndef FTC_NULLABLE\n#define FTC_NULLABLE /* the pointer may be null */\n#endif\n\n"
+            "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n"
+            f"{concern.body.rstrip()}\n\n"
+            "#ifdef __cplusplus\n}\n#endif\n#endif\n")
+
+
+def umbrella(concerns) -> str:
+    includes = "".join(f'#include "{c.header}"\n' for c in concerns)
+    return ("/* ftorch_c.h - the C API of FTorch: umbrella header, includes one header per concern.\n"
+            " * Generated by src/capi/generate.py from the definitions in src/capi. */\n"
+            f"#ifndef FTORCH_C_H\n#define FTORCH_C_H\n\n{includes}\n#endif\n")
+
+
+# ------------------------------------------------------------------------------------- Fortran
+
+def _fortran_type(base: str, handles: set, callbacks: set, where: str) -> str:
+    if base in handles or base == "void":
+        return "type(c_ptr)"
+    if base in callbacks:
+        return "type(c_funptr)"
+    if base in _NUMERIC:
+        return _NUMERIC[base]
+    raise DefinitionError(f"{where}: no Fortran type for the C type '{base}' (declare handles and callbacks "
+                          "with a typedef in a .capi file)")
+
+
+def fortran_declaration(p: Param, handles: set, callbacks: set, where: str) -> tuple[str, str]:
+    """(type and attributes, the name as declared) of one dummy argument."""
+    if p.nullable or (p.base == "void" and p.pointers == 1 and not p.array):
+        return "type(c_ptr), value", p.name
+    if p.pointers >= 2:
+        # the address of a pointer the function sets (const qualifies what that pointer points to)
+        return "type(c_ptr), intent(inout)", p.name
+    if p.pointers == 1 and (p.base in handles or p.base == "void"):
+        # the address of a handle (or data pointer) the function reads (const) or may replace
+        return "type(c_ptr), " + ("intent(in)" if p.const else "intent(inout)"), p.name
+    ftype = _fortran_type(p.base, handles, callbacks, where)
+    if p.array or (p.base == "char" and p.pointers == 1):
+        if p.pointers and p.base != "char":
+            raise DefinitionError(f"{where}: '{p.c()}' is both an array and a pointer")
+        intent = "intent(in)" if p.const else ("intent(out)" if p.base == "char" else "intent(inout)")
+        return f"{ftype}, {intent}", p.name + "(*)"
+    if p.pointers == 1:
+        return f"{ftype}, " + ("intent(in)" if p.const else "intent(out)"), p.name
+    return f"{ftype}, value", p.name
+
+
+def _result_type(f: Function, handles: set, callbacks: set) -> str | None:
+    r = " ".join(f.result.replace("*", " * ").split())
+    if r == "void":
+        return None
+    if r.endswith("*") or r in handles:
+        return "type(c_ptr)"
+    return _fortran_type(r, handles, callbacks, f.name)
+
+
+def _wrap(line: str, indent: str) -> list:
+    out = []
+    while len(line) > _LINE:
+        cut = line.rfind(", ", 0, _LINE - 2)
+        if cut <= len(indent):
+            cut = line.rfind(" ", 0, _LINE - 2)
+        out.append(line[: cut + 1].rstrip() + " &")
+        line = indent + "    " + line[cut + 1:].lstrip()
+    return out + [line]
+
+
+def fortran_interface(f: Function, handles: set, callbacks: set) -> list:
+    where = f"{f.concern}.capi: {f.name}"
+    names = [p.name for p in f.params]
+    lowered = [n.lower() for n in names]
+    if len(set(lowered)) != len(lowered) or "ftc_result" in lowered or f.name.lower() in lowered:
+        raise DefinitionError(f"{where}: parameter names must differ in Fortran (which ignores case)")
+    result = _result_type(f, handles, callbacks)
+    kind = "function" if result else "subroutine"
+    head = f"    {kind} {f.name}({', '.join(names)})" + (" result(ftc_result)" if result else "")
+    lines = _wrap(head + f' bind(c, name="{f.name}")', "    ")
+    decls, used = [], set()
+    for p in f.params:
+        spec, declared = fortran_declaration(p, handles, callbacks, where)
+        decls.append(f"      {spec} :: {declared}")
+    if result:
+        decls.append(f"      {result} :: ftc_result")
+    for d in decls:
+        used |= {n for n in _FORTRAN_NAMES if re.search(rf"\b{n}\b", d)}
+    if used:
+        lines.append("      import :: " + ", ".join(sorted(used)))
+    lines += decls
+    lines.append(f"    end {kind} {f.name}")
+    return lines
+
+
+def fortran_module(concerns) -> str:
+    handles, callbacks = types(concerns)
+    names = [f.name for c in concerns for f in c.functions]
+    lines = ["! ftorch_c_api.f90 -- generated by src/capi/generate.py from the .capi files of src/capi: edit those.",
+             "! The C interface of FTorch as Fortran sees it: one bind(c) interface per entry point of the C",
+             "! headers, for the other modules of FTorch (which declare no C function themselves).",
+             "module ftorch_c_api",
+             "  use, intrinsic :: iso_c_binding, only: " + ", ".join(_FORTRAN_NAMES),
+             "  implicit none",
+             "  private",
+             ""]
+    lines += _wrap("  public :: " + ", ".join(names), "  ")
+    lines += ["", "  interface"]
+    for c in concerns:
+        lines.append(f"    ! {c.header}")
+        for f in c.functions:
+            lines += fortran_interface(f, handles, callbacks)
+    lines += ["  end interface", "", "end module ftorch_c_api", ""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------- files
+
+def _write(path: pathlib.Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def generate(capi_dir, header_dir, fortran_file) -> list:
+    concerns = load(pathlib.Path(capi_dir))
+    header_dir = pathlib.Path(header_dir)
+    header_dir.mkdir(parents=True, exist_ok=True)
+    for c in concerns:
+        _write(header_dir / c.header, header(c))
+    _write(header_dir / "ftorch_c.h", umbrella(concerns))
+    fortran_file = pathlib.Path(fortran_file)
+    fortran_file.parent.mkdir(parents=True, exist_ok=True)
+    _write(fortran_file, fortran_module(concerns))
+    return concerns
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit("usage: generate.py CAPI_DIR HEADER_DIR FORTRAN_FILE")
+    try:
+        generate(*sys.argv[1:])
+    except DefinitionError as e:
+        sys.exit(f"src/capi/generate.py: {e}")
