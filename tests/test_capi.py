@@ -134,6 +134,18 @@ FTC_API const char *probe_name(void);
 FTC_API int64_t probe_count(void);
 FTC_API double probe_half(double x);
 FTC_API void probe_set(int *flag);
+
+/* Named options with defaults. */
+FTC_OPTIONS probe_options {
+  double rate = 1e-3;          /* a rate */
+  int64_t count = 20;
+  int on = 0;
+  double third = 1.0 / 3.0;
+  float small = 0.5;
+  int32_t code = -7;
+};
+FTC_API int probe_take_options(const probe_options *options, int changed);
+FTC_API int probe_fill_options(probe_options *options);
 """
 
 ROUND_TRIP_C = r"""
@@ -174,6 +186,17 @@ int64_t probe_count(void) { return 1LL << 40; }
 double probe_half(double x) { return x / 2; }
 void probe_set(int *flag) { *flag = 1; }
 probe probe_object(int i) { return &objects[i]; }
+/* The options as Fortran made them: its defaults must be the header's, but for `changed`. */
+int probe_take_options(const probe_options *o, int changed) {
+  probe_options d = PROBE_OPTIONS_DEFAULTS;
+  if (changed) d.count = 3;
+  return o->rate == d.rate && o->count == d.count && o->on == d.on && o->third == d.third && o->small == d.small &&
+         o->code == d.code && o->third == 1.0 / 3.0 ? 0 : 1;
+}
+int probe_fill_options(probe_options *o) {
+  o->rate = 0.25; o->count = 5; o->on = 1; o->third = 2; o->small = 4; o->code = 9;
+  return 0;
+}
 """
 
 ROUND_TRIP_F90 = """\
@@ -212,6 +235,7 @@ program probe_round_trip
   type(c_ptr) :: h, got, hs(2), many(2), where, data
   character(kind=c_char) :: buf(3)
   character(kind=c_char), pointer :: name(:)
+  type(probe_options) :: options
 
   call check(probe_scalars(-3_c_int, 5_c_int32_t, 9000000000_c_int64_t, 0.25d0, 1.5, 12_c_size_t) == 0, "scalars")
   hs = [probe_object(0), probe_object(1)]
@@ -239,6 +263,12 @@ program probe_round_trip
   i = 0
   call probe_set(i)
   call check(i == 1, "subroutine")
+  call check(probe_take_options(options, 0_c_int) == 0, "option defaults")
+  options%count = 3
+  call check(probe_take_options(options, 1_c_int) == 0, "an option set")
+  call check(probe_fill_options(options) == 0, "options filled")
+  call check(options%rate == 0.25d0 .and. options%count == 5 .and. options%on == 1 .and. options%third == 2d0 &
+             .and. options%small == 4.0 .and. options%code == 9, "options read back")
   print "(i0, a, i0, a)", passed, " passed, ", failed, " failed"
 contains
   subroutine check(ok, what)
@@ -271,7 +301,7 @@ def test_generated_c_and_fortran_sides_agree_at_run_time(fc, tmp_path):
     (tmp_path / "main.f90").write_text(ROUND_TRIP_F90)
     run([cc, "-std=c99", "-Wall", "-Werror", "-c", f"-I{tmp_path / 'include'}", "probe.c"], cwd=tmp_path)
     run([fc, "ftorch_c_api.f90", "main.f90", "probe.o", "-o", "probe"], cwd=tmp_path)
-    assert assert_all_passed(run([tmp_path / "probe"], cwd=tmp_path)) == 18
+    assert assert_all_passed(run([tmp_path / "probe"], cwd=tmp_path)) == 22
 
 
 @pytest.mark.parametrize(
@@ -283,6 +313,10 @@ def test_generated_c_and_fortran_sides_agree_at_run_time(fc, tmp_path):
         ("FTC_API int bad(int n, int N);", "parameter names must differ in Fortran"),
         ("FTC_API int bad(int x);\nFTC_API int bad(int y);", "bad is defined twice"),
         ("FTC_API int bad(int);", "cannot read the parameter 'int'"),
+        ("FTC_OPTIONS bad_options { double x; };", "cannot read the option 'double x;'"),
+        ("FTC_OPTIONS bad_options { char c = 1; };", "cannot read the option 'char c = 1;'"),
+        ("FTC_OPTIONS bad_options { double x = PI; };", "the default of x must be a number"),
+        ("FTC_OPTIONS bad_options {\n};", "bad_options has no options"),
     ],
 )
 def test_the_generator_rejects_a_definition_it_cannot_map(tmp_path, text, message):

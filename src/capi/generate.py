@@ -18,7 +18,11 @@ A ``.capi`` file is C text:
   the function reads (``const``) or writes; ``FTC_NULLABLE T *name`` may be null (Fortran passes a
   ``type(c_ptr)`` by value: ``c_loc(x)`` or ``c_null_ptr``);
 * ``typedef struct x_s *x;`` and ``typedef void *x;`` declare handle types (``type(c_ptr)``);
-  ``typedef R (*x)(...);`` a callback type (``type(c_funptr)``).
+  ``typedef R (*x)(...);`` a callback type (``type(c_funptr)``);
+* ``FTC_OPTIONS name { double lr = 1e-3; /* doc */ ... };`` declares a structure of named options
+  with their defaults: the header gets ``typedef struct name {...} name;`` and the initializer
+  ``NAME_DEFAULTS``; the Fortran module a ``bind(c)`` type whose components start at the defaults.
+  A parameter ``const name *options`` then passes one (Fortran: ``type(name), intent(in)``).
 
 Command line: ``python generate.py CAPI_DIR HEADER_DIR FORTRAN_FILE``; files are rewritten only
 when their text changes (so that the build recompiles nothing otherwise).
@@ -43,6 +47,8 @@ _NUMERIC = {
 _FORTRAN_NAMES = ("c_ptr", "c_funptr", "c_int", "c_int32_t", "c_int64_t", "c_size_t", "c_double", "c_float",
                   "c_char")
 _LINE = 100  # Fortran lines are wrapped before this column (every compiler accepts 132)
+_OPTION_TYPES = ("double", "float", "int", "int32_t", "int64_t")
+_KIND = {"double": "c_double", "float": "c_float", "int": "c_int", "int32_t": "c_int32_t", "int64_t": "c_int64_t"}
 
 
 class DefinitionError(ValueError):
@@ -65,6 +71,14 @@ class Param:
 
 
 @dataclasses.dataclass
+class Option:
+    ctype: str
+    name: str
+    default: str       # a C constant expression: a number, or a number / a number
+    doc: str
+
+
+@dataclasses.dataclass
 class Function:
     name: str
     result: str        # C result type ("int", "void", "const char *", a handle type)
@@ -78,12 +92,16 @@ class Concern:
     prologue: str      # leading comment and #include lines
     body: str          # the rest, declarations included
     functions: list
+    options: dict      # structure name -> [Option]
 
     @property
     def header(self) -> str:
         return f"ftorch_c_{self.name}.h"
 
 
+_OPTIONS = re.compile(r"FTC_OPTIONS\s+(?P<name>\w+)\s*\{(?P<fields>.*?)\}\s*;", re.S)
+_FIELD = re.compile(r"^\s*(?P<type>\w+)\s+(?P<name>\w+)\s*=\s*(?P<default>[^;]+?)\s*;\s*(?:/\*(?P<doc>.*?)\*/)?\s*$")
+_NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _DECL = re.compile(r"FTC_API\s+(?P<head>[^;(]*?)\s*\((?P<params>[^;]*?)\)\s*;", re.S)
 
 
@@ -124,9 +142,28 @@ def _param(text: str, where: str) -> Param:
     return Param(name, base, const, pointers, array, nullable)
 
 
+def _options(name: str, fields: str, where: str) -> list:
+    options = []
+    for line in fields.strip().splitlines():
+        m = _FIELD.match(line)
+        if not m or m.group("type") not in _OPTION_TYPES:
+            raise DefinitionError(f"{where}: {name}: cannot read the option '{line.strip()}' (expected "
+                                  f"'TYPE NAME = DEFAULT; /* doc */' with TYPE one of {', '.join(_OPTION_TYPES)})")
+        default = m.group("default")
+        if not all(_NUMBER.fullmatch(part.strip()) for part in default.split("/")):
+            raise DefinitionError(f"{where}: {name}: the default of {m.group('name')} must be a number "
+                                  f"(or a number / a number), not '{default}'")
+        options.append(Option(m.group("type"), m.group("name"), default, " ".join((m.group("doc") or "").split())))
+    if not options:
+        raise DefinitionError(f"{where}: {name} has no options")
+    return options
+
+
 def parse(path: pathlib.Path) -> Concern:
     text = path.read_text()
     prologue, body = _split_prologue(text)
+    options = {m.group("name"): _options(m.group("name"), m.group("fields"), path.name)
+               for m in _OPTIONS.finditer(body)}
     functions = []
     for m in _DECL.finditer(_strip_comments(body)):
         head = " ".join(m.group("head").split())
@@ -136,7 +173,7 @@ def parse(path: pathlib.Path) -> Concern:
         params = m.group("params").strip()
         plist = [] if params in ("", "void") else [_param(p, where) for p in params.split(",")]
         functions.append(Function(name, result, plist, path.stem))
-    return Concern(path.stem, prologue, body, functions)
+    return Concern(path.stem, prologue, body, functions, options)
 
 
 def load(capi_dir: pathlib.Path) -> list:
@@ -152,20 +189,41 @@ def load(capi_dir: pathlib.Path) -> list:
     return concerns
 
 
-def types(concerns) -> tuple[set, set]:
-    """(handle types, callback types) declared by typedefs in the definitions."""
-    handles, callbacks = set(), set()
+@dataclasses.dataclass
+class Types:
+    handles: set       # type(c_ptr)
+    callbacks: set     # type(c_funptr)
+    options: dict      # structure name -> [Option]
+
+
+def types(concerns) -> Types:
+    """The types declared in the definitions (typedefs and FTC_OPTIONS)."""
+    found = Types(set(), set(), {})
     for c in concerns:
         body = _strip_comments(c.body)
-        handles |= set(re.findall(r"typedef\s+struct\s+\w+\s*\*\s*(\w+)\s*;", body))
-        handles |= set(re.findall(r"typedef\s+void\s*\*\s*(\w+)\s*;", body))
-        callbacks |= set(re.findall(r"typedef\s+[\w\s*]+\(\s*\*\s*(\w+)\s*\)", body))
-    return handles, callbacks
+        found.handles |= set(re.findall(r"typedef\s+struct\s+\w+\s*\*\s*(\w+)\s*;", body))
+        found.handles |= set(re.findall(r"typedef\s+void\s*\*\s*(\w+)\s*;", body))
+        found.callbacks |= set(re.findall(r"typedef\s+[\w\s*]+\(\s*\*\s*(\w+)\s*\)", body))
+        found.options.update(c.options)
+    return found
 
 
 # ------------------------------------------------------------------------------------- C headers
 
+def _c_options(m) -> str:
+    name = m.group("name")
+    options = _options(name, m.group("fields"), name)
+    lines = [f"typedef struct {name} {{"]
+    for o in options:
+        doc = f"default {o.default}" + (f": {o.doc}" if o.doc else "")
+        lines.append(f"  {o.ctype} {o.name}; /* {doc} */")
+    defaults = ", ".join(o.default for o in options)
+    lines += [f"}} {name};", f"#define {name.upper()}_DEFAULTS {{{defaults}}}"]
+    return "\n".join(lines)
+
+
 def header(concern: Concern) -> str:
+    body = _OPTIONS.sub(_c_options, concern.body)
     guard = f"FTORCH_C_{concern.name.upper()}_H"
     return (f"{concern.prologue.rstrip()}\n"
             f"/* Generated from src/capi/{concern.name}.capi by src/capi/generate.py: edit that file. */\n"
@@ -175,7 +233,7 @@ def header(concern: Concern) -> str:
             "#else\n#define FTC_API\n#endif\n#endif\n"
             "#ifndef FTC_NULLABLE\n#define FTC_NULLABLE /* the pointer may be null */\n#endif\n\n"
             "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n"
-            f"{concern.body.rstrip()}\n\n"
+            f"{body.rstrip()}\n\n"
             "#ifdef __cplusplus\n}\n#endif\n#endif\n")
 
 
@@ -188,45 +246,51 @@ def umbrella(concerns) -> str:
 
 # ------------------------------------------------------------------------------------- Fortran
 
-def _fortran_type(base: str, handles: set, callbacks: set, where: str) -> str:
-    if base in handles or base == "void":
+def _fortran_type(base: str, found: Types, where: str) -> str:
+    if base in found.handles or base == "void":
         return "type(c_ptr)"
-    if base in callbacks:
+    if base in found.callbacks:
         return "type(c_funptr)"
+    if base in found.options:
+        return f"type({base})"
     if base in _NUMERIC:
         return _NUMERIC[base]
     raise DefinitionError(f"{where}: no Fortran type for the C type '{base}' (declare handles and callbacks "
-                          "with a typedef in a .capi file)")
+                          "with a typedef in a .capi file, options with FTC_OPTIONS)")
 
 
-def fortran_declaration(p: Param, handles: set, callbacks: set, where: str) -> tuple[str, str]:
+def fortran_declaration(p: Param, found: Types, where: str) -> tuple[str, str]:
     """(type and attributes, the name as declared) of one dummy argument."""
     if p.nullable or (p.base == "void" and p.pointers == 1 and not p.array):
         return "type(c_ptr), value", p.name
     if p.pointers >= 2:
         # the address of a pointer the function sets (const qualifies what that pointer points to)
         return "type(c_ptr), intent(inout)", p.name
-    if p.pointers == 1 and (p.base in handles or p.base == "void"):
+    if p.pointers == 1 and (p.base in found.handles or p.base == "void"):
         # the address of a handle (or data pointer) the function reads (const) or may replace
         return "type(c_ptr), " + ("intent(in)" if p.const else "intent(inout)"), p.name
-    ftype = _fortran_type(p.base, handles, callbacks, where)
+    ftype = _fortran_type(p.base, found, where)
     if p.array or (p.base == "char" and p.pointers == 1):
         if p.pointers and p.base != "char":
             raise DefinitionError(f"{where}: '{p.c()}' is both an array and a pointer")
         intent = "intent(in)" if p.const else ("intent(out)" if p.base == "char" else "intent(inout)")
         return f"{ftype}, {intent}", p.name + "(*)"
     if p.pointers == 1:
+        if p.base in found.options:  # a structure of options the function reads (or fills)
+            return f"{ftype}, " + ("intent(in)" if p.const else "intent(inout)"), p.name
         return f"{ftype}, " + ("intent(in)" if p.const else "intent(out)"), p.name
     return f"{ftype}, value", p.name
 
 
-def _result_type(f: Function, handles: set, callbacks: set) -> str | None:
+def _result_type(f: Function, found: Types) -> str | None:
     r = " ".join(f.result.replace("*", " * ").split())
     if r == "void":
         return None
-    if r.endswith("*") or r in handles:
+    if r.endswith("*") or r in found.handles:
         return "type(c_ptr)"
-    return _fortran_type(r, handles, callbacks, f.name)
+    if r in found.options:
+        raise DefinitionError(f"{f.concern}.capi: {f.name}: a structure is not returned by value")
+    return _fortran_type(r, found, f.name)
 
 
 def _wrap(line: str, indent: str) -> list:
@@ -240,33 +304,53 @@ def _wrap(line: str, indent: str) -> list:
     return out + [line]
 
 
-def fortran_interface(f: Function, handles: set, callbacks: set) -> list:
+def fortran_interface(f: Function, found: Types) -> list:
     where = f"{f.concern}.capi: {f.name}"
     names = [p.name for p in f.params]
     lowered = [n.lower() for n in names]
     if len(set(lowered)) != len(lowered) or "ftc_result" in lowered or f.name.lower() in lowered:
         raise DefinitionError(f"{where}: parameter names must differ in Fortran (which ignores case)")
-    result = _result_type(f, handles, callbacks)
+    result = _result_type(f, found)
     kind = "function" if result else "subroutine"
     head = f"    {kind} {f.name}({', '.join(names)})" + (" result(ftc_result)" if result else "")
     lines = _wrap(head + f' bind(c, name="{f.name}")', "    ")
-    decls, used = [], set()
+    decls = []
     for p in f.params:
-        spec, declared = fortran_declaration(p, handles, callbacks, where)
+        spec, declared = fortran_declaration(p, found, where)
         decls.append(f"      {spec} :: {declared}")
     if result:
         decls.append(f"      {result} :: ftc_result")
-    for d in decls:
-        used |= {n for n in _FORTRAN_NAMES if re.search(rf"\b{n}\b", d)}
+    imported = set(_FORTRAN_NAMES) | set(found.options)
+    used = {n for d in decls for n in imported if re.search(rf"\b{n}\b", d)}
     if used:
-        lines.append("      import :: " + ", ".join(sorted(used)))
+        lines += _wrap("      import :: " + ", ".join(sorted(used)), "      ")
     lines += decls
     lines.append(f"    end {kind} {f.name}")
     return lines
 
 
+def _fortran_constant(default: str, ctype: str) -> str:
+    kind = _KIND[ctype]
+    parts = []
+    for part in default.split("/"):
+        part = part.strip()
+        if ctype in ("double", "float") and not re.search(r"[.eE]", part):
+            part += ".0"
+        parts.append(f"{part}_{kind}")
+    return " / ".join(parts)
+
+
+def fortran_options(name: str, options: list) -> list:
+    lines = [f"  !> {name}: see its C header (defaults as there)", f"  type, bind(c) :: {name}"]
+    for o in options:
+        ftype = _NUMERIC[o.ctype]
+        lines.append(f"    {ftype} :: {o.name} = {_fortran_constant(o.default, o.ctype)}")
+    lines.append(f"  end type {name}")
+    return lines
+
+
 def fortran_module(concerns) -> str:
-    handles, callbacks = types(concerns)
+    found = types(concerns)
     names = [f.name for c in concerns for f in c.functions]
     lines = ["! ftorch_c_api.f90 -- generated by src/capi/generate.py from the .capi files of src/capi: edit those.",
              "! The C interface of FTorch as Fortran sees it: one bind(c) interface per entry point of the C",
@@ -276,12 +360,14 @@ def fortran_module(concerns) -> str:
              "  implicit none",
              "  private",
              ""]
-    lines += _wrap("  public :: " + ", ".join(names), "  ")
+    lines += _wrap("  public :: " + ", ".join(list(found.options) + names), "  ")
+    for name, options in found.options.items():
+        lines += [""] + fortran_options(name, options)
     lines += ["", "  interface"]
     for c in concerns:
         lines.append(f"    ! {c.header}")
         for f in c.functions:
-            lines += fortran_interface(f, handles, callbacks)
+            lines += fortran_interface(f, found)
     lines += ["  end interface", "", "end module ftorch_c_api", ""]
     return "\n".join(lines)
 

@@ -74,8 +74,14 @@ inline void after_update(Optim &opt) {
 struct Scheduler {
   int kind = 0;
   std::shared_ptr<Optim> optim;
-  std::vector<double> params;
+  // The schedule's settings: those of its kind are set (ftorch_c_optim.h).
+  ftc_step_lr_options step_lr = FTC_STEP_LR_OPTIONS_DEFAULTS;
+  ftc_multistep_lr_options multistep = FTC_MULTISTEP_LR_OPTIONS_DEFAULTS;
   std::vector<int64_t> milestones;
+  double exponential_gamma = 0;
+  ftc_cosine_lr_options cosine = FTC_COSINE_LR_OPTIONS_DEFAULTS;
+  ftc_linear_lr_options linear = FTC_LINEAR_LR_OPTIONS_DEFAULTS;
+  ftc_plateau_options plateau = FTC_PLATEAU_OPTIONS_DEFAULTS;
   double base_lr = 0;
   int64_t last_epoch = -1;
   int64_t step_count = 0;
@@ -277,8 +283,7 @@ void finish_train_step(TrainStep &step, double value, std::chrono::steady_clock:
 
 // A LibTorch loss computed by kind (ftorch_c_loss.h), shared by ftc_loss and the train step.
 at::Tensor compute_loss(int kind, const at::Tensor &input, const at::Tensor &target, const at::Tensor &weight,
-                        const at::Tensor &pos_weight, int reduction, int64_t ignore_index, double param,
-                        double label_smoothing);
+                        const at::Tensor &pos_weight, const ftc_loss_options &options);
 
 // FTorch dtype enumerator -> c10 scalar type (int8/16/32/64, float32/64 only).
 c10::ScalarType scalar_type(int dtype);

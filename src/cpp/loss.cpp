@@ -25,9 +25,11 @@ std::optional<at::Tensor> optional_tensor(const at::Tensor &t) {
 namespace ftc {
 
 at::Tensor compute_loss(int kind, const at::Tensor &input, const at::Tensor &target, const at::Tensor &weight,
-                        const at::Tensor &pos_weight, int reduction, int64_t ignore_index, double param,
-                        double label_smoothing) {
+                        const at::Tensor &pos_weight, const ftc_loss_options &options) {
   const char *name = loss_name(kind);
+  const int reduction = options.reduction;
+  const int64_t ignore_index = options.ignore_index;
+  const double label_smoothing = options.label_smoothing;
   if (reduction < FTC_REDUCTION_NONE || reduction > FTC_REDUCTION_SUM) fail_unknown(ftc_reduction_table, reduction);
   const bool elementwise = kind != FTC_LOSS_CROSS_ENTROPY && kind != FTC_LOSS_NLL;
   if (elementwise && input.sizes() != target.sizes()) {
@@ -39,11 +41,11 @@ at::Tensor compute_loss(int kind, const at::Tensor &input, const at::Tensor &tar
     case FTC_LOSS_MSE: return at::mse_loss(input, target, reduction);
     case FTC_LOSS_L1: return at::l1_loss(input, target, reduction);
     case FTC_LOSS_HUBER:
-      if (!(param > 0)) fail(FTC_ERR_INVALID_ARGUMENT, "Huber loss: delta must be positive");
-      return at::huber_loss(input, target, reduction, param);
+      if (!(options.delta > 0)) fail(FTC_ERR_INVALID_ARGUMENT, "Huber loss: delta must be positive");
+      return at::huber_loss(input, target, reduction, options.delta);
     case FTC_LOSS_SMOOTH_L1:
-      if (!(param >= 0)) fail(FTC_ERR_INVALID_ARGUMENT, "SmoothL1 loss: beta must be non-negative");
-      return at::smooth_l1_loss(input, target, reduction, param);
+      if (!(options.beta >= 0)) fail(FTC_ERR_INVALID_ARGUMENT, "SmoothL1 loss: beta must be non-negative");
+      return at::smooth_l1_loss(input, target, reduction, options.beta);
     case FTC_LOSS_CROSS_ENTROPY:
       if (!(label_smoothing >= 0 && label_smoothing <= 1)) {
         fail(FTC_ERR_INVALID_ARGUMENT, "cross entropy: label_smoothing must be in [0, 1]");
@@ -63,8 +65,8 @@ at::Tensor compute_loss(int kind, const at::Tensor &input, const at::Tensor &tar
 
 extern "C" {
 
-int ftc_loss(int kind, ftc_tensor input, ftc_tensor target, ftc_tensor weight, ftc_tensor pos_weight, int reduction,
-             int64_t ignore_index, double param, double label_smoothing, ftc_tensor *out) {
+int ftc_loss(int kind, ftc_tensor input, ftc_tensor target, ftc_tensor weight, ftc_tensor pos_weight,
+             const ftc_loss_options *options, ftc_tensor *out) {
   return ftc::guard([&] {
     ftc::take_temporaries({input, target, weight, pos_weight});
     const at::Tensor &x = ftc::tensor_of(input, "input tensor");
@@ -72,7 +74,8 @@ int ftc_loss(int kind, ftc_tensor input, ftc_tensor target, ftc_tensor weight, f
     const at::Tensor w = weight != nullptr ? ftc::tensor_of(weight, "weight tensor") : at::Tensor();
     const at::Tensor pw = pos_weight != nullptr ? ftc::tensor_of(pos_weight, "pos_weight tensor") : at::Tensor();
     ftc::out_arg(out, "out");
-    at::Tensor l = ftc::compute_loss(kind, x, y, w, pw, reduction, ignore_index, param, label_smoothing);
+    if (options == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "options is a null pointer (start from FTC_LOSS_OPTIONS_DEFAULTS)");
+    at::Tensor l = ftc::compute_loss(kind, x, y, w, pw, *options);
     // Into *out as `=` does when it is constructed, else a new handle.
     if (auto *slot = ftc::TensorTable::instance().find(*out)) {
       ftc::assign_into(*slot, l);

@@ -6,98 +6,142 @@
 
 namespace {
 
-double hyper_at(const double *hyper, int n, int i, double fallback) { return i < n ? hyper[i] : fallback; }
-
 void require_nonnegative(double value, const char *name) {
   if (!(value >= 0.0)) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string(name) + " must be non-negative, got " + std::to_string(value));
   }
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(int kind, const std::vector<at::Tensor> &params,
-                                                        const double *h, int n) {
-  const double lr = hyper_at(h, n, 0, 1e-3);
-  require_nonnegative(lr, "learning rate");
-  switch (kind) {
-    case FTC_OPTIM_SGD: {
-      auto o = torch::optim::SGDOptions(lr)
-                   .momentum(hyper_at(h, n, 1, 0.0))
-                   .dampening(hyper_at(h, n, 2, 0.0))
-                   .weight_decay(hyper_at(h, n, 3, 0.0))
-                   .nesterov(hyper_at(h, n, 4, 0.0) != 0.0);
-      require_nonnegative(o.momentum(), "momentum");
-      require_nonnegative(o.weight_decay(), "weight_decay");
-      if (o.nesterov() && (o.momentum() <= 0 || o.dampening() != 0)) {
-        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "nesterov momentum requires a momentum and zero dampening");
-      }
-      return std::make_unique<torch::optim::SGD>(params, o);
-    }
-    case FTC_OPTIM_ADAM:
-    case FTC_OPTIM_ADAMW: {
-      const double b1 = hyper_at(h, n, 1, 0.9), b2 = hyper_at(h, n, 2, 0.999), eps = hyper_at(h, n, 3, 1e-8);
-      const double wd = hyper_at(h, n, 4, kind == FTC_OPTIM_ADAMW ? 1e-2 : 0.0);
-      const bool amsgrad = hyper_at(h, n, 5, 0.0) != 0.0;
-      if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1)) {
-        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "betas must be in [0, 1)");
-      }
-      require_nonnegative(eps, "eps");
-      require_nonnegative(wd, "weight_decay");
-      if (kind == FTC_OPTIM_ADAM) {
-        return std::make_unique<torch::optim::Adam>(
-            params, torch::optim::AdamOptions(lr).betas({b1, b2}).eps(eps).weight_decay(wd).amsgrad(amsgrad));
-      }
-      return std::make_unique<torch::optim::AdamW>(
-          params, torch::optim::AdamWOptions(lr).betas({b1, b2}).eps(eps).weight_decay(wd).amsgrad(amsgrad));
-    }
-    case FTC_OPTIM_RMSPROP: {
-      auto o = torch::optim::RMSpropOptions(lr)
-                   .alpha(hyper_at(h, n, 1, 0.99))
-                   .eps(hyper_at(h, n, 2, 1e-8))
-                   .weight_decay(hyper_at(h, n, 3, 0.0))
-                   .momentum(hyper_at(h, n, 4, 0.0))
-                   .centered(hyper_at(h, n, 5, 0.0) != 0.0);
-      require_nonnegative(o.alpha(), "alpha");
-      require_nonnegative(o.eps(), "eps");
-      require_nonnegative(o.weight_decay(), "weight_decay");
-      require_nonnegative(o.momentum(), "momentum");
-      return std::make_unique<torch::optim::RMSprop>(params, o);
-    }
-    case FTC_OPTIM_ADAGRAD: {
-      auto o = torch::optim::AdagradOptions(lr)
-                   .lr_decay(hyper_at(h, n, 1, 0.0))
-                   .weight_decay(hyper_at(h, n, 2, 0.0))
-                   .initial_accumulator_value(hyper_at(h, n, 3, 0.0))
-                   .eps(hyper_at(h, n, 4, 1e-10));
-      require_nonnegative(o.lr_decay(), "lr_decay");
-      require_nonnegative(o.weight_decay(), "weight_decay");
-      require_nonnegative(o.initial_accumulator_value(), "initial_accumulator_value");
-      return std::make_unique<torch::optim::Adagrad>(params, o);
-    }
-    case FTC_OPTIM_LBFGS: {
-      auto o = torch::optim::LBFGSOptions(lr)
-                   .max_iter(static_cast<int64_t>(hyper_at(h, n, 1, 20)))
-                   .tolerance_grad(hyper_at(h, n, 3, 1e-7))
-                   .tolerance_change(hyper_at(h, n, 4, 1e-9))
-                   .history_size(static_cast<int64_t>(hyper_at(h, n, 5, 100)));
-      const double max_eval = hyper_at(h, n, 2, 0.0);
-      if (max_eval > 0) o.max_eval(static_cast<int64_t>(max_eval));
-      if (hyper_at(h, n, 6, 0.0) != 0.0) o.line_search_fn("strong_wolfe");
-      if (o.max_iter() < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "max_iter must be at least 1");
-      return std::make_unique<torch::optim::LBFGS>(params, o);
-    }
-    default:
-      ftc::fail_unknown(ftc::ftc_optim_kind_table, kind);
-  }
+// The options structure of an optimizer or scheduler: a null pointer is an error naming it.
+template <class Options>
+const Options &options_of(const Options *options) {
+  if (options == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "options is a null pointer (start from the _DEFAULTS)");
+  return *options;
 }
 
-bool is_better(const ftc::Scheduler &s, double a, double best) {
-  const bool max_mode = s.params[0] != 0.0;
-  const double threshold = s.params[3];
-  const bool abs_mode = s.params[4] != 0.0;
-  if (!max_mode && !abs_mode) return a < best * (1.0 - threshold);
-  if (!max_mode && abs_mode) return a < best - threshold;
-  if (max_mode && !abs_mode) return a > best * (threshold + 1.0);
-  return a > best + threshold;
+void require_betas(double b1, double b2) {
+  if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "betas must be in [0, 1)");
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<at::Tensor> &params,
+                                                        const ftc_sgd_options &h) {
+  auto o = torch::optim::SGDOptions(h.lr).momentum(h.momentum).dampening(h.dampening).weight_decay(h.weight_decay)
+               .nesterov(h.nesterov != 0);
+  require_nonnegative(o.momentum(), "momentum");
+  require_nonnegative(o.weight_decay(), "weight_decay");
+  if (o.nesterov() && (o.momentum() <= 0 || o.dampening() != 0)) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "nesterov momentum requires a momentum and zero dampening");
+  }
+  return std::make_unique<torch::optim::SGD>(params, o);
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<at::Tensor> &params,
+                                                        const ftc_adam_options &h) {
+  require_betas(h.beta1, h.beta2);
+  require_nonnegative(h.eps, "eps");
+  require_nonnegative(h.weight_decay, "weight_decay");
+  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(h.lr)
+                                                          .betas({h.beta1, h.beta2})
+                                                          .eps(h.eps)
+                                                          .weight_decay(h.weight_decay)
+                                                          .amsgrad(h.amsgrad != 0));
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<at::Tensor> &params,
+                                                        const ftc_adamw_options &h) {
+  require_betas(h.beta1, h.beta2);
+  require_nonnegative(h.eps, "eps");
+  require_nonnegative(h.weight_decay, "weight_decay");
+  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(h.lr)
+                                                           .betas({h.beta1, h.beta2})
+                                                           .eps(h.eps)
+                                                           .weight_decay(h.weight_decay)
+                                                           .amsgrad(h.amsgrad != 0));
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<at::Tensor> &params,
+                                                        const ftc_rmsprop_options &h) {
+  auto o = torch::optim::RMSpropOptions(h.lr).alpha(h.alpha).eps(h.eps).weight_decay(h.weight_decay)
+               .momentum(h.momentum).centered(h.centered != 0);
+  require_nonnegative(o.alpha(), "alpha");
+  require_nonnegative(o.eps(), "eps");
+  require_nonnegative(o.weight_decay(), "weight_decay");
+  require_nonnegative(o.momentum(), "momentum");
+  return std::make_unique<torch::optim::RMSprop>(params, o);
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<at::Tensor> &params,
+                                                        const ftc_adagrad_options &h) {
+  auto o = torch::optim::AdagradOptions(h.lr).lr_decay(h.lr_decay).weight_decay(h.weight_decay)
+               .initial_accumulator_value(h.initial_accumulator_value).eps(h.eps);
+  require_nonnegative(o.lr_decay(), "lr_decay");
+  require_nonnegative(o.weight_decay(), "weight_decay");
+  require_nonnegative(o.initial_accumulator_value(), "initial_accumulator_value");
+  return std::make_unique<torch::optim::Adagrad>(params, o);
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<at::Tensor> &params,
+                                                        const ftc_lbfgs_options &h) {
+  auto o = torch::optim::LBFGSOptions(h.lr).max_iter(h.max_iter).tolerance_grad(h.tolerance_grad)
+               .tolerance_change(h.tolerance_change).history_size(h.history_size);
+  if (h.max_eval > 0) o.max_eval(h.max_eval);
+  if (h.strong_wolfe != 0) o.line_search_fn("strong_wolfe");
+  if (o.max_iter() < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "max_iter must be at least 1");
+  if (h.history_size < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "history_size must be at least 1");
+  return std::make_unique<torch::optim::LBFGS>(params, o);
+}
+
+// Every optimizer's constructor: the parameters checked and flagged, the options by kind.
+template <class Options>
+int new_optimizer(ftc_optim *out, int kind, const ftc_tensor *params, int64_t n_params, const Options *options) {
+  return ftc::guard([&] {
+    const auto values = ftc::tensors_of(params, n_params, "parameter tensor");
+    ftc::out_arg(out, "out");
+    if (n_params < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "an optimizer needs at least one parameter tensor");
+    const Options &h = options_of(options);
+    require_nonnegative(h.lr, "learning rate");
+    auto state = std::make_shared<ftc::Optim>();
+    state->kind = kind;
+    for (int64_t i = 0; i < n_params; ++i) {
+      const at::Tensor &p = values[static_cast<size_t>(i)];
+      if (!p.is_leaf()) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter tensor " + std::to_string(i + 1) +
+                                                " is not a leaf (it was computed from other tensors)");
+      }
+      if (!p.is_floating_point()) {
+        ftc::fail(FTC_ERR_DTYPE, "parameter tensor " + std::to_string(i + 1) + " is not floating point");
+      }
+      state->params.push_back(p);
+    }
+    state->opt = make_optimizer(state->params, h);
+    // The optimizer updates these tensors in place: `=` on their handles must write in place too.
+    for (int64_t i = 0; i < n_params; ++i) ftc::tensor_slot(params[i]).flags |= ftc::kShared;
+    ftc::replace_handle<ftc::OptimTable>(out, std::move(state));
+  });
+}
+
+bool is_better(const ftc_plateau_options &o, double a, double best) {
+  const bool max_mode = o.mode != 0, abs_mode = o.threshold_mode != 0;
+  if (!max_mode && !abs_mode) return a < best * (1.0 - o.threshold);
+  if (!max_mode && abs_mode) return a < best - o.threshold;
+  if (max_mode && !abs_mode) return a > best * (o.threshold + 1.0);
+  return a > best + o.threshold;
+}
+
+// Every scheduler's constructor: the kind's settings checked and stored by set(s).
+template <class Set>
+int new_scheduler(ftc_scheduler *out, ftc_optim o, int kind, Set &&set) {
+  return ftc::guard([&] {
+    ftc::out_arg(out, "out");
+    auto &opt = ftc::optim_of(o);
+    ftc::Scheduler s;
+    s.kind = kind;
+    s.optim = ftc::optim_ptr(o);
+    set(s);
+    s.base_lr = ftc::get_lr(opt);
+    s.step(false, 0.0);  // PyTorch's initial step
+    ftc::replace_handle<ftc::SchedulerTable>(out, std::make_shared<ftc::Scheduler>(std::move(s)));
+  });
 }
 
 }  // namespace
@@ -123,7 +167,7 @@ void Scheduler::step(bool has_metric, double metric) {
     }
     if (!has_metric) fail(FTC_ERR_INVALID_ARGUMENT, "reduce-on-plateau needs the metric (the loss) at each step");
     last_epoch += 1;
-    if (is_better(*this, metric, best)) {
+    if (is_better(plateau, metric, best)) {
       best = metric;
       num_bad_epochs = 0;
     } else {
@@ -133,11 +177,10 @@ void Scheduler::step(bool has_metric, double metric) {
       cooldown_counter -= 1;
       num_bad_epochs = 0;
     }
-    const auto patience = static_cast<int64_t>(params[2]);
-    if (num_bad_epochs > patience) {
-      const double new_lr = std::max(lr * params[1], params[6]);
-      if (lr - new_lr > params[7]) set_lr(*optim, new_lr);
-      cooldown_counter = static_cast<int64_t>(params[5]);
+    if (num_bad_epochs > plateau.patience) {
+      const double new_lr = std::max(lr * plateau.factor, plateau.min_lr);
+      if (lr - new_lr > plateau.eps) set_lr(*optim, new_lr);
+      cooldown_counter = plateau.cooldown;
       num_bad_epochs = 0;
     }
     return;
@@ -146,20 +189,19 @@ void Scheduler::step(bool has_metric, double metric) {
   double next = lr;
   switch (kind) {
     case FTC_SCHED_STEP: {
-      const auto step_size = static_cast<int64_t>(params[0]);
-      if (last_epoch != 0 && last_epoch % step_size == 0) next = lr * params[1];
+      if (last_epoch != 0 && last_epoch % step_lr.step_size == 0) next = lr * step_lr.gamma;
       break;
     }
     case FTC_SCHED_MULTISTEP: {
       const auto hits = std::count(milestones.begin(), milestones.end(), last_epoch);
-      if (hits > 0) next = lr * std::pow(params[0], static_cast<double>(hits));
+      if (hits > 0) next = lr * std::pow(multistep.gamma, static_cast<double>(hits));
       break;
     }
     case FTC_SCHED_EXPONENTIAL:
-      if (!initial) next = lr * params[0];
+      if (!initial) next = lr * exponential_gamma;
       break;
     case FTC_SCHED_COSINE: {
-      const double t_max = params[0], eta_min = params[1];
+      const double t_max = static_cast<double>(cosine.t_max), eta_min = cosine.eta_min;
       const double e = static_cast<double>(last_epoch);
       if (initial) break;
       const auto period = static_cast<int64_t>(2 * t_max);
@@ -171,7 +213,8 @@ void Scheduler::step(bool has_metric, double metric) {
       break;
     }
     case FTC_SCHED_LINEAR: {
-      const double start = params[0], end = params[1], total = params[2];
+      const double start = linear.start_factor, end = linear.end_factor;
+      const double total = static_cast<double>(linear.total_iters);
       if (last_epoch == 0) {
         next = lr * start;
       } else if (last_epoch <= static_cast<int64_t>(total)) {
@@ -206,33 +249,25 @@ void Scheduler::set_state(const std::vector<double> &v) {
 
 extern "C" {
 
-int ftc_optim_new(ftc_optim *out, int kind, const ftc_tensor *params, int64_t n_params, const double *hyper,
-                  int n_hyper) {
-  return ftc::guard([&] {
-    const auto values = ftc::tensors_of(params, n_params, "parameter tensor");
-    ftc::out_arg(out, "out");
-    if (n_params < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "an optimizer needs at least one parameter tensor");
-    if (n_hyper < 0 || (n_hyper > 0 && hyper == nullptr)) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "invalid hyper-parameter list (n_hyper = " + std::to_string(n_hyper) + ")");
-    }
-    auto state = std::make_shared<ftc::Optim>();
-    state->kind = kind;
-    for (int64_t i = 0; i < n_params; ++i) {
-      const at::Tensor &p = values[static_cast<size_t>(i)];
-      if (!p.is_leaf()) {
-        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter tensor " + std::to_string(i + 1) +
-                                                " is not a leaf (it was computed from other tensors)");
-      }
-      if (!p.is_floating_point()) {
-        ftc::fail(FTC_ERR_DTYPE, "parameter tensor " + std::to_string(i + 1) + " is not floating point");
-      }
-      state->params.push_back(p);
-    }
-    state->opt = make_optimizer(kind, state->params, hyper, n_hyper);
-    // The optimizer updates these tensors in place: `=` on their handles must write in place too.
-    for (int64_t i = 0; i < n_params; ++i) ftc::tensor_slot(params[i]).flags |= ftc::kShared;
-    ftc::replace_handle<ftc::OptimTable>(out, std::move(state));
-  });
+int ftc_optim_sgd(ftc_optim *out, const ftc_tensor *params, int64_t n_params, const ftc_sgd_options *options) {
+  return new_optimizer(out, FTC_OPTIM_SGD, params, n_params, options);
+}
+int ftc_optim_adam(ftc_optim *out, const ftc_tensor *params, int64_t n_params, const ftc_adam_options *options) {
+  return new_optimizer(out, FTC_OPTIM_ADAM, params, n_params, options);
+}
+int ftc_optim_adamw(ftc_optim *out, const ftc_tensor *params, int64_t n_params, const ftc_adamw_options *options) {
+  return new_optimizer(out, FTC_OPTIM_ADAMW, params, n_params, options);
+}
+int ftc_optim_rmsprop(ftc_optim *out, const ftc_tensor *params, int64_t n_params,
+                      const ftc_rmsprop_options *options) {
+  return new_optimizer(out, FTC_OPTIM_RMSPROP, params, n_params, options);
+}
+int ftc_optim_adagrad(ftc_optim *out, const ftc_tensor *params, int64_t n_params,
+                      const ftc_adagrad_options *options) {
+  return new_optimizer(out, FTC_OPTIM_ADAGRAD, params, n_params, options);
+}
+int ftc_optim_lbfgs(ftc_optim *out, const ftc_tensor *params, int64_t n_params, const ftc_lbfgs_options *options) {
+  return new_optimizer(out, FTC_OPTIM_LBFGS, params, n_params, options);
 }
 
 int ftc_optim_step(ftc_optim o) {
@@ -318,34 +353,50 @@ int ftc_optim_clip_grad_value(ftc_optim o, double clip_value) {
   });
 }
 
-int ftc_scheduler_new(ftc_scheduler *out, ftc_optim o, int kind, const double *params, int n_params,
-                      const int64_t *milestones, int n_milestones) {
-  return ftc::guard([&] {
-    ftc::out_arg(out, "out");
-    auto &opt = ftc::optim_of(o);
-    static constexpr int needed[] = {2, 1, 1, 2, 8, 3};
-    if (n_params < 0 || (n_params > 0 && params == nullptr)) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "invalid scheduler parameter list");
-    if (n_milestones < 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "negative number of milestones");
-    if (kind < 0 || kind > FTC_SCHED_LINEAR) ftc::fail_unknown(ftc::ftc_scheduler_kind_table, kind);
-    if (n_params < needed[kind]) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "too few scheduler parameters");
-    ftc::Scheduler s;
-    s.kind = kind;
-    s.optim = ftc::optim_ptr(o);
-    s.params.assign(params, params + n_params);
-    if (milestones != nullptr) s.milestones.assign(milestones, milestones + n_milestones);
-    if (kind == FTC_SCHED_STEP && s.params[0] < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "step_size must be >= 1");
-    if (kind == FTC_SCHED_COSINE && s.params[0] < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "T_max must be >= 1");
-    if (kind == FTC_SCHED_LINEAR && (s.params[0] <= 0 || s.params[0] > 1 || s.params[1] < 0 || s.params[1] > 1)) {
+int ftc_scheduler_step_lr(ftc_scheduler *out, ftc_optim o, const ftc_step_lr_options *options) {
+  return new_scheduler(out, o, FTC_SCHED_STEP, [&](ftc::Scheduler &s) {
+    s.step_lr = options_of(options);
+    if (s.step_lr.step_size < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "step_size must be >= 1");
+  });
+}
+
+int ftc_scheduler_multistep_lr(ftc_scheduler *out, ftc_optim o, const int64_t *milestones, int n_milestones,
+                               const ftc_multistep_lr_options *options) {
+  return new_scheduler(out, o, FTC_SCHED_MULTISTEP, [&](ftc::Scheduler &s) {
+    s.multistep = options_of(options);
+    if (n_milestones < 0 || (n_milestones > 0 && milestones == nullptr)) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "invalid list of milestones (n_milestones = " + std::to_string(n_milestones) + ")");
+    }
+    s.milestones.assign(milestones, milestones + n_milestones);
+  });
+}
+
+int ftc_scheduler_exponential_lr(ftc_scheduler *out, ftc_optim o, double gamma) {
+  return new_scheduler(out, o, FTC_SCHED_EXPONENTIAL, [&](ftc::Scheduler &s) { s.exponential_gamma = gamma; });
+}
+
+int ftc_scheduler_cosine_annealing_lr(ftc_scheduler *out, ftc_optim o, const ftc_cosine_lr_options *options) {
+  return new_scheduler(out, o, FTC_SCHED_COSINE, [&](ftc::Scheduler &s) {
+    s.cosine = options_of(options);
+    if (s.cosine.t_max < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "T_max must be >= 1");
+  });
+}
+
+int ftc_scheduler_linear_lr(ftc_scheduler *out, ftc_optim o, const ftc_linear_lr_options *options) {
+  return new_scheduler(out, o, FTC_SCHED_LINEAR, [&](ftc::Scheduler &s) {
+    s.linear = options_of(options);
+    const auto &l = s.linear;
+    if (l.start_factor <= 0 || l.start_factor > 1 || l.end_factor < 0 || l.end_factor > 1) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "start_factor must be in (0, 1] and end_factor in [0, 1]");
     }
-    if (kind == FTC_SCHED_PLATEAU) {
-      if (s.params[1] >= 1.0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "factor must be < 1");
-      s.best = s.params[0] != 0.0 ? -std::numeric_limits<double>::infinity()
-                                  : std::numeric_limits<double>::infinity();
-    }
-    s.base_lr = ftc::get_lr(opt);
-    s.step(false, 0.0);  // PyTorch's initial step
-    ftc::replace_handle<ftc::SchedulerTable>(out, std::make_shared<ftc::Scheduler>(std::move(s)));
+  });
+}
+
+int ftc_scheduler_reduce_on_plateau(ftc_scheduler *out, ftc_optim o, const ftc_plateau_options *options) {
+  return new_scheduler(out, o, FTC_SCHED_PLATEAU, [&](ftc::Scheduler &s) {
+    s.plateau = options_of(options);
+    if (s.plateau.factor >= 1.0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "factor must be < 1");
+    s.best = s.plateau.mode != 0 ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
   });
 }
 

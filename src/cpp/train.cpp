@@ -279,7 +279,9 @@ at::Tensor step_loss(TrainStep &step) {
     fail(FTC_ERR_INVALID_ARGUMENT, std::string("the model returned a ") + result.tagKind() +
                                        "; a training step needs a Tensor (or a tuple starting with one)");
   }
-  at::Tensor l = compute_loss(step.loss_kind, output, step.target, {}, {}, step.reduction, -100, 1.0, 0.0);
+  ftc_loss_options options = FTC_LOSS_OPTIONS_DEFAULTS;
+  options.reduction = step.reduction;
+  at::Tensor l = compute_loss(step.loss_kind, output, step.target, {}, {}, options);
   l.backward();
   return l.detach();
 }

@@ -289,7 +289,9 @@ int main(int argc, char **argv) {
   ftc_optim odev = NULL, ocpu = NULL;
   /* SGD: lr 0.05, momentum 0.5 (so the optimizer has state on the device for the checkpoint),
    * dampening 0, weight decay 0, no Nesterov. */
-  const double sgd[5] = {0.05, 0.5, 0.0, 0.0, 0.0};
+  ftc_sgd_options sgd = FTC_SGD_OPTIONS_DEFAULTS;
+  sgd.lr = 0.05;
+  sgd.momentum = 0.5;
   {
     double loss[6] = {0};
     int steps_ok = 1, decreasing = 1, all_on_dev = 1;
@@ -297,7 +299,7 @@ int main(int argc, char **argv) {
           "ftc_model_parameters: 4 parameter tensors (2 weights, 2 biases), copied to the host");
     for (int64_t i = 0; i < np; ++i) all_on_dev = all_on_dev && on_device(pdev[i], dev);
     check(all_on_dev, "the parameter handles are on the device");
-    check(ftc_optim_new(&odev, FTC_OPTIM_SGD, pdev, np, sgd, 5) == FTC_OK, "ftc_optim_new: SGD over them");
+    check(ftc_optim_sgd(&odev, pdev, np, &sgd) == FTC_OK, "ftc_optim_sgd: SGD over them");
     check(new_on(&tdev, target, 2, yshape, dev, 1) == FTC_OK && on_device(tdev, dev), "a target on the device");
     for (int s = 0; s < 6; ++s) {
       steps_ok = steps_ok && ftc_train_step(mdev, odev, NULL, &xdev, 1, tdev, FTC_LOSS_MSE, FTC_REDUCTION_MEAN, 0.0,
@@ -329,7 +331,7 @@ int main(int argc, char **argv) {
     check(params_of(mcpu, pcpu, &npc, cpu_values, &nvc) == FTC_OK && npc == np && nvc == nv &&
               max_diff(cpu_values, after, nv) > 1e-6,
           "before loading, the CPU model's parameters differ from the trained ones");
-    check(ftc_optim_new(&ocpu, FTC_OPTIM_SGD, pcpu, npc, sgd, 5) == FTC_OK, "an SGD optimizer on the CPU model");
+    check(ftc_optim_sgd(&ocpu, pcpu, npc, &sgd) == FTC_OK, "an SGD optimizer on the CPU model");
     check(ftc_checkpoint_load(ckpt_file, mcpu, ocpu, NULL, &step) == FTC_OK && step == 6,
           "ftc_checkpoint_load into the model loaded on the CPU (and its optimizer)");
     int64_t k = 0;
