@@ -2,6 +2,9 @@
 # Sets FTORCH_TORCH_VERSION (e.g. 2.13.0+cpu), FTORCH_TORCH_ROOT (the torch package dir) and
 # FTORCH_TORCH_CUDA (torch's CUDA release, empty for a CPU build).
 find_package(Python COMPONENTS Interpreter REQUIRED)
+# The project's one torch pin (pyproject.toml's build requirements), for the messages below.
+file(STRINGS "${CMAKE_CURRENT_SOURCE_DIR}/pyproject.toml" _ftorch_pin_line REGEX "\"torch==[^\"]+\"")
+string(REGEX REPLACE ".*\"(torch==[^\"]+)\".*" "\\1" FTORCH_TORCH_PIN "${_ftorch_pin_line}")
 execute_process(
   COMMAND "${Python_EXECUTABLE}" -c
     "import os, torch; print(torch.__version__); print(os.path.dirname(torch.__file__)); print(torch.version.cuda or '')"
@@ -11,7 +14,7 @@ execute_process(
   OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT _torch_rc EQUAL 0)
   message(FATAL_ERROR "FTorch needs the torch Python package in the build environment "
-    "(${Python_EXECUTABLE}): ${_torch_err}\nInstall it (pip install torch==2.13.0) and build with "
+    "(${Python_EXECUTABLE}): ${_torch_err}\nInstall it (pip install ${FTORCH_TORCH_PIN}) and build with "
     "pip install --no-build-isolation .")
 endif()
 string(REPLACE "\n" ";" _torch_info "${_torch_info}")

@@ -6,7 +6,15 @@ changes between releases, so the wheel we produce must require exactly that rele
 
 from __future__ import annotations
 
+import pathlib
+import re
 from importlib import metadata
+
+
+def default_torch_pin() -> str:
+    """The project's one torch pin, "torch==X.Y.Z", from pyproject.toml's build requirements."""
+    text = (pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    return re.search(r'"(torch==[^"]+)"', text).group(1)
 
 
 def _public_version(version: str) -> str:
@@ -23,7 +31,7 @@ def dynamic_metadata(field, settings=None, project=None):
     except metadata.PackageNotFoundError as exc:
         raise RuntimeError(
             "torch must be installed in the build environment: the C++ layer is compiled "
-            "against its LibTorch (pip install torch==2.13.0, then build with "
+            f"against its LibTorch (pip install {default_torch_pin()}, then build with "
             "--no-build-isolation)"
         ) from exc
     return [f"torch=={_public_version(torch_version)}"]

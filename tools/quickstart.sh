@@ -40,8 +40,10 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 py="$venv/bin/python"
-echo "==> installing torch==2.13.0 and build tools into $venv"
-"$py" -m pip install -q "torch==2.13.0" "scikit-build-core==1.1.2" "cmake>=3.21" ninja "fpm==0.12.0" fypp \
+# The project's one torch pin: pyproject.toml's build requirement.
+torch_pin=$(grep -o '"torch==[^"]*"' "$repo/pyproject.toml" | tr -d '"')
+echo "==> installing $torch_pin and build tools into $venv"
+"$py" -m pip install -q "$torch_pin" "scikit-build-core==1.1.2" "cmake>=3.21" ninja "fpm==0.12.0" fypp \
   pytest numpy matplotlib "ford~=7.0"  # ford: API reference, tools/build_docs.py (uses FORD 7's Python API)
 
 echo "==> building and installing FTorch"

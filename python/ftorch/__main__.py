@@ -33,10 +33,10 @@ def _unexpected(prog: str, exc: BaseException) -> int:
     return 1
 
 
-def export_main(argv: list[str]) -> int:
+def _add_export(subparsers) -> None:
     prog = "python -m ftorch export"
-    parser = argparse.ArgumentParser(
-        prog=prog,
+    parser = subparsers.add_parser(
+        "export", help="write a model for Fortran and check it",
         description="Write a PyTorch model as TorchScript (-o) and/or an AOTInductor package (--pt2) for "
                     "Fortran, then load each file back, run it on inputs laid out as Fortran passes them "
                     "(column-major) and compare with the eager model.",
@@ -81,8 +81,11 @@ def export_main(argv: list[str]) -> int:
                         help="float32 or float64: convert the model's parameters and buffers, and the inputs "
                              "given without a dtype, to it (default: as the model is, inputs float32)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = parser.parse_args(argv)
+    parser.set_defaults(run=_run_export)
 
+
+def _run_export(args, parser) -> int:
+    prog = parser.prog
     from ._export import ExportError, UsageError, export
 
     try:
@@ -114,10 +117,9 @@ def export_main(argv: list[str]) -> int:
     return 0
 
 
-def inspect_main(argv: list[str]) -> int:
-    prog = "python -m ftorch inspect"
-    parser = argparse.ArgumentParser(
-        prog=prog,
+def _add_inspect(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "inspect", help="inputs, outputs, parameters and a Fortran snippet of a model",
         description="Show what Fortran code needs to call a TorchScript model or an AOTInductor package "
                     "(.pt2): forward's inputs and outputs, parameters and buffers, training mode, and a "
                     "Fortran snippet.",
@@ -128,8 +130,11 @@ def inspect_main(argv: list[str]) -> int:
                              "the outputs' shapes")
     parser.add_argument("--device", default="cpu", help="device to load a TorchScript model on (default cpu)")
     parser.add_argument("--json", action="store_true", help="print the description as JSON")
-    args = parser.parse_args(argv)
+    parser.set_defaults(run=_run_inspect)
 
+
+def _run_inspect(args, parser) -> int:
+    prog = parser.prog
     from ._export import ExportError
     from ._inspect import format_inspection, inspect_model
 
@@ -143,48 +148,83 @@ def inspect_main(argv: list[str]) -> int:
     return 0
 
 
-def modules_main(command: str, argv: list[str]) -> int:
+def _add_modules(subparsers) -> None:
     """check-modules: can a compiler use the prebuilt module files; build-modules: build them for
     another compiler into a directory with its own ftorch.pc."""
     from . import _modules
 
-    prog = f"python -m ftorch {command}"
-    parser = argparse.ArgumentParser(prog=prog, description=(_modules.check_compiler if command == "check-modules"
-                                                             else _modules.build_modules).__doc__)
-    parser.add_argument("--fc", required=True, help="Fortran compiler (a command such as gfortran, flang-new-19, ifx)")
-    if command == "check-modules":
-        parser.add_argument("--module-dir", help="directory of the .mod files (default: the prebuilt ones)")
-    else:
-        parser.add_argument("--prefix", required=True, help="directory to write include/fortran, lib/libftorch.a "
-                                                            "and lib/pkgconfig/ftorch.pc into")
-        parser.add_argument("--flags", default="-O2", help='compiler flags (default "-O2")')
-        parser.add_argument("-v", "--verbose", action="store_true", help="print each compile command")
-    args = parser.parse_args(argv)
-    if command == "check-modules":
-        check = _modules.check_compiler(args.fc, args.module_dir)
-        print(check.message, file=sys.stdout if check.ok else sys.stderr)
-        return 0 if check.ok else 1
+    check = subparsers.add_parser("check-modules", help="can a Fortran compiler use the prebuilt modules",
+                                  description=_modules.check_compiler.__doc__)
+    build = subparsers.add_parser("build-modules", help="build the Fortran modules for another compiler",
+                                  description=_modules.build_modules.__doc__)
+    for parser in (check, build):
+        parser.add_argument("--fc", required=True,
+                            help="Fortran compiler (a command such as gfortran, flang-new-19, ifx)")
+    check.add_argument("--module-dir", help="directory of the .mod files (default: the prebuilt ones)")
+    build.add_argument("--prefix", required=True, help="directory to write include/fortran, lib/libftorch.a "
+                                                       "and lib/pkgconfig/ftorch.pc into")
+    build.add_argument("--flags", default="-O2", help='compiler flags (default "-O2")')
+    build.add_argument("-v", "--verbose", action="store_true", help="print each compile command")
+    check.set_defaults(run=_run_check_modules)
+    build.set_defaults(run=_run_build_modules)
+
+
+def _run_check_modules(args, parser) -> int:
+    from . import _modules
+
+    check = _modules.check_compiler(args.fc, args.module_dir)
+    print(check.message, file=sys.stdout if check.ok else sys.stderr)
+    return 0 if check.ok else 1
+
+
+def _run_build_modules(args, parser) -> int:
+    from . import _modules
+
     try:
         pc = _modules.build_modules(args.fc, args.prefix, args.flags.split(), verbose=args.verbose)
     except RuntimeError as exc:
-        return _fail(prog, exc)
+        return _fail(parser.prog, exc)
     print(f"built FTorch's modules with {args.fc}; use them with:\n"
           f"  export PKG_CONFIG_PATH={pc.parent}${{PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}}\n"
           f"  {args.fc} app.f90 $(pkg-config --cflags --libs ftorch)\n{pc}")
     return 0
 
 
+def _add_doctor_and_plot(subparsers) -> None:
+    doctor = subparsers.add_parser("doctor", help="check this installation and the tools around it")
+    doctor.set_defaults(run=_run_doctor)
+    plot = subparsers.add_parser("plot-loss", help="loss curve of a training log")
+    plot.add_argument("log", help="training log (the lines torch_train_step writes)")
+    plot.add_argument("-o", "--output", help="PNG to write (default: LOG with .png)")
+    plot.set_defaults(run=_run_plot_loss)
+
+
+def _run_doctor(args, parser) -> int:
+    from ._doctor import run
+
+    return run()
+
+
+def _run_plot_loss(args, parser) -> int:
+    from pathlib import Path
+
+    from .plot import plot_loss
+
+    try:
+        out = plot_loss(args.log, args.output or Path(args.log).with_suffix(".png"))
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("check-modules", "build-modules"):
-        return modules_main(argv[0], argv[1:])
-    if argv and argv[0] == "export":
-        return export_main(argv[1:])
-    if argv and argv[0] == "inspect":
-        return inspect_main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m ftorch",
-        description="Paths and flags for building Fortran programs against FTorch.",
+        description="Paths and flags for building Fortran programs against FTorch, and its tools "
+                    "(python -m ftorch COMMAND -h for each command).",
     )
     paths = parser.add_mutually_exclusive_group()
     paths.add_argument("--version", action="store_true", help="FTorch version and the torch it was built for")
@@ -204,39 +244,14 @@ def main(argv: list[str] | None = None) -> int:
                        help="the same module over mpif.h, for a compiler that cannot read your MPI's mpi_f08 module")
     paths.add_argument("--fpm-flags", action="store_true", help="value for FPM_LDFLAGS")
     paths.add_argument("--link-flags", action="store_true", help="linker flags for plain builds")
-    parser.add_argument("command", nargs="?",
-                        choices=["doctor", "plot-loss", "export", "inspect", "check-modules", "build-modules"],
-                        help="doctor: check this installation and the tools around it; "
-                             "check-modules --fc FC: can FC use the prebuilt Fortran modules; "
-                             "build-modules --fc FC --prefix DIR: build them for FC with their own ftorch.pc; "
-                             "plot-loss LOG [-o PNG]: loss curve of a training log; "
-                             "export MODEL --input SHAPE ... [-o FILE.pt] [--pt2 FILE.pt2]: write a model for "
-                             "Fortran and check it (export -h for more); "
-                             "inspect MODEL: inputs, outputs, parameters and a Fortran snippet (inspect -h)")
-    parser.add_argument("log", nargs="?", help="training log for plot-loss")
-    parser.add_argument("-o", "--output", help="PNG written by plot-loss (default: LOG with .png)")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_doctor_and_plot(subparsers)
+    _add_export(subparsers)
+    _add_inspect(subparsers)
+    _add_modules(subparsers)
     args = parser.parse_args(argv)
-
-    if args.command in ("export", "inspect"):
-        parser.error(f"{args.command} must come first: python -m ftorch {args.command} ...")
-    if args.command == "doctor":
-        from ._doctor import run
-
-        return run()
-    if args.command == "plot-loss":
-        from pathlib import Path
-
-        from .plot import plot_loss
-
-        if args.log is None:
-            parser.error("plot-loss needs the training log")
-        try:
-            out = plot_loss(args.log, args.output or Path(args.log).with_suffix(".png"))
-        except (OSError, ValueError, RuntimeError) as exc:
-            print(f"python -m ftorch plot-loss: {exc}", file=sys.stderr)
-            return 1
-        print(out)
-        return 0
+    if args.command is not None:
+        return args.run(args, subparsers.choices[args.command])
     if args.version:
         print(f"ftorch {ftorch.__version__} (built against torch {ftorch.torch_version})")
     elif args.cmake_prefix_path:

@@ -100,21 +100,14 @@ std::shared_ptr<Comm> &comm_of(ftc_comm h) {
   return s->value;
 }
 
-// The caller's dtype code for a tensor's elements.
+// The caller's dtype code for a tensor's elements (bool travels as its bytes, uint8).
 int wire_dtype(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Char: return FTC_INT8;
-    case c10::ScalarType::Short: return FTC_INT16;
-    case c10::ScalarType::Int: return FTC_INT32;
-    case c10::ScalarType::Long: return FTC_INT64;
-    case c10::ScalarType::Float: return FTC_FLOAT32;
-    case c10::ScalarType::Double: return FTC_FLOAT64;
-    case c10::ScalarType::Byte:
-    case c10::ScalarType::Bool: return FTC_UINT8;
-    default:
-      fail(FTC_ERR_DTYPE, std::string("collectives support int8/16/32/64, uint8, bool, float32 and float64 tensors, "
-                                      "not ") + c10::toString(t));
+  if (t == c10::ScalarType::Bool) return FTC_UINT8;
+  if (!c10::isIntegralType(t, false) && t != c10::ScalarType::Float && t != c10::ScalarType::Double) {
+    fail(FTC_ERR_DTYPE, std::string("collectives support int8/16/32/64, uint8, bool, float32 and float64 tensors, "
+                                    "not ") + c10::toString(t));
   }
+  return dtype_code(t);  // (an integer type FTorch has no code for, uint16 say, fails here)
 }
 
 // Device work that wrote t must be finished before the caller's library reads its memory.

@@ -285,8 +285,11 @@ void finish_train_step(TrainStep &step, double value, std::chrono::steady_clock:
 at::Tensor compute_loss(int kind, const at::Tensor &input, const at::Tensor &target, const at::Tensor &weight,
                         const at::Tensor &pos_weight, const ftc_loss_options &options);
 
-// FTorch dtype enumerator -> c10 scalar type (int8/16/32/64, float32/64 only).
+// FTorch dtype enumerator -> c10 scalar type (int8/16/32/64, float32/64 only), and a tensor's
+// c10 type -> its FTorch code (Error(FTC_ERR_DTYPE) for a type without one): one mapping
+// (runtime.cpp), checked against the enumerators at compile time.
 c10::ScalarType scalar_type(int dtype);
+int dtype_code(c10::ScalarType type);
 // FTorch device enumerator + index -> a device that is available, or Error(FTC_ERR_DEVICE).
 c10::Device device(int device_type, int device_index);
 // c10 device type -> FTorch enumerator.

@@ -167,28 +167,60 @@ void fail_unknown(const EnumTable &table, int value, int status) {
 }
 
 namespace {
-// The c10 type of an FTorch dtype that tensors support; Undefined for the others.
-c10::ScalarType supported_type(int dtype) noexcept {
-  switch (dtype) {
-    case FTC_INT8: return c10::ScalarType::Char;
-    case FTC_INT16: return c10::ScalarType::Short;
-    case FTC_INT32: return c10::ScalarType::Int;
-    case FTC_INT64: return c10::ScalarType::Long;
-    case FTC_FLOAT32: return c10::ScalarType::Float;
-    case FTC_FLOAT64: return c10::ScalarType::Double;
-    default: return c10::ScalarType::Undefined;
+// The one mapping between FTorch's dtype codes (ftorch_enums.fypp) and c10's scalar types, and
+// whether tensors made from Fortran arrays (and the dtype arguments of the API) support it.
+struct DtypeMapping {
+  int code;
+  c10::ScalarType type;
+  bool supported;
+};
+constexpr DtypeMapping kDtypes[] = {
+    {FTC_UINT8, c10::ScalarType::Byte, false},    {FTC_INT8, c10::ScalarType::Char, true},
+    {FTC_INT16, c10::ScalarType::Short, true},    {FTC_INT32, c10::ScalarType::Int, true},
+    {FTC_INT64, c10::ScalarType::Long, true},     {FTC_FLOAT16, c10::ScalarType::Half, false},
+    {FTC_FLOAT32, c10::ScalarType::Float, true},  {FTC_FLOAT64, c10::ScalarType::Double, true},
+    {FTC_BOOL, c10::ScalarType::Bool, false},     {FTC_BFLOAT16, c10::ScalarType::BFloat16, false},
+};
+// Every code of the table (and no other) is mapped, each once, and no c10 type twice: a dtype
+// added to ftorch_enums.fypp without its c10 type here does not compile.
+constexpr bool mapping_is_complete() {
+  if (std::size(kDtypes) != ftc_dtype_table.size) return false;
+  for (std::size_t i = 0; i < ftc_dtype_table.size; ++i) {
+    int found = 0;
+    for (const auto &d : kDtypes) found += d.code == ftc_dtype_table.names[i].value;
+    if (found != 1) return false;
   }
+  for (std::size_t i = 0; i < std::size(kDtypes); ++i) {
+    for (std::size_t j = i + 1; j < std::size(kDtypes); ++j) {
+      if (kDtypes[i].type == kDtypes[j].type) return false;
+    }
+  }
+  return true;
 }
-bool tensor_dtype(int dtype) { return supported_type(dtype) != c10::ScalarType::Undefined; }
+static_assert(mapping_is_complete(), "kDtypes must map every FTorch dtype code once (ftorch_enums.fypp)");
+
+bool tensor_dtype(int dtype) {
+  for (const auto &d : kDtypes) {
+    if (d.code == dtype) return d.supported;
+  }
+  return false;
+}
 }  // namespace
 
 c10::ScalarType scalar_type(int dtype) {
-  const c10::ScalarType t = supported_type(dtype);
-  if (t == c10::ScalarType::Undefined) {
-    fail(FTC_ERR_DTYPE, "unsupported dtype " + std::to_string(dtype) + " (supported: " +
-                            enum_choices(ftc_dtype_table, tensor_dtype) + ")");
+  for (const auto &d : kDtypes) {
+    if (d.code == dtype && d.supported) return d.type;
   }
-  return t;
+  fail(FTC_ERR_DTYPE, "unsupported dtype " + std::to_string(dtype) + " (supported: " +
+                          enum_choices(ftc_dtype_table, tensor_dtype) + ")");
+}
+
+int dtype_code(c10::ScalarType type) {
+  for (const auto &d : kDtypes) {
+    if (d.type == type) return d.code;
+  }
+  fail(FTC_ERR_DTYPE, std::string("a tensor of dtype ") + c10::toString(type) +
+                          " has no FTorch dtype code (known: " + enum_choices(ftc_dtype_table) + ")");
 }
 
 c10::Device device(int device_type, int device_index) {

@@ -325,7 +325,7 @@ int ftc_tensor_strides(ftc_tensor t, const int64_t **strides, int *ndims) {
 }
 
 int ftc_tensor_dtype(ftc_tensor t, int *dtype) {
-  return ftc::guard([&] { ftc::out_arg(dtype, "dtype") = static_cast<int>(ftc::tensor_of(t).scalar_type()); });
+  return ftc::guard([&] { ftc::out_arg(dtype, "dtype") = ftc::dtype_code(ftc::tensor_of(t).scalar_type()); });
 }
 
 int ftc_tensor_device(ftc_tensor t, int *device_type, int *device_index) {

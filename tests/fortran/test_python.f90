@@ -122,6 +122,16 @@ program test_python
   call torch_arglist_get(results, 1, r)
   call torch_tensor_to_array(r, out)
   call check_close(out, [0d0, 1d0, 2d0, 3d0, 4d0], 0d0, "a new tensor from Python")
+  ! Dtypes no Fortran array has: bool and bfloat16 are reported by name; a dtype FTorch has no
+  ! code for (complex) is an error, never a number outside the table.
+  call torch_pymodule_call(py, "dtypes", torch_arglist(), results)
+  call torch_arglist_get(results, 1, r)
+  call check(r%get_dtype() == torch_kBool, "a bool tensor reports torch_kBool")
+  call torch_arglist_get(results, 2, r)
+  call check(r%get_dtype() == torch_kBFloat16, "a bfloat16 tensor reports torch_kBFloat16")
+  call torch_arglist_get(results, 3, r)
+  i = r%get_dtype(stat=stat, errmsg=errmsg)
+  call check(stat == FTORCH_ERR_DTYPE .and. index(errmsg, "ComplexFloat") > 0, "a complex tensor has no FTorch dtype")
   f32 = [1.5, 2.5, 3.5, 4.5]
   call torch_tensor_from_array(g, f32, torch_kCPU)
   call torch_arglist_clear(args)

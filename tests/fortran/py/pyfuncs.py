@@ -46,6 +46,10 @@ def arange(n):
     return torch.arange(n, dtype=torch.float64)
 
 
+def dtypes():
+    return torch.tensor([1.0, -1.0]) > 0, torch.ones(2, dtype=torch.bfloat16), torch.ones(2, dtype=torch.complex64)
+
+
 def count():
     global calls
     calls += 1
