@@ -1,5 +1,5 @@
 # Locate the torch Python package the C++ layer is built against and its LibTorch CMake package.
-# Sets FTORCH_TORCH_VERSION (e.g. 2.13.0+cpu), FTORCH_TORCH_ROOT (the torch package dir) and
+# Sets FTORCH_TORCH_VERSION (e.g. X.Y.Z+cpu), FTORCH_TORCH_ROOT (the torch package dir) and
 # FTORCH_TORCH_CUDA (torch's CUDA release, empty for a CPU build).
 find_package(Python COMPONENTS Interpreter REQUIRED)
 # The project's one torch pin (pyproject.toml's build requirements), for the messages below.

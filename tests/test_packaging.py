@@ -6,6 +6,7 @@ consumers' strict Fortran flags."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import os
 import re
 import shutil
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TESTS, assert_all_passed, require_compiler, run, tool_env
+from conftest import REPO, TESTS, assert_all_passed, require_compiler, run, tool_env
 
 # What a wheel's library may need besides torch's own libraries (auditwheel's view: the C++
 # runtime and glibc's libraries, present on every Linux).
@@ -194,3 +195,16 @@ def test_consumer_with_strict_flags(installed, data_dir, tmp_path, case):
     assert not warnings, "\n".join(warnings[:20])
     assert_all_passed(run([bdir / "run_model", data_dir], check=False))
     assert assert_all_passed(run([bdir / "callbacks"], check=False)) == 5
+
+
+def test_one_torch_pin():
+    """The torch release is written once, in pyproject.toml's build requirements: the CMake
+    message, the metadata provider's message and quickstart.sh read it from there."""
+    pin = re.search(r'"(torch==[^"]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    version = pin.split("==")[1]
+    for path in ("cmake/FTorchTorch.cmake", "tools/ftorch_build_meta.py", "tools/quickstart.sh"):
+        assert version not in (REPO / path).read_text(), f"{path} repeats the torch pin {version}"
+    spec = importlib.util.spec_from_file_location("ftorch_build_meta_probe", REPO / "tools" / "ftorch_build_meta.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.default_torch_pin() == pin

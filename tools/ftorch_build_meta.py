@@ -18,7 +18,7 @@ def default_torch_pin() -> str:
 
 
 def _public_version(version: str) -> str:
-    # "2.13.0+cpu" -> "2.13.0": the local label names the build flavour, which pip's
+    # "X.Y.Z+cpu" -> "X.Y.Z": the local label names the build flavour, which pip's
     # "==" ignores when the requirement carries none.
     return version.split("+", 1)[0]
 

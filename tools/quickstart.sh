@@ -2,7 +2,7 @@
 # Set up everything on a fresh Debian/Ubuntu machine and run the demo:
 #   - Fortran compilers (gfortran; gfortran-11 and flang-19 too when available) and pkg-config, via apt if missing
 #   - OpenMPI (mpif90, mpirun) for data-parallel training (FTORCH_WITH_MPI=0 to skip)
-#   - a virtual environment .venv with torch==2.13.0 and the build/test tools
+#   - a virtual environment .venv with the torch of pyproject.toml (its one pin) and the build/test tools
 #   - FTorch itself, built against that torch
 #   - the demo: a Fortran simulation training a TorchScript MLP online (examples/06_online_training)
 # Usage: bash tools/quickstart.sh            (FTORCH_SKIP_DEMO=1 to only install)

@@ -308,10 +308,13 @@ int ftc_check_runtime(void) {
   return ftc::guard([] {});
 }
 
-void ftc_catch_begin(void) {
+int ftc_catch_begin(void) {
   try {
     ftc::catch_scopes.emplace_back();
-  } catch (...) {
+    return FTC_OK;
+  } catch (...) {  // (only std::bad_alloc can come here)
+    ftc::set_last_error("out of memory: no catch scope could be opened");
+    return FTC_ERR_INTERNAL;
   }
 }
 
@@ -339,11 +342,14 @@ int ftc_catch_end(int *status) {
   return 1;
 }
 
-void ftc_callback_scope_begin(void) {
+int ftc_callback_scope_begin(void) {
   try {
     ftc::catch_scopes.emplace_back();
     ftc::catch_scopes.back().barrier = true;
-  } catch (...) {
+    return FTC_OK;
+  } catch (...) {  // (only std::bad_alloc can come here)
+    ftc::set_last_error("out of memory: no callback scope could be opened");
+    return FTC_ERR_INTERNAL;
   }
 }
 
