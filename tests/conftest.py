@@ -21,6 +21,11 @@ COMPILERS = ["gfortran", "flang-new-19"]
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """The C++ unit tests first: fast, and the first to name a broken core."""
+    items.sort(key=lambda item: item.path.name != "test_unit.py")
+
+
 def run(cmd, *, cwd=None, env=None, check=True, timeout=1800):
     """Run a command, returning the completed process; on failure show its output."""
     proc = subprocess.run(
@@ -61,8 +66,9 @@ def wheel(tmp_path_factory) -> Path:
     if os.environ.get("FTORCH_TEST_USE_INSTALLED") == "1":
         return Path()
     out = tmp_path_factory.mktemp("wheel")
-    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", out, REPO],
-        env=tool_env())
+    # The C++ unit tests (tests/unit) are built beside the library from the same objects.
+    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", out,
+         "--config-settings=cmake.define.FTORCH_UNIT_TESTS=ON", REPO], env=tool_env())
     (whl,) = out.glob("ftorch-*.whl")
     run([sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", whl])
     return whl

@@ -66,9 +66,9 @@ def test_no_c_function_is_declared_by_hand():
     # includes ftorch_c.h, is the precompiled header of each source of the library), which is what
     # makes a differing definition an error.
     cmake = (REPO / "CMakeLists.txt").read_text()
-    assert "target_precompile_headers(ftorch_c PRIVATE src/cpp/internal.hpp)" in cmake
+    assert "target_precompile_headers(ftorch_c_objects PRIVATE src/cpp/internal.hpp)" in cmake
     assert '#include "ftorch_c.h"' in (REPO / "src" / "cpp" / "internal.hpp").read_text()
-    library_sources = re.search(r"add_library\(ftorch_c SHARED(.*?)\)", cmake, re.S).group(1)
+    library_sources = re.search(r"add_library\(ftorch_c_objects OBJECT(.*?)\)", cmake, re.S).group(1)
     for path in sorted((REPO / "src" / "cpp").glob("*.cpp")):
         if re.search(r"^(?:int|int64_t|void|double|const char \*)\s*ftc_\w+\(", path.read_text(), re.M):
             assert f"src/cpp/{path.name}" in library_sources, path.name

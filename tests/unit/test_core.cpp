@@ -1,0 +1,288 @@
+// Unit tests of the C++ core (GoogleTest): the handle tables, the exception boundary, catch
+// scopes, the dtype mapping, the lifetime rules of `=` one transition at a time, and the checks of
+// named options. Built with the library's own objects (FTORCH_UNIT_TESTS=ON) and run by
+// tests/test_unit.py before the end-to-end suite.
+#include <gtest/gtest.h>
+
+#include <new>
+#include <string>
+#include <vector>
+
+#include "internal.hpp"
+
+namespace {
+
+// A tensor over a Fortran-like array (column-major, 1-D here), as torch_tensor_from_array makes.
+ftc_tensor wrap(std::vector<double> &values) {
+  ftc_tensor t = nullptr;
+  const int64_t shape[] = {static_cast<int64_t>(values.size())};
+  EXPECT_EQ(ftc_tensor_from_blob(&t, values.data(), 1, shape, nullptr, nullptr, FTC_FLOAT64, FTC_CPU, -1, 0), FTC_OK);
+  return t;
+}
+
+std::vector<double> values_of(ftc_tensor t, int64_t n) {
+  std::vector<double> out(static_cast<size_t>(n));
+  const int64_t shape[] = {n};
+  EXPECT_EQ(ftc_tensor_copy_to_blob(t, out.data(), FTC_FLOAT64, 1, shape), FTC_OK);
+  return out;
+}
+
+std::string last_error() { return ftc_last_error(); }
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ handle tables
+
+TEST(HandleTable, AcquireFindRelease) {
+  auto &table = ftc::HandleTable<int>::instance();
+  const int64_t before = ftc::live_handle_count();
+  void *h = table.acquire(42);
+  ASSERT_NE(table.find(h), nullptr);
+  EXPECT_EQ(table.find(h)->value, 42);
+  EXPECT_EQ(ftc::live_handle_count(), before + 1);
+  EXPECT_TRUE(table.release(h));
+  EXPECT_EQ(table.find(h), nullptr) << "a released handle is stale";
+  EXPECT_FALSE(table.release(h)) << "releasing twice does nothing";
+  EXPECT_EQ(ftc::live_handle_count(), before);
+}
+
+TEST(HandleTable, AReusedSlotIsNotReachedThroughAnOldHandle) {
+  auto &table = ftc::HandleTable<int>::instance();
+  void *old = table.acquire(1);
+  ASSERT_TRUE(table.release(old));
+  void *reused = table.acquire(2);  // this thread's cache gives the slot back first
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(reused) & 0xfffffff, reinterpret_cast<uintptr_t>(old) & 0xfffffff);
+  EXPECT_NE(reused, old) << "the generation differs";
+  EXPECT_EQ(table.find(old), nullptr);
+  ASSERT_NE(table.find(reused), nullptr);
+  EXPECT_EQ(table.find(reused)->value, 2);
+  table.release(reused);
+}
+
+TEST(HandleTable, ForeignValuesAreRejected) {
+  auto &table = ftc::HandleTable<int>::instance();
+  EXPECT_EQ(table.find(nullptr), nullptr);
+  EXPECT_EQ(table.find(reinterpret_cast<void *>(0x12345678)), nullptr);
+  EXPECT_EQ(table.find(reinterpret_cast<void *>(~uintptr_t{0})), nullptr);
+}
+
+TEST(HandleTable, AStampedCopyNamesTheSameSlot) {
+  auto &table = ftc::HandleTable<int>::instance();
+  void *h = table.acquire(7);
+  auto *slot = table.find(h);
+  ASSERT_NE(slot, nullptr);
+  void *stamped = ftc::HandleTable<int>::restamp(h, *slot);
+  EXPECT_NE(stamped, h);
+  EXPECT_EQ(table.find(stamped), slot);
+  EXPECT_EQ(ftc::HandleTable<int>::unstamped(stamped), ftc::HandleTable<int>::unstamped(h));
+  EXPECT_EQ(ftc::HandleTable<int>::stamp_of(stamped), 1);
+  table.release(h);
+}
+
+// ------------------------------------------------------------------------------ the exception boundary
+
+TEST(Guard, AnErrorBecomesItsStatusAndTheLastError) {
+  EXPECT_EQ(ftc::guard([] { ftc::fail(FTC_ERR_DTYPE, "a reason"); }), FTC_ERR_DTYPE);
+  EXPECT_EQ(last_error(), "a reason");
+  EXPECT_EQ(ftc_last_error_length(), 8);
+  EXPECT_EQ(ftc::guard([] {}), FTC_OK);
+  EXPECT_EQ(last_error(), "") << "a call that succeeds clears the last error";
+}
+
+TEST(Guard, OutOfMemoryAndForeignExceptionsAreReported) {
+  EXPECT_NE(ftc::guard([] { throw std::bad_alloc(); }), FTC_OK);
+  EXPECT_EQ(last_error(), "out of memory");
+  EXPECT_NE(ftc::guard([] { throw 3; }), FTC_OK);
+  EXPECT_EQ(last_error(), "unknown C++ exception");
+  EXPECT_EQ(ftc::guard([] { (void)at::ones({2}).view({3}); }), FTC_ERR_TORCH);
+  EXPECT_EQ(last_error().find("Exception raised from"), std::string::npos) << "no C++ backtrace in messages";
+}
+
+// ------------------------------------------------------------------------------ catch scopes
+
+TEST(CatchScopes, TheFirstFailureIsKept) {
+  int status = -1;
+  EXPECT_EQ(ftc_catch_end(&status), 0) << "no scope open";
+  ASSERT_EQ(ftc_catch_begin(), FTC_OK);
+  EXPECT_EQ(ftc_catch_record(FTC_ERR_IO, "first", 5), 1);
+  EXPECT_EQ(ftc_catch_record(FTC_ERR_DTYPE, "second", 6), 1);
+  EXPECT_EQ(ftc_catch_end(&status), 1);
+  EXPECT_EQ(status, FTC_ERR_IO);
+  EXPECT_EQ(last_error(), "first");
+  EXPECT_EQ(ftc_catch_record(FTC_ERR_IO, "outside", 7), 0) << "no scope: the binding stops instead";
+}
+
+TEST(CatchScopes, ACallbackScopeIsABarrier) {
+  int status = -1;
+  ASSERT_EQ(ftc_catch_begin(), FTC_OK);        // the caller's scope
+  ASSERT_EQ(ftc_callback_scope_begin(), FTC_OK);
+  ASSERT_EQ(ftc_catch_begin(), FTC_OK);        // opened by the callback, never closed
+  EXPECT_EQ(ftc_catch_end(&status), 1);
+  EXPECT_EQ(ftc_catch_end(&status), 0) << "the callback cannot close its barrier";
+  ASSERT_EQ(ftc_catch_begin(), FTC_OK);
+  EXPECT_EQ(ftc_callback_scope_end(&status), 1);
+  EXPECT_EQ(status, FTC_ERR_INVALID_ARGUMENT) << "a scope left open is the callback's failure";
+  EXPECT_EQ(ftc_catch_end(&status), 1) << "the caller's scope is still there";
+  EXPECT_EQ(status, FTC_OK);
+}
+
+// ------------------------------------------------------------------------------ dtypes
+
+TEST(Dtypes, OneMappingBothWays) {
+  for (int code : {FTC_INT8, FTC_INT16, FTC_INT32, FTC_INT64, FTC_FLOAT32, FTC_FLOAT64}) {
+    EXPECT_EQ(ftc::dtype_code(ftc::scalar_type(code)), code);
+  }
+  EXPECT_EQ(ftc::dtype_code(c10::ScalarType::Bool), FTC_BOOL);
+  EXPECT_EQ(ftc::dtype_code(c10::ScalarType::BFloat16), FTC_BFLOAT16);
+  EXPECT_EQ(ftc::dtype_code(c10::ScalarType::Byte), FTC_UINT8);
+  EXPECT_EQ(ftc::guard([] { ftc::dtype_code(c10::ScalarType::ComplexFloat); }), FTC_ERR_DTYPE);
+  EXPECT_NE(last_error().find("ComplexFloat"), std::string::npos);
+  EXPECT_EQ(ftc::guard([] { ftc::scalar_type(FTC_BOOL); }), FTC_ERR_DTYPE) << "no Fortran array is bool";
+  EXPECT_EQ(ftc::guard([] { ftc::scalar_type(99); }), FTC_ERR_DTYPE);
+}
+
+// ------------------------------------------------------------------------------ lifetime of `=`
+
+TEST(Assign, IntoAWrappedArrayWritesTheArray) {
+  std::vector<double> a{1, 2, 3}, b{4, 5, 6};
+  ftc_tensor ta = wrap(a), tb = wrap(b);
+  ftc_tensor before = ta;
+  ASSERT_EQ(ftc_tensor_assign(&ta, tb), FTC_OK);
+  EXPECT_EQ(a, (std::vector<double>{4, 5, 6}));
+  EXPECT_EQ(ftc::HandleTable<int>::unstamped(ta), ftc::HandleTable<int>::unstamped(before)) << "same tensor";
+  b[0] = 9;
+  EXPECT_EQ(a[0], 4) << "a copy of the values, not of the memory";
+  ftc_tensor_delete(&ta);
+  ftc_tensor_delete(&tb);
+}
+
+TEST(Assign, AnUnconstructedLeftHandSideTakesACopyOfANamedTensor) {
+  std::vector<double> b{1, 2};
+  ftc_tensor tb = wrap(b), lhs = nullptr;
+  const int64_t before = ftc_live_handles();
+  ASSERT_EQ(ftc_tensor_assign(&lhs, tb), FTC_OK);
+  ASSERT_NE(lhs, nullptr);
+  EXPECT_EQ(ftc_live_handles(), before + 1);
+  b[1] = 7;
+  EXPECT_EQ(values_of(lhs, 2), (std::vector<double>{1, 2})) << "its own memory";
+  ftc_tensor_delete(&lhs);
+  ftc_tensor_delete(&tb);
+}
+
+TEST(Assign, AnUnconstructedLeftHandSideTakesATemporaryOver) {
+  std::vector<double> a{1, 2};
+  ftc_tensor ta = wrap(a), tmp = nullptr, lhs = nullptr;
+  ASSERT_EQ(ftc_tensor_binary(FTC_ADD, ta, ta, FTC_TEMPORARY, &tmp), FTC_OK);
+  const int64_t before = ftc_live_handles();
+  ASSERT_EQ(ftc_tensor_assign(&lhs, tmp), FTC_OK);
+  EXPECT_EQ(ftc_live_handles(), before) << "taken over, no new handle";
+  EXPECT_EQ(values_of(lhs, 2), (std::vector<double>{2, 4}));
+  int rank = 0;
+  EXPECT_EQ(ftc_tensor_rank(lhs, &rank), FTC_OK) << "no longer a temporary";
+  EXPECT_EQ(ftc_tensor_rank(lhs, &rank), FTC_OK);
+  ftc_tensor_delete(&lhs);
+  ftc_tensor_delete(&ta);
+}
+
+TEST(Assign, AnUnconstructedRightHandSide) {
+  ftc_tensor none = nullptr;
+  EXPECT_EQ(ftc_tensor_assign(&none, nullptr), FTC_OK) << "unconstructed = unconstructed: nothing";
+  EXPECT_EQ(none, nullptr);
+  std::vector<double> a{1};
+  ftc_tensor lhs = wrap(a), before = lhs;
+  EXPECT_EQ(ftc_tensor_assign(&lhs, nullptr), FTC_ERR_NULL_HANDLE) << "a constructed tensor keeps its value";
+  EXPECT_EQ(lhs, before);
+  EXPECT_NE(last_error().find("not constructed"), std::string::npos);
+  ftc_tensor_delete(&lhs);
+}
+
+TEST(Assign, ACopyTakenBeforeAWriteIsRefusedAsARightHandSide) {
+  std::vector<double> a{1, 2}, b{3, 4}, c{0, 0};
+  ftc_tensor ta = wrap(a), tb = wrap(b), tc = wrap(c);
+  ftc_tensor old_copy = ta;  // what gfortran <= 12 reads an overlapping array section through
+  ASSERT_EQ(ftc_tensor_assign_element(&ta, tb), FTC_OK);
+  EXPECT_NE(ta, old_copy) << "a new write stamp";
+  EXPECT_EQ(ftc_tensor_assign_element(&tc, old_copy), FTC_ERR_NULL_HANDLE);
+  EXPECT_EQ(c, (std::vector<double>{0, 0})) << "nothing written";
+  EXPECT_EQ(ftc_tensor_assign_element(&tc, ta), FTC_OK);
+  EXPECT_EQ(c, (std::vector<double>{3, 4}));
+  int rank = 0;
+  EXPECT_EQ(ftc_tensor_rank(old_copy, &rank), FTC_OK) << "elsewhere the copy still names the tensor";
+  for (ftc_tensor *t : {&ta, &tb, &tc}) ftc_tensor_delete(t);
+}
+
+TEST(Lifetime, ATemporaryIsReleasedByTheFirstCallThatReadsIt) {
+  std::vector<double> a{1, 2};
+  ftc_tensor ta = wrap(a), tmp = nullptr;
+  const int64_t before = ftc_live_handles();
+  ASSERT_EQ(ftc_tensor_unary(FTC_NEG, ta, FTC_TEMPORARY, &tmp), FTC_OK);
+  EXPECT_EQ(ftc_live_handles(), before + 1);
+  int rank = 0;
+  EXPECT_EQ(ftc_tensor_rank(tmp, &rank), FTC_OK);
+  EXPECT_EQ(rank, 1);
+  EXPECT_EQ(ftc_live_handles(), before);
+  EXPECT_EQ(ftc_tensor_rank(tmp, &rank), FTC_ERR_NULL_HANDLE) << "stale after its one read";
+  ftc_tensor_delete(&ta);
+}
+
+TEST(Lifetime, DeletingMakesEveryCopyStaleAndDeletingAgainIsHarmless) {
+  std::vector<double> a{1};
+  ftc_tensor t = wrap(a), copy = t;
+  ASSERT_EQ(ftc_tensor_delete(&t), FTC_OK);
+  EXPECT_EQ(t, nullptr);
+  int rank = 0;
+  EXPECT_EQ(ftc_tensor_rank(copy, &rank), FTC_ERR_NULL_HANDLE);
+  EXPECT_NE(last_error().find("stale"), std::string::npos) << last_error();
+  EXPECT_EQ(ftc_tensor_delete(&copy), FTC_OK);
+  ftc_tensor_release(copy);  // a finalizer's release of a stale value: nothing
+}
+
+// ------------------------------------------------------------------------------ named options
+
+TEST(Options, DefaultsAreTorchs) {
+  const ftc_adamw_options adamw = FTC_ADAMW_OPTIONS_DEFAULTS;
+  EXPECT_EQ(adamw.weight_decay, 1e-2);
+  const ftc_adam_options adam = FTC_ADAM_OPTIONS_DEFAULTS;
+  EXPECT_EQ(adam.weight_decay, 0.0);
+  EXPECT_EQ(adam.beta2, 0.999);
+  const ftc_linear_lr_options linear = FTC_LINEAR_LR_OPTIONS_DEFAULTS;
+  EXPECT_EQ(linear.start_factor, 1.0 / 3.0);
+  const ftc_loss_options loss = FTC_LOSS_OPTIONS_DEFAULTS;
+  EXPECT_EQ(loss.ignore_index, -100);
+  EXPECT_EQ(loss.reduction, FTC_REDUCTION_MEAN);
+}
+
+TEST(Options, BadOrMissingOptionsAreErrors) {
+  ftc_tensor p = nullptr;
+  const int64_t shape[] = {3};
+  ASSERT_EQ(ftc_tensor_new(&p, FTC_FILL_ZEROS, 1, shape, FTC_FLOAT64, FTC_CPU, -1, 1), FTC_OK);
+  ftc_optim o = nullptr;
+  EXPECT_EQ(ftc_optim_adam(&o, &p, 1, nullptr), FTC_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("options"), std::string::npos);
+  ftc_adam_options adam = FTC_ADAM_OPTIONS_DEFAULTS;
+  adam.beta1 = 1.0;
+  EXPECT_EQ(ftc_optim_adam(&o, &p, 1, &adam), FTC_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("betas"), std::string::npos);
+  EXPECT_EQ(o, nullptr);
+  ftc_sgd_options sgd = FTC_SGD_OPTIONS_DEFAULTS;
+  sgd.nesterov = 1;  // without momentum
+  EXPECT_EQ(ftc_optim_sgd(&o, &p, 1, &sgd), FTC_ERR_INVALID_ARGUMENT);
+  sgd.momentum = 0.9;
+  ASSERT_EQ(ftc_optim_sgd(&o, &p, 1, &sgd), FTC_OK);
+  ftc_scheduler s = nullptr;
+  const ftc_step_lr_options step = FTC_STEP_LR_OPTIONS_DEFAULTS;  // step_size left unset
+  EXPECT_EQ(ftc_scheduler_step_lr(&s, o, &step), FTC_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("step_size"), std::string::npos);
+  ftc_plateau_options plateau = FTC_PLATEAU_OPTIONS_DEFAULTS;
+  plateau.factor = 1.5;
+  EXPECT_EQ(ftc_scheduler_reduce_on_plateau(&s, o, &plateau), FTC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(s, nullptr);
+  ftc_tensor loss = nullptr;
+  EXPECT_EQ(ftc_loss(FTC_LOSS_MSE, p, p, nullptr, nullptr, nullptr, &loss), FTC_ERR_INVALID_ARGUMENT);
+  ftc_loss_options huber = FTC_LOSS_OPTIONS_DEFAULTS;
+  huber.delta = 0;
+  EXPECT_EQ(ftc_loss(FTC_LOSS_HUBER, p, p, nullptr, nullptr, &huber, &loss), FTC_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("delta"), std::string::npos);
+  ftc_optim_delete(&o);
+  ftc_tensor_delete(&p);
+}
