@@ -41,6 +41,10 @@ struct Optim {
   std::unique_ptr<torch::optim::Optimizer> opt;
   std::vector<at::Tensor> params;
   int64_t steps = 0;  // optimizer steps taken (also counted by train steps)
+  // Train steps (ftc_train_step) since their progress log last read them, and their wall time:
+  // per optimizer, so that runs training several models keep their logs apart.
+  int64_t window_steps = 0;
+  double window_seconds = 0;
   std::shared_ptr<GradientSync> sync;  // set while the optimizer is data-parallel
   std::shared_ptr<TrainGraph> graph;   // the training step captured as a CUDA graph, once warmed up
 };

@@ -336,6 +336,18 @@ int ftc_optim_step_count(ftc_optim o, int64_t *steps) {
   return ftc::guard([&] { ftc::out_arg(steps, "steps") = ftc::optim_of(o).steps; });
 }
 
+int ftc_optim_train_time(ftc_optim o, int reset, int64_t *steps, double *seconds) {
+  return ftc::guard([&] {
+    auto &state = ftc::optim_of(o);
+    ftc::out_arg(steps, "steps") = state.window_steps;
+    ftc::out_arg(seconds, "seconds") = state.window_seconds;
+    if (reset != 0) {
+      state.window_steps = 0;
+      state.window_seconds = 0;
+    }
+  });
+}
+
 int ftc_optim_clip_grad_norm(ftc_optim o, double max_norm, double norm_type, double *total_norm) {
   return ftc::guard([&] {
     require_nonnegative(max_norm, "max_norm");

@@ -305,9 +305,10 @@ void finish_train_step(TrainStep &step, double value, std::chrono::steady_clock:
   ++step.opt->steps;
   if (step.sched != nullptr) step.sched->step(true, value);
   if (loss != nullptr) *loss = value;  // optional outputs: null means "not wanted"
-  if (seconds != nullptr) {
-    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  step.opt->window_steps += 1;
+  step.opt->window_seconds += elapsed;
+  if (seconds != nullptr) *seconds = elapsed;
 }
 
 }  // namespace ftc

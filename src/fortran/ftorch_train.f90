@@ -13,16 +13,12 @@ module ftorch_train
   use ftorch_loss, only: torch_kMSELoss
   use ftorch_distributed, only: torch_comm
   use ftorch_c_api, only: ftc_checkpoint_load, ftc_checkpoint_save, ftc_comm_checkpoint_load, &
-                            ftc_comm_checkpoint_save, ftc_train_step, ftc_train_step_cuda_graph
+                            ftc_comm_checkpoint_save, ftc_train_step, ftc_train_step_cuda_graph, ftc_optim_train_time
   implicit none
   ! Kind of the real literals below (double precision whatever -fdefault-real-8 or -fdefault-double-8 say).
   integer, parameter :: dp = c_double
   private
   public :: torch_train_step, torch_checkpoint_save, torch_checkpoint_load
-
-  ! Progress-log accumulators (the time per step reported is the mean since the last line).
-  real(real64) :: seconds_since_log = 0
-  integer :: steps_since_log = 0
 
 contains
 
@@ -66,6 +62,8 @@ contains
     integer(c_int) :: kind, reduction, status
     integer :: i, unit
     character(len=16) :: ms
+    integer(c_int64_t) :: window_steps
+    real(c_double) :: window_seconds
     do i = 1, size(input_tensors)
       handles(i) = input_tensors(i)%p
     end do
@@ -87,21 +85,21 @@ contains
     if (present(loss)) loss = value
     call ftorch_check(status, "torch_train_step", stat, errmsg)
     if (status /= 0 .or. .not. present(log_every)) return
-    seconds_since_log = seconds_since_log + seconds
-    steps_since_log = steps_since_log + 1
     if (log_every <= 0) return
     associate (steps => torch_optim_step_count(optim))
       if (mod(steps, int(log_every, int64)) /= 0) return
+      ! The mean time of the optimizer's train steps since its last line (kept with the optimizer:
+      ! two models trained in turn, or on two threads, keep their logs apart).
+      call ftorch_check(ftc_optim_train_time(optim%p, 1_c_int, window_steps, window_seconds), "torch_train_step", &
+                        stat, errmsg)
       unit = output_unit
       if (present(log_unit)) unit = log_unit
       ! (F0.d may drop the zero before the decimal point: "0.5558", never ".5558".)
-      write(ms, '(f16.4)') 1.0e3_dp * seconds_since_log / steps_since_log
+      write(ms, '(f16.4)') 1.0e3_dp * window_seconds / max(window_steps, 1_c_int64_t)
       write(unit, '(a,i0,a,es14.7,a,es11.4,a,a,a)') "step ", steps, "  loss ", value, "  lr ", &
         torch_optim_get_learning_rate(optim), "  ", trim(adjustl(ms)), " ms/step"
       flush(unit)
     end associate
-    seconds_since_log = 0
-    steps_since_log = 0
   end subroutine torch_train_step
 
   !> Write model parameters and buffers, optimizer state, scheduler state and a step counter to

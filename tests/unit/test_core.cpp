@@ -286,3 +286,28 @@ TEST(Options, BadOrMissingOptionsAreErrors) {
   ftc_optim_delete(&o);
   ftc_tensor_delete(&p);
 }
+
+TEST(Optimizers, TheTrainTimeWindowIsPerOptimizer) {
+  ftc_tensor p = nullptr;
+  const int64_t shape[] = {2};
+  ASSERT_EQ(ftc_tensor_new(&p, FTC_FILL_ZEROS, 1, shape, FTC_FLOAT64, FTC_CPU, -1, 1), FTC_OK);
+  const ftc_sgd_options sgd = FTC_SGD_OPTIONS_DEFAULTS;
+  ftc_optim a = nullptr, b = nullptr;
+  ASSERT_EQ(ftc_optim_sgd(&a, &p, 1, &sgd), FTC_OK);
+  ASSERT_EQ(ftc_optim_sgd(&b, &p, 1, &sgd), FTC_OK);
+  ftc::optim_of(a).window_steps = 3;  // as three train steps of `a` leave it
+  ftc::optim_of(a).window_seconds = 0.5;
+  int64_t steps = -1;
+  double seconds = -1;
+  ASSERT_EQ(ftc_optim_train_time(b, 0, &steps, &seconds), FTC_OK);
+  EXPECT_EQ(steps, 0) << "another optimizer's steps are not counted";
+  ASSERT_EQ(ftc_optim_train_time(a, 1, &steps, &seconds), FTC_OK);
+  EXPECT_EQ(steps, 3);
+  EXPECT_EQ(seconds, 0.5);
+  ASSERT_EQ(ftc_optim_train_time(a, 0, &steps, &seconds), FTC_OK);
+  EXPECT_EQ(steps, 0) << "reset by the reading before";
+  EXPECT_EQ(ftc_optim_train_time(a, 0, nullptr, &seconds), FTC_ERR_INVALID_ARGUMENT);
+  ftc_optim_delete(&a);
+  ftc_optim_delete(&b);
+  ftc_tensor_delete(&p);
+}
