@@ -88,7 +88,7 @@ contains
     if (log_every <= 0) return
     associate (steps => torch_optim_step_count(optim))
       if (mod(steps, int(log_every, int64)) /= 0) return
-      ! The mean time of the optimizer's train steps since its last line (kept with the optimizer:
+      ! The mean time of the train steps of the optimizer since its last line (kept with it:
       ! two models trained in turn, or on two threads, keep their logs apart).
       call ftorch_check(ftc_optim_train_time(optim%p, 1_c_int, window_steps, window_seconds), "torch_train_step", &
                         stat, errmsg)
