@@ -35,28 +35,24 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<at::Te
   return std::make_unique<torch::optim::SGD>(params, o);
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<at::Tensor> &params,
-                                                        const ftc_adam_options &h) {
+// Adam and AdamW: the same options (their defaults differ), two LibTorch optimizers.
+template <class Optimizer, class TorchOptions, class Options>
+std::unique_ptr<torch::optim::Optimizer> make_adam(const std::vector<at::Tensor> &params, const Options &h) {
   require_betas(h.beta1, h.beta2);
   require_nonnegative(h.eps, "eps");
   require_nonnegative(h.weight_decay, "weight_decay");
-  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(h.lr)
-                                                          .betas({h.beta1, h.beta2})
-                                                          .eps(h.eps)
-                                                          .weight_decay(h.weight_decay)
-                                                          .amsgrad(h.amsgrad != 0));
+  return std::make_unique<Optimizer>(
+      params, TorchOptions(h.lr).betas({h.beta1, h.beta2}).eps(h.eps).weight_decay(h.weight_decay).amsgrad(h.amsgrad != 0));
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<at::Tensor> &params,
+                                                        const ftc_adam_options &h) {
+  return make_adam<torch::optim::Adam, torch::optim::AdamOptions>(params, h);
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<at::Tensor> &params,
                                                         const ftc_adamw_options &h) {
-  require_betas(h.beta1, h.beta2);
-  require_nonnegative(h.eps, "eps");
-  require_nonnegative(h.weight_decay, "weight_decay");
-  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(h.lr)
-                                                           .betas({h.beta1, h.beta2})
-                                                           .eps(h.eps)
-                                                           .weight_decay(h.weight_decay)
-                                                           .amsgrad(h.amsgrad != 0));
+  return make_adam<torch::optim::AdamW, torch::optim::AdamWOptions>(params, h);
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<at::Tensor> &params,
