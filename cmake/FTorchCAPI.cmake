@@ -8,7 +8,12 @@ set(FTORCH_C_API_FORTRAN "${CMAKE_CURRENT_BINARY_DIR}/fortran/ftorch_c_api.f90")
 set(FTORCH_C_HEADERS "${FTORCH_C_HEADER_DIR}/ftorch_c.h")
 foreach(_def IN LISTS _ftorch_capi_defs)
   get_filename_component(_concern "${_def}" NAME_WE)
-  list(APPEND FTORCH_C_HEADERS "${FTORCH_C_HEADER_DIR}/ftorch_c_${_concern}.h")
+  if(_concern MATCHES "^torchfort")
+    # an API of another project under its own header names (generate.py: FOREIGN_PREFIXES)
+    list(APPEND FTORCH_C_HEADERS "${FTORCH_C_HEADER_DIR}/${_concern}.h")
+  else()
+    list(APPEND FTORCH_C_HEADERS "${FTORCH_C_HEADER_DIR}/ftorch_c_${_concern}.h")
+  endif()
 endforeach()
 add_custom_command(
   OUTPUT ${FTORCH_C_HEADERS} "${FTORCH_C_API_FORTRAN}"

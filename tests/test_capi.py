@@ -33,7 +33,7 @@ NAMES = {f.name for f in FUNCTIONS}
 def test_the_library_exports_exactly_the_defined_functions(installed):
     lib = Path(installed["libdir"]) / "libftorch_c.so"
     symbols = run(["nm", "-D", "--defined-only", lib]).stdout
-    exported = set(re.findall(r"\s[TW]\s+(ftc_\w+)$", symbols, re.M))
+    exported = set(re.findall(r"\s[TW]\s+((?:ftc|torchfort)_\w+)$", symbols, re.M))
     assert len(NAMES) > 150
     assert sorted(NAMES - exported) == [], "defined in src/capi but not implemented (or not with C linkage)"
     assert sorted(exported - NAMES) == [], "exported by the library but missing from src/capi"
@@ -56,7 +56,7 @@ def test_no_c_function_is_declared_by_hand():
     """The C side and the Fortran side take their declarations from the generated files only."""
     hand_written = []
     for path in sorted((REPO / "src" / "fortran").rglob("*")):
-        if path.suffix in (".f90", ".fypp") and re.search(r'bind\(\s*c\s*,\s*name\s*=\s*"ftc_', path.read_text()):
+        if path.suffix in (".f90", ".fypp") and re.search(r'bind\(\s*c\s*,\s*name\s*=\s*"(ftc|torchfort)_', path.read_text(), re.I):
             hand_written.append(str(path.relative_to(REPO)))
     for path in sorted((REPO / "src" / "cpp").iterdir()):
         if path.suffix in (".h", ".hpp") and re.search(r"^\s*FTC_API\b", path.read_text(), re.M):
@@ -75,7 +75,7 @@ def test_no_c_function_is_declared_by_hand():
 
 
 def _stub(f, params: str) -> str:
-    body = "" if f.result == "void" else " return 0;"
+    body = "" if f.result == "void" else " return {};"
     return f'extern "C" {f.result} {f.name}({params}) {{{body} }}\n'
 
 
@@ -84,13 +84,14 @@ def test_a_definition_that_differs_from_its_declaration_does_not_compile(install
     if cxx is None:
         pytest.skip("no C++ compiler")
     includedir = helper("--includedir")
-    right = '#include "ftorch_c.h"\n' + "".join(_stub(f, ", ".join(p.c() for p in f.params) or "void")
+    umbrella = '#include "ftorch_c.h"\n' + "".join(f'#include "{c.header}"\n' for c in CONCERNS if c.foreign)
+    right = umbrella + "".join(_stub(f, ", ".join(p.c() for p in f.params) or "void")
                                                  for f in FUNCTIONS)
     (tmp_path / "right.cpp").write_text(right)
     run([cxx, "-std=c++17", "-fsyntax-only", f"-I{includedir}", tmp_path / "right.cpp"])
     # Each function again with one parameter more (or its first parameter's type changed): every
     # one of them is reported.
-    wrong = '#include "ftorch_c.h"\n'
+    wrong = umbrella
     for f in FUNCTIONS:
         params = [p.c() for p in f.params]
         params = (["long double changed"] + params[1:]) if params else ["int extra"]
@@ -99,7 +100,7 @@ def test_a_definition_that_differs_from_its_declaration_does_not_compile(install
     proc = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-fmax-errors=0", f"-I{includedir}",
                            tmp_path / "wrong.cpp"], capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"})
     assert proc.returncode != 0
-    conflicts = set(re.findall(r"conflicting declaration of C function .[^(]*?(ftc_\w+)\(", proc.stderr))
+    conflicts = set(re.findall(r"conflicting declaration of C function .[^(]*?((?:ftc|torchfort)_\w+)\(", proc.stderr))
     assert conflicts == NAMES, sorted(NAMES - conflicts)[:10]
 
 

@@ -18,6 +18,7 @@ command -v gfortran >/dev/null || need+=(gfortran)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v make >/dev/null || need+=(make)
 [ -e /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)  # the C++ unit tests (tests/unit)
+[ -e /usr/include/yaml.h ] || need+=(libyaml-dev)  # TorchFort configuration files (src/cpp/torchfort_config.cpp)
 if [ "${FTORCH_WITH_GFORTRAN11:-1}" = 1 ] && ! command -v gfortran-11 >/dev/null; then
   need+=(gfortran-11)  # tests/test_lifetime.py runs with gfortran 11, 12 and flang 19
 fi

@@ -1,0 +1,851 @@
+// torchfort.cpp - TorchFort's C API (torchfort.h) over LibTorch and FTorch's own boundary rules:
+// models by name built from a YAML configuration (torchfort_config.cpp), trained and run on the
+// caller's arrays in place, checkpoints in TorchFort's directory layout. Behaviour follows
+// TorchFort 0.4 (the same trajectory for the same configuration, data and seed); where TorchFort
+// would crash or silently misbehave, an error with TorchFort's result code says why.
+#include "internal.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <unordered_map>
+
+#ifdef FTORCH_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include "torchfort.h"
+#include "torchfort_config.hpp"
+
+namespace tf {
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------- errors
+
+// An error with TorchFort's result code.
+class Failure : public std::runtime_error {
+ public:
+  Failure(torchfort_result_t code, const std::string &msg) : std::runtime_error(msg), code_(code) {}
+  torchfort_result_t code() const { return code_; }
+
+ private:
+  torchfort_result_t code_;
+};
+[[noreturn]] void usage(const std::string &msg) { throw Failure(TORCHFORT_RESULT_INVALID_USAGE, msg); }
+
+torchfort_result_t code_of_status(int status) {
+  switch (status) {
+    case FTC_ERR_DEVICE: return TORCHFORT_RESULT_NOT_SUPPORTED;
+    case FTC_ERR_TORCH:
+    case FTC_ERR_INTERNAL: return TORCHFORT_RESULT_INTERNAL_ERROR;
+    default: return TORCHFORT_RESULT_INVALID_USAGE;
+  }
+}
+
+torchfort_result_t report(const char *fn, torchfort_result_t code, const std::string &what) noexcept {
+  try {
+    std::string msg = std::string(fn) + ": " + what;
+    std::cerr << "TORCHFORT::ERROR: " << msg << std::endl;
+    ftc::set_last_error(std::move(msg));
+  } catch (...) {
+  }
+  return code;
+}
+
+// The boundary of every torchfort_* function: no exception crosses it; each failure is a result
+// code and a message (standard error, as TorchFort prints it, and ftc_last_error()).
+template <class Body>
+torchfort_result_t boundary(const char *fn, Body &&body) noexcept {
+  try {
+    ftc::require_runtime();
+    body();
+    ftc::set_last_error(std::string());
+    return TORCHFORT_RESULT_SUCCESS;
+  } catch (const Failure &e) {
+    return report(fn, e.code(), e.what());
+  } catch (const ConfigError &e) {
+    return report(fn, TORCHFORT_RESULT_INVALID_USAGE, e.what());
+  } catch (const ftc::Error &e) {
+    return report(fn, code_of_status(e.status()), e.what());
+  } catch (const std::bad_alloc &) {
+    return report(fn, TORCHFORT_RESULT_INTERNAL_ERROR, "out of memory");
+  } catch (const c10::Error &e) {
+    const std::string text = e.what_without_backtrace();
+    const bool cuda = text.find("CUDA error") != std::string::npos;
+    return report(fn, cuda ? TORCHFORT_RESULT_CUDA_ERROR : TORCHFORT_RESULT_INTERNAL_ERROR, text);
+  } catch (const std::exception &e) {
+    return report(fn, TORCHFORT_RESULT_INTERNAL_ERROR, e.what());
+  } catch (...) {
+    return report(fn, TORCHFORT_RESULT_INTERNAL_ERROR, "unknown exception");
+  }
+}
+
+// ---------------------------------------------------------------------------- arrays
+
+c10::ScalarType scalar_type(torchfort_datatype_t dtype, bool floating_only) {
+  switch (dtype) {
+    case TORCHFORT_FLOAT: return torch::kFloat32;
+    case TORCHFORT_DOUBLE: return torch::kFloat64;
+    case TORCHFORT_INT32:
+      if (!floating_only) return torch::kInt32;
+      break;
+    case TORCHFORT_INT64:
+      if (!floating_only) return torch::kInt64;
+      break;
+  }
+  usage("unknown or unsupported dtype " + std::to_string(static_cast<int>(dtype)) +
+        (floating_only ? " (TORCHFORT_FLOAT or TORCHFORT_DOUBLE)"
+                       : " (TORCHFORT_FLOAT, TORCHFORT_DOUBLE, TORCHFORT_INT32 or TORCHFORT_INT64)"));
+}
+
+// The device whose memory ptr points into (a CUDA device for device or managed memory).
+torch::Device device_of_pointer(const void *ptr) {
+#ifdef FTORCH_WITH_CUDA
+  cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();  // host memory unknown to CUDA (older runtimes report it so)
+    return torch::Device(torch::kCPU);
+  }
+  if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(attr.device));
+#else
+  (void)ptr;
+#endif
+  return torch::Device(torch::kCPU);
+}
+
+// A tensor over the caller's array (no copy). Fortran order: the shape reversed, so that the
+// tensor's first dimension is the array's last (the batch, in TorchFort's convention).
+at::Tensor wrap(void *data, size_t dim, const int64_t *shape, torchfort_datatype_t dtype, bool fortran,
+                const char *what, bool floating_only) {
+  const c10::ScalarType type = scalar_type(dtype, floating_only);
+  if (data == nullptr) usage(std::string(what) + " is a null pointer");
+  if (dim > 0 && shape == nullptr) usage(std::string(what) + ": the shape is a null pointer");
+  std::vector<int64_t> sizes(dim);
+  for (size_t i = 0; i < dim; ++i) {
+    sizes[i] = fortran ? shape[dim - 1 - i] : shape[i];
+    if (sizes[i] < 0) usage(std::string(what) + ": a negative extent in its shape");
+  }
+  return torch::from_blob(data, sizes, torch::TensorOptions().dtype(type).device(device_of_pointer(data)));
+}
+
+std::string shape_text(const at::Tensor &t) {
+  std::ostringstream os;
+  os << "[";
+  for (int64_t i = 0; i < t.dim(); ++i) os << (i ? ", " : "") << t.size(i);
+  os << "] " << ftc::dtype_name(t.scalar_type());
+  return os.str();
+}
+
+struct TensorList {
+  std::vector<at::Tensor> tensors;
+};
+
+TensorList &list_of(torchfort_tensor_list_t l, const char *what) {
+  if (l == nullptr) usage(std::string(what) + " is a null tensor list (create it with torchfort_tensor_list_create)");
+  return *static_cast<TensorList *>(l);
+}
+
+// ---------------------------------------------------------------------------- schedules
+
+// TorchFort's learning-rate schedules, with LibTorch's LRScheduler semantics: step() computes the
+// new rates from the number of earlier steps (an unsigned count), then counts this one. So each
+// schedule is PyTorch's one step later (the first step keeps the initial rate).
+class Schedule {
+ public:
+  Schedule(torch::optim::Optimizer &opt, const SchedulerConfig &cfg) : opt_(opt), cfg_(cfg) { base_ = rates(); }
+
+  void step() {
+    std::vector<double> lrs = rates();
+    const unsigned n = count_;
+    for (size_t i = 0; i < lrs.size(); ++i) lrs[i] = next(lrs[i], base_[i], n);
+    for (size_t i = 0; i < lrs.size(); ++i) opt_.param_groups()[i].options().set_lr(lrs[i]);
+    ++count_;
+  }
+
+  // lr.pt as TorchFort writes it: the step count and the current rates.
+  void save(const std::string &path) const {
+    torch::serialize::OutputArchive archive;
+    archive.write("step_count", c10::IValue(static_cast<int64_t>(count_)));
+    archive.write("lrs", c10::IValue(rates()));
+    archive.save_to(path);
+  }
+  void load(const std::string &path) {
+    torch::serialize::InputArchive archive;
+    archive.load_from(path);
+    c10::IValue count, lrs;
+    if (!archive.try_read("step_count", count) || !archive.try_read("lrs", lrs))
+      usage(path + " is not a learning-rate schedule's state (step_count and lrs missing)");
+    std::vector<double> values = lrs.toDoubleVector();
+    if (values.size() != opt_.param_groups().size())
+      usage(path + " holds " + std::to_string(values.size()) + " rates for an optimizer of " +
+            std::to_string(opt_.param_groups().size()) + " parameter groups");
+    count_ = static_cast<unsigned>(count.toInt());
+    for (size_t i = 0; i < values.size(); ++i) opt_.param_groups()[i].options().set_lr(values[i]);
+  }
+
+ private:
+  std::vector<double> rates() const {
+    std::vector<double> out;
+    for (const auto &g : opt_.param_groups()) out.push_back(g.options().get_lr());
+    return out;
+  }
+
+  double next(double lr, double base, unsigned n) const {
+    const SchedulerConfig &c = cfg_;
+    if (c.type == "step") {
+      const unsigned size = static_cast<unsigned>(c.step_size);
+      return (n != 0 && n % size == 0) ? c.gamma * lr : lr;
+    }
+    if (c.type == "multistep") {
+      if (n == 0 || c.milestones.empty()) return lr;
+      auto passed = [&](int64_t upto) {
+        return std::count_if(c.milestones.begin(), c.milestones.end(), [&](int64_t m) { return m <= upto; });
+      };
+      return passed(n) != passed(static_cast<int64_t>(n) - 1) ? c.gamma * lr : lr;  // once per step
+    }
+    if (c.type == "polynomial") {
+      const unsigned total = static_cast<unsigned>(c.total_iters);
+      if (n == 0 || n > total) return lr;
+      const double factor = (1.0 - double(n) / double(total)) / (1.0 - double(n - 1) / double(total));
+      return std::pow(factor, c.power) * lr;
+    }
+    if (c.type == "cosine_annealing") {
+      const unsigned t = static_cast<unsigned>(c.t_max);
+      if (n == 0 || t == 0) return lr;
+      if ((n - 1 - t) % (2 * t) == 0)  // unsigned arithmetic, as LibTorch's count
+        return c.eta_min + 0.5 * (base - c.eta_min) * (1.0 + std::cos(double(n) * M_PI / double(t)));
+      return (1.0 + std::cos(M_PI * double(n) / double(t))) / (1.0 + std::cos(M_PI * double(n - 1) / double(t))) *
+                 (lr - c.eta_min) +
+             c.eta_min;
+    }
+    // linear
+    const unsigned total = static_cast<unsigned>(c.total_iters);
+    double factor;
+    if (n == 0) {
+      factor = c.start_factor;
+    } else if (n > total) {
+      factor = 1.0;
+    } else {
+      factor = 1.0 + (c.end_factor - c.start_factor) /
+                         (double(total) * c.start_factor + double(n - 1) * (c.end_factor - c.start_factor));
+    }
+    return factor * lr;
+  }
+
+  torch::optim::Optimizer &opt_;
+  SchedulerConfig cfg_;
+  std::vector<double> base_;
+  unsigned count_ = 0;
+};
+
+// ---------------------------------------------------------------------------- models
+
+// TorchFort's built-in MLP as a TorchScript module (so that torchfort_save_model writes a file
+// torch.jit.load reads and runs): Linear layers fc0..fc{n-1} with PyTorch's default
+// initialization (drawn in that order), an extra zero bias b{i} added before each hidden ReLU,
+// dropout after it, and the parameters in TorchFort's order (b0.., then fc0.weight, fc0.bias, ..).
+torch::jit::Module build_mlp(const Config &c) {
+  const size_t layers = c.layer_sizes.size() - 1;
+  std::vector<torch::nn::Linear> linear;
+  for (size_t i = 0; i < layers; ++i) linear.emplace_back(c.layer_sizes[i], c.layer_sizes[i + 1]);
+
+  auto cu = std::make_shared<torch::jit::CompilationUnit>();
+  torch::jit::Module root(c10::QualifiedName("__torch__.torchfort.MLP"), cu, /*shouldMangle=*/true);
+  root.register_attribute("training", c10::BoolType::get(), true);
+  root.register_attribute("dropout", c10::FloatType::get(), c.dropout);
+  for (size_t i = 0; i + 1 < layers; ++i)
+    root.register_parameter("b" + std::to_string(i), torch::zeros({c.layer_sizes[i + 1]}).requires_grad_(true), false);
+  for (size_t i = 0; i < layers; ++i) {
+    torch::jit::Module fc(c10::QualifiedName("__torch__.torchfort.Linear"), cu, /*shouldMangle=*/true);
+    fc.register_attribute("training", c10::BoolType::get(), true);
+    fc.register_parameter("weight", linear[i]->weight.detach().requires_grad_(true), false);
+    fc.register_parameter("bias", linear[i]->bias.detach().requires_grad_(true), false);
+    fc.define("def forward(self, x):\n    return torch.linear(x, self.weight, self.bias)\n");
+    root.register_module("fc" + std::to_string(i), fc);
+  }
+  std::ostringstream src;
+  src << "def forward(self, x):\n";
+  if (c.flatten_non_batch_dims) src << "    x = x.reshape([x.size(0), -1])\n";
+  for (size_t i = 0; i < layers; ++i) {
+    if (i + 1 < layers) {
+      src << "    x = torch.relu(self.fc" << i << ".forward(x) + self.b" << i << ")\n";
+      src << "    x = torch.dropout(x, self.dropout, self.training)\n";
+    } else {
+      src << "    x = self.fc" << i << ".forward(x)\n";
+    }
+  }
+  src << "    return x\n";
+  root.define(src.str());
+  return root;
+}
+
+torch::Device model_device(int device) {
+  if (device == TORCHFORT_DEVICE_CPU) return torch::Device(torch::kCPU);
+  if (device < 0) usage("device " + std::to_string(device) + " is neither TORCHFORT_DEVICE_CPU (-1) nor a GPU number");
+  if (!torch::cuda::is_available())
+    throw Failure(TORCHFORT_RESULT_NOT_SUPPORTED,
+                  "device " + std::to_string(device) + " is a GPU, but this torch has no CUDA device available "
+                  "(use TORCHFORT_DEVICE_CPU, or a CUDA build of torch on a machine with a GPU)");
+  if (device >= static_cast<int>(torch::cuda::device_count()))
+    usage("GPU " + std::to_string(device) + " does not exist (" + std::to_string(torch::cuda::device_count()) +
+          " visible)");
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device));
+}
+
+torch::jit::Module load_script(const std::string &filename, const torch::Device &device, const char *what) {
+  if (!fs::exists(filename))
+    usage(std::string(what) + " file " + filename + " does not exist (a relative name is taken from the working "
+          "directory, " + fs::current_path().string() + ")");
+  try {
+    return torch::jit::load(filename, device);
+  } catch (const c10::Error &e) {
+    usage(std::string(what) + " file " + filename + " is not a TorchScript file torch.jit.load reads: " +
+          e.what_without_backtrace());
+  }
+}
+
+struct Loss {
+  std::string type;
+  int64_t reduction = at::Reduction::Mean;
+  torch::jit::Module script;
+
+  at::Tensor operator()(const std::vector<at::Tensor> &outputs, const std::vector<at::Tensor> &labels,
+                        const std::vector<at::Tensor> &extra) {
+    if (type == "torchscript") {
+      std::vector<c10::IValue> args(outputs.begin(), outputs.end());
+      args.insert(args.end(), labels.begin(), labels.end());
+      args.insert(args.end(), extra.begin(), extra.end());
+      c10::IValue r;
+      try {
+        r = script.forward(args);
+      } catch (const std::exception &e) {
+        ftc::forward_failed(e, args);
+      }
+      if (!r.isTensor()) usage("the TorchScript loss must return one tensor (the loss)");
+      return r.toTensor();
+    }
+    if (outputs.size() != 1 || labels.size() != 1 || !extra.empty())
+      usage("the " + type + " loss takes one model output and one label (and no extra arguments); got " +
+            std::to_string(outputs.size()) + " outputs, " + std::to_string(labels.size()) + " labels and " +
+            std::to_string(extra.size()) + " extra arguments");
+    const at::Tensor x = outputs[0].flatten(), y = labels[0].flatten();
+    if (x.numel() != y.numel())
+      usage("the model output (" + shape_text(outputs[0]) + ") and the label (" + shape_text(labels[0]) +
+            ") have different element counts");
+    return type == "mse" ? at::mse_loss(x, y, reduction) : at::l1_loss(x, y, reduction);
+  }
+};
+
+struct Pack {
+  std::string name;
+  Config cfg;
+  torch::Device device{torch::kCPU};
+  torch::jit::Module module;
+  std::vector<at::Tensor> params;
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  std::unique_ptr<Schedule> schedule;
+  std::unique_ptr<Loss> loss;
+  int64_t step_train = 0, step_inference = 0, step_train_current = 0;
+  fs::path log_file;  // the wandb hook's metrics log (empty: off)
+  std::mutex mutex;   // one call at a time per model
+};
+
+std::mutex registry_mutex;
+std::unordered_map<std::string, std::shared_ptr<Pack>> registry;
+
+std::shared_ptr<Pack> find(const char *name) {
+  if (name == nullptr) usage("the model name is a null pointer");
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry.find(name);
+  if (it == registry.end()) {
+    std::string known;
+    for (const auto &[k, v] : registry) known += (known.empty() ? "" : ", ") + k;
+    usage(std::string("no model named '") + name + "' (create it with torchfort_create_model; models: " +
+          (known.empty() ? "none" : known) + ")");
+  }
+  return it->second;
+}
+
+std::vector<at::Tensor> parameters_of(const torch::jit::Module &m) {
+  std::vector<at::Tensor> out;
+  for (const auto &p : m.parameters()) out.push_back(p);
+  return out;
+}
+
+void make_optimizer(Pack &p) {
+  const OptimizerConfig &o = p.cfg.optimizer;
+  if (o.type == "sgd") {
+    auto opts = torch::optim::SGDOptions(o.learning_rate)
+                    .momentum(o.momentum)
+                    .dampening(o.dampening)
+                    .weight_decay(o.weight_decay)
+                    .nesterov(o.nesterov);
+    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+      usage(p.cfg.filename + ": optimizer.parameters.nesterov needs a momentum > 0 and no dampening");
+    p.opt = std::make_unique<torch::optim::SGD>(p.params, opts);
+  } else {
+    auto opts = torch::optim::AdamOptions(o.learning_rate)
+                    .betas(std::make_tuple(o.beta1, o.beta2))
+                    .eps(o.eps)
+                    .weight_decay(o.weight_decay)
+                    .amsgrad(o.amsgrad);
+    p.opt = std::make_unique<torch::optim::Adam>(p.params, opts);
+  }
+}
+
+std::vector<at::Tensor> run_forward(Pack &p, const std::vector<at::Tensor> &inputs) {
+  ftc::apply_jit_optimize();
+  std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+  c10::IValue r;
+  try {
+    r = p.module.forward(args);
+  } catch (const std::exception &e) {
+    ftc::forward_failed(e, args);
+  }
+  std::vector<at::Tensor> out;
+  if (r.isTensor()) {
+    out.push_back(r.toTensor());
+  } else if (r.isTuple()) {
+    for (const auto &x : r.toTupleRef().elements()) {
+      if (!x.isTensor()) usage("the model returns a tuple with an item that is not a tensor");
+      out.push_back(x.toTensor());
+    }
+  } else if (r.isTensorList()) {
+    for (const auto &t : r.toTensorVector()) out.push_back(t);
+  } else {
+    usage("the model returns " + r.tagKind() + ", not a tensor or a tuple of tensors");
+  }
+  return out;
+}
+
+std::vector<at::Tensor> on_device(const std::vector<at::Tensor> &ts, const torch::Device &d) {
+  std::vector<at::Tensor> out;
+  for (const auto &t : ts) out.push_back(t.device() == d ? t : t.to(d));
+  return out;
+}
+
+// The stream (and device) a call runs on: the caller's CUDA stream for a model on a GPU.
+struct StreamScope {
+#ifdef FTORCH_WITH_CUDA
+  std::optional<c10::cuda::CUDAGuard> device;
+  std::optional<c10::cuda::CUDAStreamGuard> stream;
+  StreamScope(const torch::Device &d, cudaStream_t s) {
+    if (!d.is_cuda()) return;
+    device.emplace(d.index());
+    if (s != nullptr) stream.emplace(c10::cuda::getStreamFromExternal(s, d.index()));
+  }
+#else
+  StreamScope(const torch::Device &, cudaStream_t) {}
+#endif
+};
+
+void log_metric(Pack &p, const std::string &metric, int64_t step, const std::string &value) {
+  if (p.log_file.empty()) return;
+  static std::mutex log_mutex;
+  std::lock_guard<std::mutex> lock(log_mutex);
+  std::ofstream out(p.log_file, std::ios::app);
+  out << "TORCHFORT::WANDB: model: " << p.name << ", step: " << step << ", " << metric << ": " << value << "\n";
+  if (!out) usage("cannot write the wandb hook's log " + p.log_file.string());
+}
+
+template <class T>
+std::string number_text(T value) {
+  std::ostringstream os;
+  os << value;
+  return os.str();
+}
+
+float train_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, const std::vector<at::Tensor> &labels_in,
+                  const std::vector<at::Tensor> &extra_in) {
+  if (!p.opt)
+    usage("model '" + p.name + "' cannot be trained: its configuration (" + p.cfg.filename + ") has no optimizer block");
+  if (!p.loss)
+    usage("model '" + p.name + "' cannot be trained: its configuration (" + p.cfg.filename + ") has no loss block");
+  p.module.train();
+  const auto inputs = on_device(inputs_in, p.device);
+  const auto labels = on_device(labels_in, p.device);
+  const auto extra = on_device(extra_in, p.device);
+  const int64_t accumulate = p.cfg.grad_accumulation_steps;
+  if (p.step_train_current % accumulate == 0) p.opt->zero_grad(/*set_to_none=*/true);
+  const std::vector<at::Tensor> outputs = run_forward(p, inputs);
+  at::Tensor loss = (*p.loss)(outputs, labels, extra);
+  if (loss.numel() != 1)
+    usage("the loss has " + std::to_string(loss.numel()) + " elements; training needs one value (loss "
+          "parameters: reduction mean or sum, not none)");
+  loss.backward();
+  if ((p.step_train_current + 1) % accumulate == 0) {
+    if (p.cfg.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(p.params, p.cfg.max_grad_norm);
+    p.opt->step();
+    if (p.schedule) p.schedule->step();
+  }
+  const float value = loss.item<float>();
+  ++p.step_train;
+  ++p.step_train_current;
+  if (p.cfg.report_frequency > 0 && p.step_train % p.cfg.report_frequency == 0) {
+    const double lr = p.opt->param_groups().at(0).options().get_lr();
+    std::cout << "TORCHFORT::INFO: model: " << p.name << ", step_train: " << p.step_train << ", loss: " << value
+              << ", lr: " << lr << std::endl;
+    log_metric(p, "train_loss", p.step_train, number_text(value));
+    log_metric(p, "train_lr", p.step_train, number_text(lr));
+  }
+  return value;
+}
+
+void inference_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, std::vector<at::Tensor> &outputs) {
+  torch::NoGradGuard no_grad;
+  p.module.eval();
+  const std::vector<at::Tensor> results = run_forward(p, on_device(inputs_in, p.device));
+  if (results.size() != outputs.size())
+    usage("the model returns " + std::to_string(results.size()) + " tensors, but " + std::to_string(outputs.size()) +
+          " output arrays were given");
+  for (size_t i = 0; i < results.size(); ++i) {
+    const at::Tensor &r = results[i];
+    if (r.numel() != outputs[i].numel())
+      usage("output " + std::to_string(i + 1) + ": the model returns " + shape_text(r) + " (" +
+            std::to_string(r.numel()) + " elements), the output array is " + shape_text(outputs[i]) + " (" +
+            std::to_string(outputs[i].numel()) + " elements)");
+    if (r.is_floating_point() && !outputs[i].is_floating_point())
+      usage("output " + std::to_string(i + 1) + ": the model returns " + ftc::dtype_name(r.scalar_type()) +
+            " values, which an " + ftc::dtype_name(outputs[i].scalar_type()) + " array would truncate");
+    outputs[i].copy_(r.reshape(outputs[i].sizes()));
+  }
+  ++p.step_inference;
+}
+
+// ---------------------------------------------------------------------------- files
+
+// The parameters and buffers of `from` into the same-named ones of `to`, after checking that every
+// name and shape agrees (nothing changes otherwise).
+void copy_state(torch::jit::Module &to, const torch::jit::Module &from, const std::string &file) {
+  std::unordered_map<std::string, at::Tensor> source;
+  for (const auto &p : from.named_parameters()) source[p.name] = p.value;
+  for (const auto &b : from.named_buffers()) source[b.name] = b.value;
+  std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
+  size_t count = 0;
+  auto match = [&](const std::string &name, const at::Tensor &dst) {
+    auto it = source.find(name);
+    if (it == source.end()) usage(file + " has no '" + name + "': it holds another model");
+    if (it->second.sizes() != dst.sizes())
+      usage(file + ": '" + name + "' has shape " + shape_text(it->second) + ", the model's is " + shape_text(dst));
+    pairs.emplace_back(dst, it->second);
+    ++count;
+  };
+  for (const auto &p : to.named_parameters()) match(p.name, p.value);
+  for (const auto &b : to.named_buffers()) match(b.name, b.value);
+  if (count != source.size()) usage(file + " holds more parameters and buffers than the model: it holds another model");
+  torch::NoGradGuard no_grad;
+  for (auto &[dst, src] : pairs) dst.copy_(src);
+}
+
+void save_state(const Pack &p, const std::string &path) {
+  torch::serialize::OutputArchive archive;
+  archive.write("step_train", c10::IValue(p.step_train));
+  archive.write("step_inference", c10::IValue(p.step_inference));
+  archive.write("device", c10::IValue(p.device));
+  archive.save_to(path);
+}
+
+void load_state(Pack &p, const std::string &path) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(path);
+  c10::IValue train, inference;
+  if (!archive.try_read("step_train", train) || !archive.try_read("step_inference", inference))
+    usage(path + " is not a TorchFort model state (step_train and step_inference missing)");
+  p.step_train = train.toInt();
+  p.step_inference = inference.toInt();
+}
+
+void require_file(const fs::path &path) {
+  if (!fs::exists(path)) usage("the checkpoint has no " + path.string());
+}
+
+}  // namespace tf
+
+// ---------------------------------------------------------------------------- the C API
+
+using namespace tf;
+
+torchfort_result_t torchfort_create_model(const char *name, const char *config_fname, int device) {
+  return boundary(__func__, [&] {
+    if (name == nullptr || *name == '\0') usage("the model name is empty");
+    if (config_fname == nullptr) usage("the configuration file name is a null pointer");
+    {
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      if (registry.count(name))
+        usage(std::string("a model named '") + name + "' exists already (each model needs its own name)");
+    }
+    auto p = std::make_shared<Pack>();
+    p->name = name;
+    p->cfg = read_config(config_fname);
+    p->device = model_device(device);
+    if (p->cfg.model_type == "mlp") {
+      p->module = build_mlp(p->cfg);
+      p->module.to(p->device);
+    } else {
+      p->module = load_script(p->cfg.model_filename, p->device, "the model");
+    }
+    p->params = parameters_of(p->module);
+    if (p->cfg.has_loss) {
+      p->loss = std::make_unique<Loss>();
+      p->loss->type = p->cfg.loss_type;
+      if (p->cfg.loss_type == "torchscript") {
+        p->loss->script = load_script(p->cfg.loss_filename, p->device, "the loss");
+      } else if (p->cfg.reduction == "sum") {
+        p->loss->reduction = at::Reduction::Sum;
+      } else if (p->cfg.reduction == "none") {
+        p->loss->reduction = at::Reduction::None;
+      }
+    }
+    if (p->cfg.has_optimizer) {
+      if (p->params.empty()) usage("the model has no parameters for the optimizer to train");
+      make_optimizer(*p);
+    }
+    if (p->cfg.has_scheduler) p->schedule = std::make_unique<Schedule>(*p->opt, p->cfg.scheduler);
+    if (p->cfg.enable_wandb_hook) {
+      const char *dir = std::getenv("TORCHFORT_LOGDIR");
+      if (dir != nullptr && *dir != '\0') {
+        fs::create_directories(dir);
+        p->log_file = fs::path(dir) / "torchfort.log";
+        // The configuration next to the log, with the model's name (TorchFort's wandb_helper.py reads it).
+        std::string file_name = p->name;
+        for (char &ch : file_name)
+          if (ch == '/') ch = '-';
+        file_name.erase(std::remove(file_name.begin(), file_name.end(), ' '), file_name.end());
+        std::ofstream copy(fs::path(dir) / ("config_" + file_name + ".yaml"));
+        copy << p->cfg.text << (p->cfg.text.empty() || p->cfg.text.back() == '\n' ? "" : "\n") << "identifier: \""
+             << p->name << "\"\n";
+      } else {
+        std::cout << "TORCHFORT::WARN: enable_wandb_hook is true but TORCHFORT_LOGDIR is not set: no metrics are "
+                     "written (set it to a writable directory)"
+                  << std::endl;
+      }
+    }
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    if (!registry.emplace(name, p).second)
+      usage(std::string("a model named '") + name + "' exists already (each model needs its own name)");
+  });
+}
+
+namespace {
+template <class Body>
+torchfort_result_t with_model(const char *fn, const char *name, Body &&body) {
+  return boundary(fn, [&] {
+    std::shared_ptr<Pack> p = find(name);
+    std::lock_guard<std::mutex> lock(p->mutex);
+    body(*p);
+  });
+}
+
+torchfort_result_t train_arrays(const char *fn, const char *name, void *input, size_t input_dim, int64_t *input_shape,
+                                void *label, size_t label_dim, int64_t *label_shape, void *loss_val,
+                                torchfort_datatype_t dtype, cudaStream_t stream, bool fortran) {
+  return with_model(fn, name, [&](Pack &p) {
+    if (loss_val == nullptr) usage("loss_val is a null pointer");
+    const at::Tensor x = wrap(input, input_dim, input_shape, dtype, fortran, "input", true);
+    const at::Tensor y = wrap(label, label_dim, label_shape, dtype, fortran, "label", true);
+    StreamScope scope(p.device, stream);
+    const float value = train_lists(p, {x}, {y}, {});
+    if (dtype == TORCHFORT_FLOAT) {
+      *static_cast<float *>(loss_val) = value;
+    } else {
+      *static_cast<double *>(loss_val) = value;
+    }
+  });
+}
+
+torchfort_result_t inference_arrays(const char *fn, const char *name, void *input, size_t input_dim,
+                                    int64_t *input_shape, void *output, size_t output_dim, int64_t *output_shape,
+                                    torchfort_datatype_t dtype, cudaStream_t stream, bool fortran) {
+  return with_model(fn, name, [&](Pack &p) {
+    const at::Tensor x = wrap(input, input_dim, input_shape, dtype, fortran, "input", true);
+    std::vector<at::Tensor> outputs{wrap(output, output_dim, output_shape, dtype, fortran, "output", true)};
+    StreamScope scope(p.device, stream);
+    inference_lists(p, {x}, outputs);
+  });
+}
+}  // namespace
+
+torchfort_result_t torchfort_train(const char *name, void *input, size_t input_dim, int64_t *input_shape, void *label,
+                                   size_t label_dim, int64_t *label_shape, void *loss_val, torchfort_datatype_t dtype,
+                                   cudaStream_t stream) {
+  return train_arrays(__func__, name, input, input_dim, input_shape, label, label_dim, label_shape, loss_val, dtype,
+                      stream, false);
+}
+
+torchfort_result_t torchfort_train_F(const char *name, void *input, size_t input_dim, int64_t *input_shape,
+                                     void *label, size_t label_dim, int64_t *label_shape, void *loss_val,
+                                     torchfort_datatype_t dtype, cudaStream_t stream) {
+  return train_arrays("torchfort_train", name, input, input_dim, input_shape, label, label_dim, label_shape, loss_val,
+                      dtype, stream, true);
+}
+
+torchfort_result_t torchfort_train_multiarg(const char *name, torchfort_tensor_list_t inputs,
+                                            torchfort_tensor_list_t labels, float *loss_val,
+                                            torchfort_tensor_list_t extra_loss_args, cudaStream_t stream) {
+  return with_model("torchfort_train_multiarg", name, [&](Pack &p) {
+    if (loss_val == nullptr) usage("loss_val is a null pointer");
+    const TensorList &in = list_of(inputs, "inputs");
+    const TensorList &lab = list_of(labels, "labels");
+    const std::vector<at::Tensor> extra =
+        extra_loss_args != nullptr ? list_of(extra_loss_args, "extra_loss_args").tensors : std::vector<at::Tensor>();
+    StreamScope scope(p.device, stream);
+    *loss_val = train_lists(p, in.tensors, lab.tensors, extra);
+  });
+}
+
+torchfort_result_t torchfort_inference(const char *name, void *input, size_t input_dim, int64_t *input_shape,
+                                       void *output, size_t output_dim, int64_t *output_shape,
+                                       torchfort_datatype_t dtype, cudaStream_t stream) {
+  return inference_arrays(__func__, name, input, input_dim, input_shape, output, output_dim, output_shape, dtype,
+                          stream, false);
+}
+
+torchfort_result_t torchfort_inference_F(const char *name, void *input, size_t input_dim, int64_t *input_shape,
+                                         void *output, size_t output_dim, int64_t *output_shape,
+                                         torchfort_datatype_t dtype, cudaStream_t stream) {
+  return inference_arrays("torchfort_inference", name, input, input_dim, input_shape, output, output_dim,
+                          output_shape, dtype, stream, true);
+}
+
+torchfort_result_t torchfort_inference_multiarg(const char *name, torchfort_tensor_list_t inputs,
+                                                torchfort_tensor_list_t outputs, cudaStream_t stream) {
+  return with_model(__func__, name, [&](Pack &p) {
+    const TensorList &in = list_of(inputs, "inputs");
+    TensorList &out = list_of(outputs, "outputs");
+    StreamScope scope(p.device, stream);
+    inference_lists(p, in.tensors, out.tensors);
+  });
+}
+
+torchfort_result_t torchfort_save_model(const char *name, const char *fname) {
+  return with_model(__func__, name, [&](Pack &p) {
+    if (fname == nullptr) usage("the file name is a null pointer");
+    p.module.save(fname);
+  });
+}
+
+torchfort_result_t torchfort_load_model(const char *name, const char *fname) {
+  return with_model(__func__, name, [&](Pack &p) {
+    if (fname == nullptr) usage("the file name is a null pointer");
+    torch::jit::Module loaded = load_script(fname, p.device, "the model");
+    copy_state(p.module, loaded, fname);
+  });
+}
+
+torchfort_result_t torchfort_save_checkpoint(const char *name, const char *checkpoint_dir) {
+  return with_model(__func__, name, [&](Pack &p) {
+    if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
+    if (!p.opt) usage("model '" + p.name + "' has no optimizer: a checkpoint saves training state (use torchfort_save_model)");
+    const fs::path dir(checkpoint_dir);
+    fs::create_directories(dir);
+    p.module.save((dir / "model.pt").string());
+    torch::save(*p.opt, (dir / "optimizer.pt").string());
+    if (p.schedule) p.schedule->save((dir / "lr.pt").string());
+    save_state(p, (dir / "state.pt").string());
+  });
+}
+
+torchfort_result_t torchfort_load_checkpoint(const char *name, const char *checkpoint_dir, int64_t *step_train,
+                                             int64_t *step_inference) {
+  return with_model(__func__, name, [&](Pack &p) {
+    if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
+    if (!p.opt) usage("model '" + p.name + "' has no optimizer to resume");
+    const fs::path dir(checkpoint_dir);
+    if (!fs::is_directory(dir)) usage("the checkpoint directory " + dir.string() + " does not exist");
+    for (const char *f : {"state.pt", "model.pt", "optimizer.pt"}) require_file(dir / f);
+    if (p.schedule) require_file(dir / "lr.pt");
+    // Read everything first; the model's values change only once every file has been read.
+    torch::jit::Module loaded = load_script((dir / "model.pt").string(), p.device, "the checkpoint's model");
+    Pack staged_state;
+    load_state(staged_state, (dir / "state.pt").string());
+    copy_state(p.module, loaded, (dir / "model.pt").string());
+    torch::load(*p.opt, (dir / "optimizer.pt").string(), p.device);
+    if (p.schedule) p.schedule->load((dir / "lr.pt").string());
+    p.step_train = staged_state.step_train;
+    p.step_inference = staged_state.step_inference;
+    p.step_train_current = 0;
+    if (step_train != nullptr) *step_train = p.step_train;
+    if (step_inference != nullptr) *step_inference = p.step_inference;
+  });
+}
+
+torchfort_result_t torchfort_set_cudnn_benchmark(const bool flag) {
+  return boundary(__func__, [&] { at::globalContext().setBenchmarkCuDNN(flag); });
+}
+
+torchfort_result_t torchfort_set_cuda_allow_tf32(const bool flag) {
+  return boundary(__func__, [&] {
+    at::globalContext().setAllowTF32CuBLAS(flag);
+    at::globalContext().setAllowTF32CuDNN(flag);
+  });
+}
+
+torchfort_result_t torchfort_set_manual_seed(const int seed) {
+  return boundary(__func__, [&] { torch::manual_seed(static_cast<uint64_t>(seed)); });
+}
+
+torchfort_result_t torchfort_set_cuda_manual_seed(const int seed) {
+  return boundary(__func__, [&] { torch::cuda::manual_seed(static_cast<uint64_t>(seed)); });
+}
+
+namespace {
+template <class T>
+torchfort_result_t wandb_log(const char *fn, const char *name, const char *metric_name, int64_t step, T value) {
+  return with_model(fn, name, [&](Pack &p) {
+    if (metric_name == nullptr) usage("the metric name is a null pointer");
+    log_metric(p, metric_name, step, number_text(value));
+  });
+}
+}  // namespace
+
+torchfort_result_t torchfort_wandb_log_int(const char *name, const char *metric_name, int64_t step, int value) {
+  return wandb_log(__func__, name, metric_name, step, value);
+}
+torchfort_result_t torchfort_wandb_log_float(const char *name, const char *metric_name, int64_t step, float value) {
+  return wandb_log(__func__, name, metric_name, step, value);
+}
+torchfort_result_t torchfort_wandb_log_double(const char *name, const char *metric_name, int64_t step, double value) {
+  return wandb_log(__func__, name, metric_name, step, value);
+}
+
+torchfort_result_t torchfort_tensor_list_create(torchfort_tensor_list_t *tensor_list) {
+  return boundary(__func__, [&] {
+    if (tensor_list == nullptr) usage("tensor_list is a null pointer");
+    *tensor_list = new TensorList;
+  });
+}
+
+torchfort_result_t torchfort_tensor_list_destroy(torchfort_tensor_list_t tensor_list) {
+  return boundary(__func__, [&] { delete static_cast<TensorList *>(tensor_list); });
+}
+
+namespace {
+torchfort_result_t add_tensor(const char *fn, torchfort_tensor_list_t tensor_list, void *data_ptr, size_t dim,
+                              int64_t *shape, torchfort_datatype_t dtype, bool fortran) {
+  return boundary(fn, [&] {
+    TensorList &l = list_of(tensor_list, "tensor_list");
+    l.tensors.push_back(wrap(data_ptr, dim, shape, dtype, fortran, "data_ptr", false));
+  });
+}
+}  // namespace
+
+torchfort_result_t torchfort_tensor_list_add_tensor(torchfort_tensor_list_t tensor_list, void *data_ptr, size_t dim,
+                                                    int64_t *shape, torchfort_datatype_t dtype) {
+  return add_tensor(__func__, tensor_list, data_ptr, dim, shape, dtype, false);
+}
+
+torchfort_result_t torchfort_tensor_list_add_tensor_F(torchfort_tensor_list_t tensor_list, void *data_ptr, size_t dim,
+                                                      int64_t *shape, torchfort_datatype_t dtype) {
+  return add_tensor("torchfort_tensor_list_add_tensor", tensor_list, data_ptr, dim, shape, dtype, true);
+}
