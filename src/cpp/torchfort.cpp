@@ -303,10 +303,11 @@ torch::Device model_device(int device) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device));
 }
 
-torch::jit::Module load_script(const std::string &filename, const torch::Device &device, const char *what) {
+torch::jit::Module load_script(const std::string &filename, const torch::Device &device, const char *what,
+                               const std::string &config = "") {
   if (!fs::exists(filename))
-    usage(std::string(what) + " file " + filename + " does not exist (a relative name is taken from the working "
-          "directory, " + fs::current_path().string() + ")");
+    usage(std::string(what) + " file " + filename + (config.empty() ? "" : " (named in " + config + ")") +
+          " does not exist (a relative name is taken from the working directory, " + fs::current_path().string() + ")");
   try {
     return torch::jit::load(filename, device);
   } catch (const c10::Error &e) {
@@ -466,7 +467,9 @@ std::string number_text(T value) {
   return os.str();
 }
 
-float train_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, const std::vector<at::Tensor> &labels_in,
+// Returns the loss in double precision (TorchFort rounds it to float first; a float64 model's
+// TORCHFORT_DOUBLE loss keeps its precision here).
+double train_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, const std::vector<at::Tensor> &labels_in,
                   const std::vector<at::Tensor> &extra_in) {
   if (!p.opt)
     usage("model '" + p.name + "' cannot be trained: its configuration (" + p.cfg.filename + ") has no optimizer block");
@@ -489,14 +492,15 @@ float train_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, const std::
     p.opt->step();
     if (p.schedule) p.schedule->step();
   }
-  const float value = loss.item<float>();
+  const double value = loss.item<double>();
   ++p.step_train;
   ++p.step_train_current;
   if (p.cfg.report_frequency > 0 && p.step_train % p.cfg.report_frequency == 0) {
     const double lr = p.opt->param_groups().at(0).options().get_lr();
-    std::cout << "TORCHFORT::INFO: model: " << p.name << ", step_train: " << p.step_train << ", loss: " << value
+    std::cout << "TORCHFORT::INFO: model: " << p.name << ", step_train: " << p.step_train
+              << ", loss: " << static_cast<float>(value)
               << ", lr: " << lr << std::endl;
-    log_metric(p, "train_loss", p.step_train, number_text(value));
+    log_metric(p, "train_loss", p.step_train, number_text(static_cast<float>(value)));
     log_metric(p, "train_lr", p.step_train, number_text(lr));
   }
   return value;
@@ -593,14 +597,14 @@ torchfort_result_t torchfort_create_model(const char *name, const char *config_f
       p->module = build_mlp(p->cfg);
       p->module.to(p->device);
     } else {
-      p->module = load_script(p->cfg.model_filename, p->device, "the model");
+      p->module = load_script(p->cfg.model_filename, p->device, "the model", p->cfg.filename);
     }
     p->params = parameters_of(p->module);
     if (p->cfg.has_loss) {
       p->loss = std::make_unique<Loss>();
       p->loss->type = p->cfg.loss_type;
       if (p->cfg.loss_type == "torchscript") {
-        p->loss->script = load_script(p->cfg.loss_filename, p->device, "the loss");
+        p->loss->script = load_script(p->cfg.loss_filename, p->device, "the loss", p->cfg.filename);
       } else if (p->cfg.reduction == "sum") {
         p->loss->reduction = at::Reduction::Sum;
       } else if (p->cfg.reduction == "none") {
@@ -655,9 +659,9 @@ torchfort_result_t train_arrays(const char *fn, const char *name, void *input, s
     const at::Tensor x = wrap(input, input_dim, input_shape, dtype, fortran, "input", true);
     const at::Tensor y = wrap(label, label_dim, label_shape, dtype, fortran, "label", true);
     StreamScope scope(p.device, stream);
-    const float value = train_lists(p, {x}, {y}, {});
+    const double value = train_lists(p, {x}, {y}, {});
     if (dtype == TORCHFORT_FLOAT) {
-      *static_cast<float *>(loss_val) = value;
+      *static_cast<float *>(loss_val) = static_cast<float>(value);
     } else {
       *static_cast<double *>(loss_val) = value;
     }
@@ -700,7 +704,7 @@ torchfort_result_t torchfort_train_multiarg(const char *name, torchfort_tensor_l
     const std::vector<at::Tensor> extra =
         extra_loss_args != nullptr ? list_of(extra_loss_args, "extra_loss_args").tensors : std::vector<at::Tensor>();
     StreamScope scope(p.device, stream);
-    *loss_val = train_lists(p, in.tensors, lab.tensors, extra);
+    *loss_val = static_cast<float>(train_lists(p, in.tensors, lab.tensors, extra));
   });
 }
 

@@ -116,12 +116,12 @@ class Block {
  public:
   Block(const Node *node, std::string path, const std::string &file) : node_(node), path_(std::move(path)), file_(file) {
     if (node_ != nullptr && node_->kind != Node::kMapping && node_->kind != Node::kNull)
-      fail(*node_, path_ + " must be a block of 'key: value' lines");
+      fail(*node_, label() + " must be a block of 'key: value' lines");
     if (node_ != nullptr && node_->kind == Node::kMapping) {
       std::map<std::string, int> seen;
       for (const auto &[key, value] : node_->map) {
         auto [it, fresh] = seen.emplace(sanitize(key), value.line);
-        if (!fresh) fail(value, path_ + ": '" + key + "' is given twice (also on line " + std::to_string(it->second) + ")");
+        if (!fresh) fail(value, label() + ": '" + key + "' is given twice (also on line " + std::to_string(it->second) + ")");
       }
     }
   }
@@ -141,7 +141,7 @@ class Block {
     allowed_.pop_back();
     return n != nullptr;
   }
-  Block block(const std::string &key) { return Block(find(key), path_ + "." + key, file_); }
+  Block block(const std::string &key) { return Block(find(key), path_.empty() ? key : path_ + "." + key, file_); }
 
   std::string string(const std::string &key, const std::string &fallback, bool required = false) {
     const Node *n = find(key);
@@ -215,7 +215,7 @@ class Block {
     for (const auto &[k, v] : node_->map)
       if (read_.count(sanitize(k)) == 0) {
         std::string allowed = allowed_.empty() ? "none" : join(allowed_);
-        fail(v, "unknown key '" + k + "' in " + path_ + " (allowed: " + allowed + ")");
+        fail(v, "unknown key '" + k + "' in " + label() + " (allowed: " + allowed + ")");
       }
   }
 
@@ -224,10 +224,10 @@ class Block {
   }
   [[noreturn]] void missing(const std::string &key, const std::string &hint = "") const {
     int line = node_ != nullptr ? node_->line : 1;
-    throw ConfigError(file_ + ":" + std::to_string(line) + ": " + path_ + " needs the key '" + key + "'" + hint);
+    throw ConfigError(file_ + ":" + std::to_string(line) + ": " + label() + " needs the key '" + key + "'" + hint);
   }
-  std::string where(const std::string &key) const { return path_ + "." + key; }
-  const std::string &path() const { return path_; }
+  std::string where(const std::string &key) const { return path_.empty() ? key : path_ + "." + key; }
+  std::string label() const { return path_.empty() ? "the configuration" : path_; }
 
  private:
   double to_real(const Node &n, const std::string &key) const {
@@ -321,7 +321,7 @@ Config read_config(const std::string &filename) {
   c.filename = filename;
   Node root = parse_file(filename, c.text);
   if (root.kind == Node::kNull) throw ConfigError(filename + ": the configuration file is empty");
-  Block top(&root, "the configuration", filename);
+  Block top(&root, "", filename);
 
   Block general = top.block("general");
   c.report_frequency = general.integer("report_frequency", 0, false, 0);

@@ -1,0 +1,321 @@
+"""TorchFort's API (torchfort.h, module torchfort): a TorchFort program (tests/fortran/test_torchfort.f90)
+trains YAML-configured models with gfortran and flang, and its losses, outputs and final weights equal
+training written in Python with PyTorch from the same configuration, seed and data (TorchFort's
+built-in MLP, its losses, optimizers, gradient clipping and accumulation, and each of its learning-rate
+schedules); checkpoints resume bit for bit; a C program reaches the same API through torchfort.h."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import COMPILERS, assert_all_passed, helper, run
+
+SEED, STEPS, BATCH = 1234, 8, 6
+
+# name -> configuration (written as YAML by _to_yaml). "f8..." models are float64 TorchScript files.
+CONFIGS = {
+    "adam_cosine": {
+        "general": {"report_frequency": 4},
+        "model": {"type": "mlp", "parameters": {"layer_sizes": [4, 16, 3]}},
+        "loss": {"type": "MSE"},
+        "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2", "weight_decay": 0.01},
+                      "general": {"max_grad_norm": 0.5}},
+        "lr_scheduler": {"type": "cosine_annealing", "parameters": {"T_max": 5}},
+    },
+    "sgd_multistep_accum": {
+        "model": {"type": "MLP", "parameters": {"layer_sizes": [4, 8, 8, 3], "flatten_non_batch_dims": "false"}},
+        "loss": {"type": "l1", "parameters": {"reduction": "sum"}},
+        "optimizer": {"type": "sgd", "parameters": {"learning_rate": 0.02, "momentum": 0.9, "nesterov": "true"},
+                      "general": {"grad_accumulation_steps": 2}},
+        "lr_scheduler": {"type": "multistep", "parameters": {"milestones": [1, 2], "gamma": 0.5}},
+    },
+    "adam_amsgrad_polynomial": {
+        "model": {"type": "mlp", "parameters": {"layer_sizes": [4, 12, 3]}},
+        "loss": {"type": "mse", "parameters": {"reduction": "sum"}},
+        "optimizer": {"type": "adam", "parameters": {"learning_rate": "5e-3", "beta1": 0.8, "beta2": 0.99,
+                                                      "eps": "1e-6", "amsgrad": 1}},
+        "lr_scheduler": {"type": "polynomial", "parameters": {"total_iters": 6, "power": 2.0}},
+    },
+    "sgd_step": {
+        "model": {"type": "mlp", "parameters": {"layer_sizes": [4, 8, 3]}},
+        "loss": {"type": "mse"},
+        "optimizer": {"type": "sgd", "parameters": {"learning_rate": 0.1, "weight_decay": "1e-3", "dampening": 0.1,
+                                                     "momentum": 0.5}},
+        "lr_scheduler": {"type": "step", "parameters": {"step_size": 2, "gamma": 0.7}},
+    },
+    "adam_linear": {
+        "model": {"type": "mlp", "parameters": {"layer_sizes": [4, 8, 3]}},
+        "loss": {"type": "mse"},
+        "optimizer": {"type": "adam"},
+        "lr_scheduler": {"type": "linear", "parameters": {"total_iters": 4}},
+    },
+    "f8_torchscript": {
+        "model": {"type": "torchscript", "parameters": {"filename": '"{dir}/f8_model.pt"'}},
+        "loss": {"type": "mse"},
+        "optimizer": {"type": "sgd", "parameters": {"learning_rate": 0.05}},
+    },
+}
+
+
+def _to_yaml(value, indent=0) -> str:
+    """A configuration as a user writes it: nested blocks, [a, b] lists, plain scalars."""
+    out = ""
+    for key, v in value.items():
+        if isinstance(v, dict):
+            out += " " * indent + f"{key}:\n" + _to_yaml(v, indent + 2)
+        elif isinstance(v, list):
+            out += " " * indent + f"{key}: [{', '.join(str(i) for i in v)}]\n"
+        else:
+            out += " " * indent + f"{key}: {v}\n"
+    return out
+
+
+def _number(v):
+    return float(v) if isinstance(v, str) and v not in ("true", "false") else v
+
+
+def _flag(v):
+    return v in (True, 1, "true")
+
+
+EXTRA_FILES = {
+    "bad_key.yaml": "model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\n    layer_size: [4, 3]\n",
+    "no_optimizer.yaml": "model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 8, 3]\nloss:\n  type: mse\n",
+}
+
+
+def _data(dtype):
+    x = torch.tensor([[(((i * 7 + b * 3) % 11) - 5) / 8.0 for i in range(1, 5)] for b in range(1, BATCH + 1)],
+                     dtype=dtype)
+    y = torch.tensor([[(((j * 5 + b * 2) % 7) - 3) / 4.0 for j in range(1, 4)] for b in range(1, BATCH + 1)],
+                     dtype=dtype)
+    return x, y
+
+
+class TorchFortMLP(torch.nn.Module):
+    """TorchFort's built-in MLP as its documentation and source describe it (written here from that
+    description): Linear layers, an extra zero bias before each hidden ReLU, dropout after it."""
+
+    def __init__(self, sizes, flatten=True):
+        super().__init__()
+        self.fcs = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.biases = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(s)) for s in sizes[1:-1])
+        self.flatten = flatten
+
+    def forward(self, x):
+        if self.flatten:
+            x = x.reshape(x.shape[0], -1)
+        for i, fc in enumerate(self.fcs):
+            x = fc(x)
+            if i < len(self.fcs) - 1:
+                x = torch.relu(x + self.biases[i])
+        return x
+
+    def torchfort_parameters(self):  # TorchFort's order: the extra biases, then each layer
+        return list(self.biases) + [p for fc in self.fcs for p in (fc.weight, fc.bias)]
+
+
+def _schedule(opt, cfg):
+    """PyTorch's scheduler for TorchFort's: TorchFort's LibTorch schedules compute each rate from the
+    number of earlier steps, so they are PyTorch's one optimizer step later; constructing the PyTorch
+    scheduler after the first optimizer step gives exactly that."""
+    kind = cfg["type"]
+    p = {k: _number(v) for k, v in (cfg.get("parameters") or {}).items()}
+    p = {k: (int(v) if k in ("step_size", "total_iters", "T_max") else v) for k, v in p.items()}
+    S = torch.optim.lr_scheduler
+    if kind == "step":
+        return S.StepLR(opt, p["step_size"], p.get("gamma", 0.1))
+    if kind == "multistep":
+        return S.MultiStepLR(opt, p["milestones"], p.get("gamma", 0.1))
+    if kind == "polynomial":
+        return S.PolynomialLR(opt, p["total_iters"], p.get("power", 1.0))
+    if kind == "cosine_annealing":
+        return S.CosineAnnealingLR(opt, p["T_max"], p.get("eta_min", 0.0))
+    if kind == "linear":  # TorchFort's default start factor is 0.3333333, not 1/3
+        return S.LinearLR(opt, p.get("start_factor", 0.3333333), p.get("end_factor", 1.0), p["total_iters"])
+    raise AssertionError(kind)
+
+
+def reference(name, cfg, directory):
+    """Losses, inference output and final parameters of PyTorch training with cfg."""
+    dtype = torch.float64 if name.startswith("f8") else torch.float32
+    x, y = _data(dtype)
+    torch.manual_seed(SEED)
+    m = cfg["model"]
+    if m["type"].lower() == "mlp":
+        p = m["parameters"]
+        model = TorchFortMLP(p["layer_sizes"], _flag(p.get("flatten_non_batch_dims", True)))
+        params = model.torchfort_parameters()
+    else:
+        model = torch.jit.load(str(directory / "f8_model.pt"))
+        params = list(model.parameters())
+    o = cfg["optimizer"]
+    op = {k: _number(v) for k, v in (o.get("parameters") or {}).items()}
+    general = o.get("general") or {}
+    if o["type"] == "adam":
+        opt = torch.optim.Adam(params, lr=op.get("learning_rate", 1e-3),
+                               betas=(op.get("beta1", 0.9), op.get("beta2", 0.999)), eps=op.get("eps", 1e-8),
+                               weight_decay=op.get("weight_decay", 0.0), amsgrad=_flag(op.get("amsgrad", False)))
+    else:
+        opt = torch.optim.SGD(params, lr=op.get("learning_rate", 1e-3), momentum=op.get("momentum", 0.0),
+                              dampening=op.get("dampening", 0.0), weight_decay=op.get("weight_decay", 0.0),
+                              nesterov=_flag(op.get("nesterov", False)))
+    accumulate = general.get("grad_accumulation_steps", 1)
+    max_norm = general.get("max_grad_norm", 0.0)
+    loss_cfg = cfg["loss"]
+    reduction = (loss_cfg.get("parameters") or {}).get("reduction", "mean")
+    loss_fn = torch.nn.functional.mse_loss if loss_cfg["type"].lower() == "mse" else torch.nn.functional.l1_loss
+    schedule, losses = None, []
+    for step in range(STEPS):
+        if step % accumulate == 0:
+            opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x).flatten(), y.flatten(), reduction=reduction)
+        loss.backward()
+        if (step + 1) % accumulate == 0:
+            if max_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, max_norm)
+            opt.step()
+            if "lr_scheduler" in cfg:
+                if schedule is None:
+                    schedule = _schedule(opt, cfg["lr_scheduler"])
+                else:
+                    schedule.step()
+        losses.append(loss.item())
+    with torch.no_grad():
+        out = model(x)
+    return losses, out, [p.detach() for p in params]
+
+
+@pytest.fixture(scope="module")
+def torchfort_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("torchfort")
+    torch.manual_seed(5)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
+    torch.jit.script(net).save(str(d / "f8_model.pt"))
+    for name, cfg in CONFIGS.items():
+        (d / f"{name}.yaml").write_text(_to_yaml(cfg).replace("{dir}", str(d)))
+    for name, text in EXTRA_FILES.items():
+        (d / name).write_text(text)
+    (d / "configs.txt").write_text("".join(f"{n}\n" for n in CONFIGS))
+    return d
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_torchfort_program_trains_as_pytorch(compiler, cmake_consumer, torchfort_dir, tmp_path):
+    work = tmp_path / "run"
+    shutil.copytree(torchfort_dir, work)
+    binary = cmake_consumer(compiler) / "test_torchfort"
+    proc = run([binary, work], check=False)
+    assert_all_passed(proc)
+    # report_frequency: TorchFort's progress line every 4 steps
+    assert "TORCHFORT::INFO: model: adam_cosine, step_train: 8, loss: " in proc.stdout
+    # every error was reported with its reason on standard error
+    assert "TORCHFORT::ERROR: torchfort_train: no model named 'no_such_model'" in proc.stderr
+    assert "unknown key 'layer_size' in model.parameters (allowed: layer_sizes, dropout, flatten_non_batch_dims)" in proc.stderr
+    assert "cannot be trained: its configuration" in proc.stderr
+    for name, cfg in CONFIGS.items():
+        losses, out, params = reference(name, cfg, work)
+        values = [float(v) for v in (work / f"{name}.out").read_text().split()]
+        got_losses, got_out = (torch.tensor(values[:STEPS], dtype=torch.float64),
+                               torch.tensor(values[STEPS:], dtype=torch.float64))
+        # float64: the same operations in the same order (1e-12). float32: LibTorch's C++ optimizers
+        # and torch.optim's Python ones order a few operations differently (Adam's bias corrections,
+        # the clipping norm); after 8 steps that is a few float32 roundings of relative size 6e-8.
+        rtol = 1e-12 if name.startswith("f8") else 2e-6
+        torch.testing.assert_close(got_losses, torch.tensor(losses, dtype=torch.float64), rtol=rtol, atol=rtol,
+                                   msg=lambda m: f"{name} losses: {m}")
+        # Fortran's output (3, batch) is the tensor [batch, 3]
+        torch.testing.assert_close(got_out.reshape(BATCH, 3), out.to(torch.float64), rtol=rtol, atol=rtol,
+                                   msg=lambda m: f"{name} inference: {m}")
+        # the model file is TorchScript that torch.jit.load reads and runs, with the trained weights
+        saved = torch.jit.load(str(work / f"{name}.pt"))
+        for got, want in zip(saved.parameters(), params):
+            torch.testing.assert_close(got, want, rtol=rtol, atol=rtol, msg=lambda m: f"{name} weights: {m}")
+        torch.testing.assert_close(saved(_data(out.dtype)[0]).detach(), out, rtol=rtol, atol=rtol)
+
+
+C_PROGRAM = r"""
+#include <stdio.h>
+#include <string.h>
+#include "torchfort.h"
+#include "ftorch_c.h"
+int main(int argc, char **argv) {
+  if (argc < 2) return 9;
+  char config[1024];
+  snprintf(config, sizeof config, "%s/adam_cosine.yaml", argv[1]);
+  float x[6][4], y[6][3], out[6][3], loss = 0;
+  for (int b = 0; b < 6; ++b) {
+    for (int i = 0; i < 4; ++i) x[b][i] = (float)(((i + 1) * 7 + (b + 1) * 3) % 11 - 5) / 8.0f;
+    for (int j = 0; j < 3; ++j) y[b][j] = (float)(((j + 1) * 5 + (b + 1) * 2) % 7 - 3) / 4.0f;
+  }
+  int64_t xs[2] = {6, 4}, ys[2] = {6, 3};
+  if (torchfort_set_manual_seed(1234) != TORCHFORT_RESULT_SUCCESS) return 1;
+  if (torchfort_create_model("c", config, TORCHFORT_DEVICE_CPU) != TORCHFORT_RESULT_SUCCESS) return 2;
+  for (int s = 0; s < 8; ++s) {
+    if (torchfort_train("c", x, 2, xs, y, 2, ys, &loss, TORCHFORT_FLOAT, NULL) != TORCHFORT_RESULT_SUCCESS) return 3;
+    printf("%.9e\n", loss);
+  }
+  if (torchfort_inference("c", x, 2, xs, out, 2, ys, TORCHFORT_FLOAT, NULL) != TORCHFORT_RESULT_SUCCESS) return 4;
+  for (int b = 0; b < 6; ++b) for (int j = 0; j < 3; ++j) printf("%.9e\n", out[b][j]);
+  torchfort_result_t r = torchfort_train("c", x, 2, xs, y, 2, ys, &loss, (torchfort_datatype_t)7, NULL);
+  if (r != TORCHFORT_RESULT_INVALID_USAGE || strstr(ftc_last_error(), "unknown or unsupported dtype") == NULL) return 5;
+  r = torchfort_create_model("gpu", config, 0);
+  if (r != TORCHFORT_RESULT_NOT_SUPPORTED && r != TORCHFORT_RESULT_SUCCESS) return 6;
+  return 0;
+}
+"""
+
+
+def test_c_program_through_torchfort_h(installed, torchfort_dir, tmp_path):
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    (tmp_path / "main.c").write_text(C_PROGRAM)
+    libdir = helper("--libdir")
+    run([cc, "-std=c99", "-Wall", "-Wextra", "-Werror", tmp_path / "main.c", f"-I{helper('--includedir')}",
+         f"-L{libdir}", "-lftorch_c", f"-Wl,-rpath,{libdir}", "-o", tmp_path / "main"])
+    proc = run([tmp_path / "main", torchfort_dir])
+    # (TorchFort's progress lines, report_frequency 4, are on the same output)
+    values = [float(v) for v in proc.stdout.split("\n") if v.strip() and not v.startswith("TORCHFORT::")]
+    assert "TORCHFORT::INFO: model: c, step_train: 4, loss: " in proc.stdout
+    losses, out, _ = reference("adam_cosine", CONFIGS["adam_cosine"], torchfort_dir)
+    torch.testing.assert_close(torch.tensor(values[:STEPS], dtype=torch.float64),
+                               torch.tensor(losses, dtype=torch.float64), rtol=2e-6, atol=2e-6)
+    # C's row-major [6][3] output is the tensor [6, 3] itself
+    torch.testing.assert_close(torch.tensor(values[STEPS:]).reshape(BATCH, 3), out, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimiser:\n  type: adam\n",
+     "unknown key 'optimiser' in the configuration (allowed: general, model, loss, optimizer, lr_scheduler"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: adamw\n",
+     "optimizer.type is 'adamw', which is not one of: sgd, adam"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\n  parameters:\n"
+     "    learning_rate: fast\n", "optimizer.parameters.learning_rate must be a number, not 'fast'"),
+    ("model:\n  type: mlp\n", "model.parameters needs the key 'layer_sizes'"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\n    layer_sizes: [4, 3]\n", "is given twice"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3\n", "not valid YAML"),
+    ("general:\n  report_frequency: 1\n", "needs the key 'model'"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\nlr_scheduler:\n  type: step\n",
+     "an lr_scheduler block needs an optimizer block"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\nlr_scheduler:\n"
+     "  type: step\n", "lr_scheduler.parameters needs the key 'step_size'"),
+    ("model:\n  type: torchscript\n  parameters:\n    filename: nowhere.pt\n", "the model file nowhere.pt"),
+])
+def test_configuration_errors_name_the_file_key_and_what_is_allowed(installed, tmp_path, text, message):
+    """Each mistake is TORCHFORT_RESULT_INVALID_USAGE with the file, line and key in the message."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
+    lib.ftc_last_error.restype = ctypes.c_char_p
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    status = lib.torchfort_create_model(f"m{abs(hash(text))}".encode(), str(config).encode(), -1)
+    assert status == 1
+    error = lib.ftc_last_error().decode()
+    assert message in error and str(config) in error, error
