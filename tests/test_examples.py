@@ -54,7 +54,7 @@ def examples(installed, tmp_path_factory):
 @pytest.mark.parametrize("example", ["tensors", "inference", "errors", "autograd", "model_gradients",
                                      "online_training", "time_stepping", "custom_function", "hybrid_physics",
                                      "python_training", "migration", "compiled_inference", "cuda_graph",
-                                     "training_package"])
+                                     "training_package", "torchfort_simulation"])
 def test_example_runs(examples, compiler, example):
     bdir, work = examples(compiler)
     if example == "compiled_inference" and _pt2_failure:
@@ -71,13 +71,24 @@ def test_example_runs(examples, compiler, example):
     number = {"tensors": 1, "inference": 2, "errors": 3, "autograd": 4, "model_gradients": 5,
               "online_training": 6, "time_stepping": 7, "custom_function": 8, "hybrid_physics": 9,
               "python_training": 11, "migration": 12, "compiled_inference": 13, "cuda_graph": 14,
-              "training_package": 15}[example]
+              "training_package": 15, "torchfort_simulation": 16}[example]
     assert f"example {number} finished" in proc.stdout
     if example == "cuda_graph":
         # The graph steps (uncaptured without a GPU) against ordinary steps: LibTorch's optimizer and
         # FTorch's graph-safe update round a few ulps apart per step (1e-10 leaves a wide margin).
         largest = float(proc.stdout.split("with and without graphs:")[1].split()[0])
         assert largest <= 1e-10, proc.stdout
+    if example == "torchfort_simulation":
+        # The restart continues bit for bit; the trained model advects a wave it never saw.
+        lines = proc.stdout.splitlines()
+        final = next(ln for ln in lines if ln.startswith("final training loss: ")).split(": ")[1]
+        restarted = next(ln for ln in lines if ln.startswith("final training loss after the restart: "))
+        assert restarted.split(": ")[1] == final, proc.stdout
+        error = float(next(ln for ln in lines if ln.startswith("largest error after")).split(": ")[1])
+        assert error < 1e-3, proc.stdout
+        saved = torch.jit.load(str(work / "advection_model.pt"))
+        wave = torch.sin(torch.arange(1, 33, dtype=torch.float32) * 0.4).reshape(1, 32)
+        torch.testing.assert_close(saved(wave), torch.roll(wave, 1, dims=1), atol=1e-4, rtol=0)
     if example == "training_package":
         # The state_dict the program saved loads into the Python model, which predicts as it does.
         sys.path.insert(0, str(REPO / "examples" / "15_training_package"))

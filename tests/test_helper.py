@@ -57,7 +57,7 @@ def test_fortran_sources_are_listed_in_compilation_order(wheel):
     files = [Path(p) for p in helper("--fortran-sources").splitlines()]
     assert all(f.is_file() for f in files)
     names = [f.stem for f in files]
-    assert names[0] == "ftorch_kinds" and names[-2:] == ["ftorch", "torch_ftn"]
+    assert names[0] == "ftorch_kinds" and names[-3:] == ["ftorch", "torch_ftn", "torchfort"]
     assert names.index("ftorch_tensor") < names.index("ftorch_model")
     assert names.index("ftorch_arglist") < names.index("ftorch_model") < names.index("ftorch_python")
 
@@ -153,7 +153,8 @@ def test_library_runpath_reaches_torch_lib(wheel):
     assert "(RUNPATH)" in out and "[$ORIGIN/../../torch/lib]" in out
     exported = run(["nm", "-D", "--defined-only", libdir / "libftorch_c.so"]).stdout.split("\n")
     symbols = [line.split()[-1] for line in exported if line.strip()]
-    assert symbols and all(s.startswith("ftc_") for s in symbols), "only the C API is exported"
+    assert symbols and all(s.startswith(("ftc_", "torchfort_")) for s in symbols), \
+        "only the C API (and TorchFort's, torchfort.h) is exported"
 
 
 def test_cmake_configure_rejects_a_different_torch(wheel, tmp_path):

@@ -13,7 +13,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import COMPILERS, assert_all_passed, helper, run
+from conftest import COMPILERS, TESTS, assert_all_passed, helper, run, tool_env
+
+
+def _mpi_build(installed, tmp_path) -> Path:
+    """tests/projects/mpi (Fortran and C, find_package(MPI), FTorch::torchfort_mpi)."""
+    from test_distributed import require_mpi
+
+    require_mpi()
+    bdir = tmp_path / "build"
+    run(["cmake", "-S", TESTS / "projects" / "mpi", "-B", bdir, "-G", "Ninja", "-DCMAKE_Fortran_COMPILER=gfortran",
+         f"-DCMAKE_PREFIX_PATH={installed['prefix']}"], env=tool_env())
+    run(["cmake", "--build", bdir, "--target", "test_torchfort_distributed", "test_torchfort_distributed_without"],
+        env=tool_env())
+    return bdir
 
 SEED, STEPS, BATCH = 1234, 8, 6
 
@@ -319,3 +332,22 @@ def test_configuration_errors_name_the_file_key_and_what_is_allowed(installed, t
     assert status == 1
     error = lib.ftc_last_error().decode()
     assert message in error and str(config) in error, error
+
+
+def test_distributed_model_equals_single_process_training(installed, tmp_path):
+    """torchfort_create_distributed_model on 2 MPI ranks (torchfort_mpi.c compiled with the program's
+    MPI through FTorch::torchfort_mpi): each rank trains on half the batch; losses and weights equal
+    one process on the whole batch; without torchfort_mpi.c the call says how to get it."""
+    from test_distributed import assert_every_rank_passed, mpirun
+
+    (tmp_path / "dist.yaml").write_text(_to_yaml({
+        "model": {"type": "mlp", "parameters": {"layer_sizes": [4, 8, 3]}},
+        "loss": {"type": "mse"},
+        "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2"}, "general": {"max_grad_norm": 0.5}},
+        "lr_scheduler": {"type": "step", "parameters": {"step_size": 2}},
+    }))
+    bdir = _mpi_build(installed, tmp_path)
+    assert_every_rank_passed(mpirun(2, bdir / "test_torchfort_distributed", tmp_path), 2)
+    proc = mpirun(1, bdir / "test_torchfort_distributed_without", tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "distributed models need MPI, which FTorch takes from your program" in proc.stderr

@@ -14,6 +14,7 @@ from . import _build_info
 __all__ = [
     "fpm_mpi_dependency",
     "get_fortran_mpi_source",
+    "get_torchfort_mpi_source",
     "__version__",
     "torch_version",
     "installed_torch_version",
@@ -117,6 +118,12 @@ def fpm_mpi_dependency(project_dir: str | os.PathLike[str] = ".") -> str:
     fpm with the project's MPI) for an fpm.toml in ``project_dir``."""
     rel = os.path.relpath(_ROOT / "mpi", Path(project_dir).resolve())
     return f'ftorch_mpi = {{ path = "{Path(rel).as_posix()}" }}'
+
+
+def get_torchfort_mpi_source() -> Path:
+    """The C source of TorchFort's distributed models (torchfort_create_distributed_model), to
+    compile with your MPI's C compiler (mpicc) and link into the program."""
+    return _ROOT / "mpi" / "torchfort_mpi.c"
 
 
 def get_fortran_mpi_source(interface: str = "mpi_f08") -> Path:

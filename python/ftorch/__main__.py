@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="source of module ftorch_mpi, to compile with your MPI after the other sources")
     paths.add_argument("--fortran-mpi-mpifh-source", action="store_true",
                        help="the same module over mpif.h, for a compiler that cannot read your MPI's mpi_f08 module")
+    paths.add_argument("--torchfort-mpi-source", action="store_true",
+                       help="C source of TorchFort's distributed models, to compile with mpicc into the program")
     paths.add_argument("--fpm-flags", action="store_true", help="value for FPM_LDFLAGS")
     paths.add_argument("--link-flags", action="store_true", help="linker flags for plain builds")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -274,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         print(ftorch.get_fortran_mpi_source())
     elif args.fortran_mpi_mpifh_source:
         print(ftorch.get_fortran_mpi_source("mpif.h"))
+    elif args.torchfort_mpi_source:
+        print(ftorch.get_torchfort_mpi_source())
     elif args.fpm_flags:
         print(ftorch.fpm_flags())
     elif args.link_flags:

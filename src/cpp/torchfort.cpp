@@ -16,6 +16,8 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <thread>
+#include <unistd.h>
 #include <unordered_map>
 
 #ifdef FTORCH_WITH_CUDA
@@ -348,19 +350,34 @@ struct Loss {
   }
 };
 
+// A named model: the module and optimizer are FTorch's own objects (ftc::Model, ftc::Optim), so that
+// FTorch's data-parallel wrapper (distributed.cpp) attaches to them as to any other.
 struct Pack {
   std::string name;
   Config cfg;
   torch::Device device{torch::kCPU};
-  torch::jit::Module module;
+  std::shared_ptr<ftc::Model> model = std::make_shared<ftc::Model>();
+  torch::jit::Module &module = model->module;
   std::vector<at::Tensor> params;
-  std::unique_ptr<torch::optim::Optimizer> opt;
+  std::shared_ptr<ftc::Optim> optim;  // null without an optimizer block
+  torch::optim::Optimizer *opt = nullptr;  // optim->opt
   std::unique_ptr<Schedule> schedule;
+  ftc_ddp ddp = nullptr;    // data-parallel (torchfort_create_distributed_model)
+  ftc_comm comm = nullptr;  // its communicator
+  int rank = 0;
   std::unique_ptr<Loss> loss;
   int64_t step_train = 0, step_inference = 0, step_train_current = 0;
   fs::path log_file;  // the wandb hook's metrics log (empty: off)
   std::mutex mutex;   // one call at a time per model
 };
+
+// c10d's default bucket size for averaging gradients.
+constexpr int64_t kBucketBytes = 25 * 1024 * 1024;
+
+// An FTorch C call made from here: its failure as an exception (status and message kept).
+void call(int status) {
+  if (status != FTC_OK) throw ftc::Error(status, ftc::last_error_message());
+}
 
 std::mutex registry_mutex;
 std::unordered_map<std::string, std::shared_ptr<Pack>> registry;
@@ -386,6 +403,9 @@ std::vector<at::Tensor> parameters_of(const torch::jit::Module &m) {
 
 void make_optimizer(Pack &p) {
   const OptimizerConfig &o = p.cfg.optimizer;
+  p.optim = std::make_shared<ftc::Optim>();
+  p.optim->kind = o.type == "sgd" ? FTC_OPTIM_SGD : FTC_OPTIM_ADAM;
+  p.optim->params = p.params;
   if (o.type == "sgd") {
     auto opts = torch::optim::SGDOptions(o.learning_rate)
                     .momentum(o.momentum)
@@ -394,15 +414,16 @@ void make_optimizer(Pack &p) {
                     .nesterov(o.nesterov);
     if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
       usage(p.cfg.filename + ": optimizer.parameters.nesterov needs a momentum > 0 and no dampening");
-    p.opt = std::make_unique<torch::optim::SGD>(p.params, opts);
+    p.optim->opt = std::make_unique<torch::optim::SGD>(p.params, opts);
   } else {
     auto opts = torch::optim::AdamOptions(o.learning_rate)
                     .betas(std::make_tuple(o.beta1, o.beta2))
                     .eps(o.eps)
                     .weight_decay(o.weight_decay)
                     .amsgrad(o.amsgrad);
-    p.opt = std::make_unique<torch::optim::Adam>(p.params, opts);
+    p.optim->opt = std::make_unique<torch::optim::Adam>(p.params, opts);
   }
+  p.opt = p.optim->opt.get();
 }
 
 std::vector<at::Tensor> run_forward(Pack &p, const std::vector<at::Tensor> &inputs) {
@@ -452,7 +473,7 @@ struct StreamScope {
 };
 
 void log_metric(Pack &p, const std::string &metric, int64_t step, const std::string &value) {
-  if (p.log_file.empty()) return;
+  if (p.log_file.empty() || p.rank != 0) return;
   static std::mutex log_mutex;
   std::lock_guard<std::mutex> lock(log_mutex);
   std::ofstream out(p.log_file, std::ios::app);
@@ -481,21 +502,27 @@ double train_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, const std:
   const auto extra = on_device(extra_in, p.device);
   const int64_t accumulate = p.cfg.grad_accumulation_steps;
   if (p.step_train_current % accumulate == 0) p.opt->zero_grad(/*set_to_none=*/true);
-  const std::vector<at::Tensor> outputs = run_forward(p, inputs);
-  at::Tensor loss = (*p.loss)(outputs, labels, extra);
-  if (loss.numel() != 1)
-    usage("the loss has " + std::to_string(loss.numel()) + " elements; training needs one value (loss "
-          "parameters: reduction mean or sum, not none)");
-  loss.backward();
+  // Data-parallel: gradients and the loss averaged over the ranks (a failure here reaches them all).
+  const double value = ftc::reduced_step(*p.optim, [&] {
+    const std::vector<at::Tensor> outputs = run_forward(p, inputs);
+    at::Tensor loss = (*p.loss)(outputs, labels, extra);
+    if (loss.numel() != 1)
+      usage("the loss has " + std::to_string(loss.numel()) + " elements; training needs one value (loss "
+            "parameters: reduction mean or sum, not none)");
+    loss.backward();
+    return loss.item<double>();
+  });
   if ((p.step_train_current + 1) % accumulate == 0) {
+    ftc::before_update(*p.optim);
     if (p.cfg.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(p.params, p.cfg.max_grad_norm);
     p.opt->step();
+    ftc::after_update(*p.optim);
+    ++p.optim->steps;
     if (p.schedule) p.schedule->step();
   }
-  const double value = loss.item<double>();
   ++p.step_train;
   ++p.step_train_current;
-  if (p.cfg.report_frequency > 0 && p.step_train % p.cfg.report_frequency == 0) {
+  if (p.cfg.report_frequency > 0 && p.step_train % p.cfg.report_frequency == 0 && p.rank == 0) {
     const double lr = p.opt->param_groups().at(0).options().get_lr();
     std::cout << "TORCHFORT::INFO: model: " << p.name << ", step_train: " << p.step_train
               << ", loss: " << static_cast<float>(value)
@@ -570,6 +597,22 @@ void load_state(Pack &p, const std::string &path) {
   p.step_inference = inference.toInt();
 }
 
+// path written by write(temporary name), then renamed into place: readers and other writers
+// never see a partly written file.
+template <class Write>
+void write_atomically(const fs::path &path, Write &&write) {
+  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." +
+                       std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+  try {
+    write(tmp.string());
+    fs::rename(tmp, path);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw;
+  }
+}
+
 void require_file(const fs::path &path) {
   if (!fs::exists(path)) usage("the checkpoint has no " + path.string());
 }
@@ -580,8 +623,9 @@ void require_file(const fs::path &path) {
 
 using namespace tf;
 
-torchfort_result_t torchfort_create_model(const char *name, const char *config_fname, int device) {
-  return boundary(__func__, [&] {
+namespace {
+// A model from its configuration, not yet registered.
+std::shared_ptr<Pack> create_pack(const char *name, const char *config_fname, int device) {
     if (name == nullptr || *name == '\0') usage("the model name is empty");
     if (config_fname == nullptr) usage("the configuration file name is a null pointer");
     {
@@ -635,9 +679,50 @@ torchfort_result_t torchfort_create_model(const char *name, const char *config_f
                   << std::endl;
       }
     }
-    std::lock_guard<std::mutex> lock(registry_mutex);
-    if (!registry.emplace(name, p).second)
-      usage(std::string("a model named '") + name + "' exists already (each model needs its own name)");
+    return p;
+}
+
+void register_pack(const std::shared_ptr<Pack> &p) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  if (!registry.emplace(p->name, p).second)
+    usage("a model named '" + p->name + "' exists already (each model needs its own name)");
+}
+}  // namespace
+
+torchfort_result_t torchfort_create_model(const char *name, const char *config_fname, int device) {
+  return boundary(__func__, [&] { register_pack(create_pack(name, config_fname, device)); });
+}
+
+torchfort_result_t ftc_torchfort_create_distributed(const char *name, const char *config_fname, ftc_comm comm,
+                                                    int device) {
+  return boundary("torchfort_create_distributed_model", [&] {
+    std::shared_ptr<Pack> p = create_pack(name, config_fname, device);
+    if (comm == nullptr) usage("the communicator is null");
+    call(ftc_comm_rank(comm, &p->rank));
+    call(ftc_comm_share(comm, &p->comm));
+    // FTorch's data-parallel wrapper over the model and its optimizer: it checks that every rank
+    // has the same model, broadcasts rank 0's parameters and averages gradients at every step.
+    ftc_model model = nullptr;
+    ftc_optim optim = nullptr;
+    ftc::replace_handle<ftc::ModelTable>(&model, p->model);
+    if (p->optim) ftc::replace_handle<ftc::OptimTable>(&optim, p->optim);
+    const int status = ftc_ddp_new(&p->ddp, comm, model, optim, kBucketBytes);
+    ftc_model_delete(&model);
+    ftc_optim_delete(&optim);
+    call(status);
+    register_pack(p);
+  });
+}
+
+// Without torchfort_mpi.c in the program (which defines it with the program's MPI).
+torchfort_result_t torchfort_create_distributed_model_F(const char *name, const char *config_fname, int mpi_comm_f,
+                                                        int device) {
+  (void)name, (void)config_fname, (void)mpi_comm_f, (void)device;
+  return boundary("torchfort_create_distributed_model", [&] {
+    throw Failure(TORCHFORT_RESULT_NOT_SUPPORTED,
+                  "distributed models need MPI, which FTorch takes from your program: compile torchfort_mpi.c "
+                  "with your MPI into it (CMake: target_link_libraries(... FTorch::torchfort_mpi); otherwise "
+                  "mpicc -c $(python -m ftorch --torchfort-mpi-source) $(pkg-config --cflags ftorch))");
   });
 }
 
@@ -752,11 +837,13 @@ torchfort_result_t torchfort_save_checkpoint(const char *name, const char *check
     if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
     if (!p.opt) usage("model '" + p.name + "' has no optimizer: a checkpoint saves training state (use torchfort_save_model)");
     const fs::path dir(checkpoint_dir);
+    // Not collective (TorchFort's programs call it on rank 0 only); should several ranks write the
+    // same directory, each file is written under a name of its own and renamed into place.
     fs::create_directories(dir);
-    p.module.save((dir / "model.pt").string());
-    torch::save(*p.opt, (dir / "optimizer.pt").string());
-    if (p.schedule) p.schedule->save((dir / "lr.pt").string());
-    save_state(p, (dir / "state.pt").string());
+    write_atomically(dir / "model.pt", [&](const std::string &f) { p.module.save(f); });
+    write_atomically(dir / "optimizer.pt", [&](const std::string &f) { torch::save(*p.opt, f); });
+    if (p.schedule) write_atomically(dir / "lr.pt", [&](const std::string &f) { p.schedule->save(f); });
+    write_atomically(dir / "state.pt", [&](const std::string &f) { save_state(p, f); });
   });
 }
 
