@@ -351,3 +351,46 @@ def test_distributed_model_equals_single_process_training(installed, tmp_path):
     proc = mpirun(1, bdir / "test_torchfort_distributed_without", tmp_path, check=False)
     assert proc.returncode != 0
     assert "distributed models need MPI, which FTorch takes from your program" in proc.stderr
+
+
+def test_wandb_hook_writes_the_metrics_log(installed, tmp_path, monkeypatch):
+    """enable_wandb_hook with TORCHFORT_LOGDIR: the training loss and rate every report_frequency
+    steps and the program's own metrics, in the line format TorchFort's wandb_helper.py parses, and
+    the configuration copied next to the log with the model's name as its identifier."""
+    import ctypes
+    import re
+
+    logdir = tmp_path / "logs"
+    monkeypatch.setenv("TORCHFORT_LOGDIR", str(logdir))
+    config = tmp_path / "wandb.yaml"
+    config.write_text(_to_yaml({
+        "general": {"report_frequency": 2, "enable_wandb_hook": "true"},
+        "model": {"type": "mlp", "parameters": {"layer_sizes": [4, 3]}},
+        "loss": {"type": "mse"},
+        "optimizer": {"type": "sgd"},
+    }))
+    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
+    name = b"wandb_model"
+    assert lib.torchfort_create_model(name, str(config).encode(), -1) == 0
+    x, y = _data(torch.float32)
+    shape_x = (ctypes.c_int64 * 2)(*x.shape)
+    shape_y = (ctypes.c_int64 * 2)(*y.shape)
+    loss = ctypes.c_float()
+    losses = []
+    for _ in range(4):
+        assert lib.torchfort_train(name, ctypes.c_void_p(x.data_ptr()), ctypes.c_size_t(2), shape_x,
+                                   ctypes.c_void_p(y.data_ptr()), ctypes.c_size_t(2), shape_y, ctypes.byref(loss),
+                                   -1, None) == 0
+        losses.append(loss.value)
+    lib.torchfort_wandb_log_double.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_double]
+    assert lib.torchfort_wandb_log_double(name, b"energy", 7, 1.5) == 0
+    lines = (logdir / "torchfort.log").read_text().splitlines()
+    pattern = re.compile(r"^TORCHFORT::WANDB: model: (.*?), step: (\d{1,}), (.*?): (.*)")  # wandb_helper.py's
+    parsed = [pattern.match(ln).groups() for ln in lines]
+    assert [(m, s, k) for m, s, k, _ in parsed] == [
+        ("wandb_model", "2", "train_loss"), ("wandb_model", "2", "train_lr"),
+        ("wandb_model", "4", "train_loss"), ("wandb_model", "4", "train_lr"), ("wandb_model", "7", "energy")]
+    assert float(parsed[2][3]) == pytest.approx(losses[3], rel=1e-5)  # printed with 6 digits
+    assert float(parsed[1][3]) == 1e-3 and float(parsed[4][3]) == 1.5
+    copy = (logdir / "config_wandb_model.yaml").read_text()
+    assert copy.startswith(config.read_text()) and copy.endswith('identifier: "wandb_model"\n')
