@@ -208,3 +208,18 @@ def test_one_torch_pin():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.default_torch_pin() == pin
+
+
+def test_shipped_fortran_comments_survive_the_c_preprocessor():
+    """Consumers compile the shipped sources with -cpp (some with -Werror): a full-line comment with
+    an odd number of ASCII apostrophes ("missing terminating ' character") or a C comment opener
+    breaks their build (test_consumer_with_strict_flags compiles the main modules only)."""
+    bad = []
+    for path in sorted((REPO / "src" / "fortran").rglob("*")):
+        if path.suffix not in (".f90", ".fypp", ".inc"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            text = line.strip()
+            if text.startswith("!") and (text.count("'") % 2 == 1 or "/*" in text):
+                bad.append(f"{path.relative_to(REPO)}:{number}: {text}")
+    assert bad == []
