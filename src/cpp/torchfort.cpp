@@ -587,14 +587,14 @@ void save_state(const Pack &p, const std::string &path) {
   archive.save_to(path);
 }
 
-void load_state(Pack &p, const std::string &path) {
+// The step counters (training, inference) of a state.pt.
+std::pair<int64_t, int64_t> load_state(const std::string &path) {
   torch::serialize::InputArchive archive;
   archive.load_from(path);
   c10::IValue train, inference;
   if (!archive.try_read("step_train", train) || !archive.try_read("step_inference", inference))
     usage(path + " is not a TorchFort model state (step_train and step_inference missing)");
-  p.step_train = train.toInt();
-  p.step_inference = inference.toInt();
+  return {train.toInt(), inference.toInt()};
 }
 
 // path written by write(temporary name), then renamed into place: readers and other writers
@@ -858,13 +858,12 @@ torchfort_result_t torchfort_load_checkpoint(const char *name, const char *check
     if (p.schedule) require_file(dir / "lr.pt");
     // Read everything first; the model's values change only once every file has been read.
     torch::jit::Module loaded = load_script((dir / "model.pt").string(), p.device, "the checkpoint's model");
-    Pack staged_state;
-    load_state(staged_state, (dir / "state.pt").string());
+    const auto [steps_trained, steps_inferred] = load_state((dir / "state.pt").string());
     copy_state(p.module, loaded, (dir / "model.pt").string());
     torch::load(*p.opt, (dir / "optimizer.pt").string(), p.device);
     if (p.schedule) p.schedule->load((dir / "lr.pt").string());
-    p.step_train = staged_state.step_train;
-    p.step_inference = staged_state.step_inference;
+    p.step_train = steps_trained;
+    p.step_inference = steps_inferred;
     p.step_train_current = 0;
     if (step_train != nullptr) *step_train = p.step_train;
     if (step_inference != nullptr) *step_inference = p.step_inference;
