@@ -19,7 +19,7 @@ foreach(_name IN ITEMS ftorch_kinds ftorch_c_api ftorch_types ftorch_devices fto
       COMMAND "${Python_EXECUTABLE}" -m fypp -I "${_src}" "${_src}/${_name}.fypp" "${_gen}/${_name}.f90.new"
       COMMAND "${CMAKE_COMMAND}" -E copy_if_different "${_gen}/${_name}.f90.new" "${_gen}/${_name}.f90"
       DEPENDS "${_src}/${_name}.fypp" "${_src}/ftorch_common.fypp" "${_src}/ftorch_enums.fypp" "${_src}/ftorch_handles.fypp"
-              "${_src}/ftorch_callback_kinds.fypp"
+              "${_src}/ftorch_callback_kinds.fypp" "${_src}/torchfort_rl.fypp"
       COMMENT "fypp ${_name}.fypp"
       VERBATIM)
     list(APPEND FTORCH_FORTRAN_SOURCES "${_gen}/${_name}.f90")

@@ -3,7 +3,7 @@
 // caller's arrays in place, checkpoints in TorchFort's directory layout. Behaviour follows
 // TorchFort 0.4 (the same trajectory for the same configuration, data and seed); where TorchFort
 // would crash or silently misbehave, an error with TorchFort's result code says why.
-#include "internal.hpp"
+#include "torchfort_common.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -20,30 +20,9 @@
 #include <unistd.h>
 #include <unordered_map>
 
-#ifdef FTORCH_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
-#endif
-
-#include "torchfort.h"
-#include "torchfort_config.hpp"
-
 namespace tf {
-namespace fs = std::filesystem;
 
 // ---------------------------------------------------------------------------- errors
-
-// An error with TorchFort's result code.
-class Failure : public std::runtime_error {
- public:
-  Failure(torchfort_result_t code, const std::string &msg) : std::runtime_error(msg), code_(code) {}
-  torchfort_result_t code() const { return code_; }
-
- private:
-  torchfort_result_t code_;
-};
-[[noreturn]] void usage(const std::string &msg) { throw Failure(TORCHFORT_RESULT_INVALID_USAGE, msg); }
 
 torchfort_result_t code_of_status(int status) {
   switch (status) {
@@ -64,32 +43,8 @@ torchfort_result_t report(const char *fn, torchfort_result_t code, const std::st
   return code;
 }
 
-// The boundary of every torchfort_* function: no exception crosses it; each failure is a result
-// code and a message (standard error, as TorchFort prints it, and ftc_last_error()).
-template <class Body>
-torchfort_result_t boundary(const char *fn, Body &&body) noexcept {
-  try {
-    ftc::require_runtime();
-    body();
-    ftc::set_last_error(std::string());
-    return TORCHFORT_RESULT_SUCCESS;
-  } catch (const Failure &e) {
-    return report(fn, e.code(), e.what());
-  } catch (const ConfigError &e) {
-    return report(fn, TORCHFORT_RESULT_INVALID_USAGE, e.what());
-  } catch (const ftc::Error &e) {
-    return report(fn, code_of_status(e.status()), e.what());
-  } catch (const std::bad_alloc &) {
-    return report(fn, TORCHFORT_RESULT_INTERNAL_ERROR, "out of memory");
-  } catch (const c10::Error &e) {
-    const std::string text = e.what_without_backtrace();
-    const bool cuda = text.find("CUDA error") != std::string::npos;
-    return report(fn, cuda ? TORCHFORT_RESULT_CUDA_ERROR : TORCHFORT_RESULT_INTERNAL_ERROR, text);
-  } catch (const std::exception &e) {
-    return report(fn, TORCHFORT_RESULT_INTERNAL_ERROR, e.what());
-  } catch (...) {
-    return report(fn, TORCHFORT_RESULT_INTERNAL_ERROR, "unknown exception");
-  }
+void call(int status) {
+  if (status != FTC_OK) throw ftc::Error(status, ftc::last_error_message());
 }
 
 // ---------------------------------------------------------------------------- arrays
@@ -126,8 +81,6 @@ torch::Device device_of_pointer(const void *ptr) {
   return torch::Device(torch::kCPU);
 }
 
-// A tensor over the caller's array (no copy). Fortran order: the shape reversed, so that the
-// tensor's first dimension is the array's last (the batch, in TorchFort's convention).
 at::Tensor wrap(void *data, size_t dim, const int64_t *shape, torchfort_datatype_t dtype, bool fortran,
                 const char *what, bool floating_only) {
   const c10::ScalarType type = scalar_type(dtype, floating_only);
@@ -149,107 +102,10 @@ std::string shape_text(const at::Tensor &t) {
   return os.str();
 }
 
-struct TensorList {
-  std::vector<at::Tensor> tensors;
-};
-
 TensorList &list_of(torchfort_tensor_list_t l, const char *what) {
   if (l == nullptr) usage(std::string(what) + " is a null tensor list (create it with torchfort_tensor_list_create)");
   return *static_cast<TensorList *>(l);
 }
-
-// ---------------------------------------------------------------------------- schedules
-
-// TorchFort's learning-rate schedules, with LibTorch's LRScheduler semantics: step() computes the
-// new rates from the number of earlier steps (an unsigned count), then counts this one. So each
-// schedule is PyTorch's one step later (the first step keeps the initial rate).
-class Schedule {
- public:
-  Schedule(torch::optim::Optimizer &opt, const SchedulerConfig &cfg) : opt_(opt), cfg_(cfg) { base_ = rates(); }
-
-  void step() {
-    std::vector<double> lrs = rates();
-    const unsigned n = count_;
-    for (size_t i = 0; i < lrs.size(); ++i) lrs[i] = next(lrs[i], base_[i], n);
-    for (size_t i = 0; i < lrs.size(); ++i) opt_.param_groups()[i].options().set_lr(lrs[i]);
-    ++count_;
-  }
-
-  // lr.pt as TorchFort writes it: the step count and the current rates.
-  void save(const std::string &path) const {
-    torch::serialize::OutputArchive archive;
-    archive.write("step_count", c10::IValue(static_cast<int64_t>(count_)));
-    archive.write("lrs", c10::IValue(rates()));
-    archive.save_to(path);
-  }
-  void load(const std::string &path) {
-    torch::serialize::InputArchive archive;
-    archive.load_from(path);
-    c10::IValue count, lrs;
-    if (!archive.try_read("step_count", count) || !archive.try_read("lrs", lrs))
-      usage(path + " is not a learning-rate schedule's state (step_count and lrs missing)");
-    std::vector<double> values = lrs.toDoubleVector();
-    if (values.size() != opt_.param_groups().size())
-      usage(path + " holds " + std::to_string(values.size()) + " rates for an optimizer of " +
-            std::to_string(opt_.param_groups().size()) + " parameter groups");
-    count_ = static_cast<unsigned>(count.toInt());
-    for (size_t i = 0; i < values.size(); ++i) opt_.param_groups()[i].options().set_lr(values[i]);
-  }
-
- private:
-  std::vector<double> rates() const {
-    std::vector<double> out;
-    for (const auto &g : opt_.param_groups()) out.push_back(g.options().get_lr());
-    return out;
-  }
-
-  double next(double lr, double base, unsigned n) const {
-    const SchedulerConfig &c = cfg_;
-    if (c.type == "step") {
-      const unsigned size = static_cast<unsigned>(c.step_size);
-      return (n != 0 && n % size == 0) ? c.gamma * lr : lr;
-    }
-    if (c.type == "multistep") {
-      if (n == 0 || c.milestones.empty()) return lr;
-      auto passed = [&](int64_t upto) {
-        return std::count_if(c.milestones.begin(), c.milestones.end(), [&](int64_t m) { return m <= upto; });
-      };
-      return passed(n) != passed(static_cast<int64_t>(n) - 1) ? c.gamma * lr : lr;  // once per step
-    }
-    if (c.type == "polynomial") {
-      const unsigned total = static_cast<unsigned>(c.total_iters);
-      if (n == 0 || n > total) return lr;
-      const double factor = (1.0 - double(n) / double(total)) / (1.0 - double(n - 1) / double(total));
-      return std::pow(factor, c.power) * lr;
-    }
-    if (c.type == "cosine_annealing") {
-      const unsigned t = static_cast<unsigned>(c.t_max);
-      if (n == 0 || t == 0) return lr;
-      if ((n - 1 - t) % (2 * t) == 0)  // unsigned arithmetic, as LibTorch's count
-        return c.eta_min + 0.5 * (base - c.eta_min) * (1.0 + std::cos(double(n) * M_PI / double(t)));
-      return (1.0 + std::cos(M_PI * double(n) / double(t))) / (1.0 + std::cos(M_PI * double(n - 1) / double(t))) *
-                 (lr - c.eta_min) +
-             c.eta_min;
-    }
-    // linear
-    const unsigned total = static_cast<unsigned>(c.total_iters);
-    double factor;
-    if (n == 0) {
-      factor = c.start_factor;
-    } else if (n > total) {
-      factor = 1.0;
-    } else {
-      factor = 1.0 + (c.end_factor - c.start_factor) /
-                         (double(total) * c.start_factor + double(n - 1) * (c.end_factor - c.start_factor));
-    }
-    return factor * lr;
-  }
-
-  torch::optim::Optimizer &opt_;
-  SchedulerConfig cfg_;
-  std::vector<double> base_;
-  unsigned count_ = 0;
-};
 
 // ---------------------------------------------------------------------------- models
 
@@ -257,17 +113,21 @@ class Schedule {
 // torch.jit.load reads and runs): Linear layers fc0..fc{n-1} with PyTorch's default
 // initialization (drawn in that order), an extra zero bias b{i} added before each hidden ReLU,
 // dropout after it, and the parameters in TorchFort's order (b0.., then fc0.weight, fc0.bias, ..).
-torch::jit::Module build_mlp(const Config &c) {
-  const size_t layers = c.layer_sizes.size() - 1;
+// The critic (CriticMLP) takes (state, action): a single sample gains a batch dimension, both are
+// flattened beyond it and concatenated along the features.
+torch::jit::Module build_mlp(const std::vector<int64_t> &sizes, double dropout, bool flatten_non_batch_dims,
+                             bool critic) {
+  const size_t layers = sizes.size() - 1;
   std::vector<torch::nn::Linear> linear;
-  for (size_t i = 0; i < layers; ++i) linear.emplace_back(c.layer_sizes[i], c.layer_sizes[i + 1]);
+  for (size_t i = 0; i < layers; ++i) linear.emplace_back(sizes[i], sizes[i + 1]);
 
   auto cu = std::make_shared<torch::jit::CompilationUnit>();
-  torch::jit::Module root(c10::QualifiedName("__torch__.torchfort.MLP"), cu, /*shouldMangle=*/true);
+  torch::jit::Module root(c10::QualifiedName(critic ? "__torch__.torchfort.CriticMLP" : "__torch__.torchfort.MLP"), cu,
+                          /*shouldMangle=*/true);
   root.register_attribute("training", c10::BoolType::get(), true);
-  root.register_attribute("dropout", c10::FloatType::get(), c.dropout);
+  root.register_attribute("dropout", c10::FloatType::get(), dropout);
   for (size_t i = 0; i + 1 < layers; ++i)
-    root.register_parameter("b" + std::to_string(i), torch::zeros({c.layer_sizes[i + 1]}).requires_grad_(true), false);
+    root.register_parameter("b" + std::to_string(i), torch::zeros({sizes[i + 1]}).requires_grad_(true), false);
   for (size_t i = 0; i < layers; ++i) {
     torch::jit::Module fc(c10::QualifiedName("__torch__.torchfort.Linear"), cu, /*shouldMangle=*/true);
     fc.register_attribute("training", c10::BoolType::get(), true);
@@ -277,8 +137,15 @@ torch::jit::Module build_mlp(const Config &c) {
     root.register_module("fc" + std::to_string(i), fc);
   }
   std::ostringstream src;
-  src << "def forward(self, x):\n";
-  if (c.flatten_non_batch_dims) src << "    x = x.reshape([x.size(0), -1])\n";
+  if (critic) {
+    src << "def forward(self, state, action):\n"
+        << "    if state.dim() == 1:\n        state = state.unsqueeze(0)\n"
+        << "    if action.dim() == 1:\n        action = action.unsqueeze(0)\n"
+        << "    x = torch.cat([state.reshape([state.size(0), -1]), action.reshape([action.size(0), -1])], 1)\n";
+  } else {
+    src << "def forward(self, x):\n";
+    if (flatten_non_batch_dims) src << "    x = x.reshape([x.size(0), -1])\n";
+  }
   for (size_t i = 0; i < layers; ++i) {
     if (i + 1 < layers) {
       src << "    x = torch.relu(self.fc" << i << ".forward(x) + self.b" << i << ")\n";
@@ -306,7 +173,7 @@ torch::Device model_device(int device) {
 }
 
 torch::jit::Module load_script(const std::string &filename, const torch::Device &device, const char *what,
-                               const std::string &config = "") {
+                               const std::string &config) {
   if (!fs::exists(filename))
     usage(std::string(what) + " file " + filename + (config.empty() ? "" : " (named in " + config + ")") +
           " does not exist (a relative name is taken from the working directory, " + fs::current_path().string() + ")");
@@ -374,11 +241,6 @@ struct Pack {
 // c10d's default bucket size for averaging gradients.
 constexpr int64_t kBucketBytes = 25 * 1024 * 1024;
 
-// An FTorch C call made from here: its failure as an exception (status and message kept).
-void call(int status) {
-  if (status != FTC_OK) throw ftc::Error(status, ftc::last_error_message());
-}
-
 std::mutex registry_mutex;
 std::unordered_map<std::string, std::shared_ptr<Pack>> registry;
 
@@ -401,11 +263,11 @@ std::vector<at::Tensor> parameters_of(const torch::jit::Module &m) {
   return out;
 }
 
-void make_optimizer(Pack &p) {
-  const OptimizerConfig &o = p.cfg.optimizer;
-  p.optim = std::make_shared<ftc::Optim>();
-  p.optim->kind = o.type == "sgd" ? FTC_OPTIM_SGD : FTC_OPTIM_ADAM;
-  p.optim->params = p.params;
+std::shared_ptr<ftc::Optim> make_optim(const OptimizerConfig &o, const std::vector<at::Tensor> &params,
+                                       const std::string &file) {
+  auto optim = std::make_shared<ftc::Optim>();
+  optim->kind = o.type == "sgd" ? FTC_OPTIM_SGD : FTC_OPTIM_ADAM;
+  optim->params = params;
   if (o.type == "sgd") {
     auto opts = torch::optim::SGDOptions(o.learning_rate)
                     .momentum(o.momentum)
@@ -413,17 +275,17 @@ void make_optimizer(Pack &p) {
                     .weight_decay(o.weight_decay)
                     .nesterov(o.nesterov);
     if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
-      usage(p.cfg.filename + ": optimizer.parameters.nesterov needs a momentum > 0 and no dampening");
-    p.optim->opt = std::make_unique<torch::optim::SGD>(p.params, opts);
+      usage(file + ": optimizer.parameters.nesterov needs a momentum > 0 and no dampening");
+    optim->opt = std::make_unique<torch::optim::SGD>(params, opts);
   } else {
     auto opts = torch::optim::AdamOptions(o.learning_rate)
                     .betas(std::make_tuple(o.beta1, o.beta2))
                     .eps(o.eps)
                     .weight_decay(o.weight_decay)
                     .amsgrad(o.amsgrad);
-    p.optim->opt = std::make_unique<torch::optim::Adam>(p.params, opts);
+    optim->opt = std::make_unique<torch::optim::Adam>(params, opts);
   }
-  p.opt = p.optim->opt.get();
+  return optim;
 }
 
 std::vector<at::Tensor> run_forward(Pack &p, const std::vector<at::Tensor> &inputs) {
@@ -457,36 +319,41 @@ std::vector<at::Tensor> on_device(const std::vector<at::Tensor> &ts, const torch
   return out;
 }
 
-// The stream (and device) a call runs on: the caller's CUDA stream for a model on a GPU.
-struct StreamScope {
-#ifdef FTORCH_WITH_CUDA
-  std::optional<c10::cuda::CUDAGuard> device;
-  std::optional<c10::cuda::CUDAStreamGuard> stream;
-  StreamScope(const torch::Device &d, cudaStream_t s) {
-    if (!d.is_cuda()) return;
-    device.emplace(d.index());
-    if (s != nullptr) stream.emplace(c10::cuda::getStreamFromExternal(s, d.index()));
+
+void write_metric(const fs::path &log_file, const std::string &model, const std::string &metric, int64_t step,
+                  const std::string &value) {
+  static std::mutex log_mutex;
+  std::lock_guard<std::mutex> lock(log_mutex);
+  std::ofstream out(log_file, std::ios::app);
+  out << "TORCHFORT::WANDB: model: " << model << ", step: " << step << ", " << metric << ": " << value << "\n";
+  if (!out) usage("cannot write the wandb hook's log " + log_file.string());
+}
+
+fs::path wandb_log_file(const std::string &name, const std::string &config_text) {
+  const char *dir = std::getenv("TORCHFORT_LOGDIR");
+  if (dir == nullptr || *dir == '\0') {
+    std::cout << "TORCHFORT::WARN: enable_wandb_hook is true but TORCHFORT_LOGDIR is not set: no metrics are "
+                 "written (set it to a writable directory)"
+              << std::endl;
+    return {};
   }
-#else
-  StreamScope(const torch::Device &, cudaStream_t) {}
-#endif
-};
+  fs::create_directories(dir);
+  // The configuration next to the log, with the model's name (TorchFort's wandb_helper.py reads it).
+  std::string file_name = name;
+  for (char &ch : file_name)
+    if (ch == '/') ch = '-';
+  file_name.erase(std::remove(file_name.begin(), file_name.end(), ' '), file_name.end());
+  std::ofstream copy(fs::path(dir) / ("config_" + file_name + ".yaml"));
+  copy << config_text << (config_text.empty() || config_text.back() == '\n' ? "" : "\n") << "identifier: \"" << name
+       << "\"\n";
+  return fs::path(dir) / "torchfort.log";
+}
 
 void log_metric(Pack &p, const std::string &metric, int64_t step, const std::string &value) {
   if (p.log_file.empty() || p.rank != 0) return;
-  static std::mutex log_mutex;
-  std::lock_guard<std::mutex> lock(log_mutex);
-  std::ofstream out(p.log_file, std::ios::app);
-  out << "TORCHFORT::WANDB: model: " << p.name << ", step: " << step << ", " << metric << ": " << value << "\n";
-  if (!out) usage("cannot write the wandb hook's log " + p.log_file.string());
+  write_metric(p.log_file, p.name, metric, step, value);
 }
 
-template <class T>
-std::string number_text(T value) {
-  std::ostringstream os;
-  os << value;
-  return os.str();
-}
 
 // Returns the loss in double precision (TorchFort rounds it to float first; a float64 model's
 // TORCHFORT_DOUBLE loss keeps its precision here).
@@ -556,8 +423,6 @@ void inference_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, std::vec
 
 // ---------------------------------------------------------------------------- files
 
-// The parameters and buffers of `from` into the same-named ones of `to`, after checking that every
-// name and shape agrees (nothing changes otherwise).
 void copy_state(torch::jit::Module &to, const torch::jit::Module &from, const std::string &file) {
   std::unordered_map<std::string, at::Tensor> source;
   for (const auto &p : from.named_parameters()) source[p.name] = p.value;
@@ -597,21 +462,6 @@ std::pair<int64_t, int64_t> load_state(const std::string &path) {
   return {train.toInt(), inference.toInt()};
 }
 
-// path written by write(temporary name), then renamed into place: readers and other writers
-// never see a partly written file.
-template <class Write>
-void write_atomically(const fs::path &path, Write &&write) {
-  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." +
-                       std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
-  try {
-    write(tmp.string());
-    fs::rename(tmp, path);
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw;
-  }
-}
 
 void require_file(const fs::path &path) {
   if (!fs::exists(path)) usage("the checkpoint has no " + path.string());
@@ -638,7 +488,7 @@ std::shared_ptr<Pack> create_pack(const char *name, const char *config_fname, in
     p->cfg = read_config(config_fname);
     p->device = model_device(device);
     if (p->cfg.model_type == "mlp") {
-      p->module = build_mlp(p->cfg);
+      p->module = build_mlp(p->cfg.layer_sizes, p->cfg.dropout, p->cfg.flatten_non_batch_dims);
       p->module.to(p->device);
     } else {
       p->module = load_script(p->cfg.model_filename, p->device, "the model", p->cfg.filename);
@@ -657,28 +507,11 @@ std::shared_ptr<Pack> create_pack(const char *name, const char *config_fname, in
     }
     if (p->cfg.has_optimizer) {
       if (p->params.empty()) usage("the model has no parameters for the optimizer to train");
-      make_optimizer(*p);
+      p->optim = make_optim(p->cfg.optimizer, p->params, p->cfg.filename);
+      p->opt = p->optim->opt.get();
     }
     if (p->cfg.has_scheduler) p->schedule = std::make_unique<Schedule>(*p->opt, p->cfg.scheduler);
-    if (p->cfg.enable_wandb_hook) {
-      const char *dir = std::getenv("TORCHFORT_LOGDIR");
-      if (dir != nullptr && *dir != '\0') {
-        fs::create_directories(dir);
-        p->log_file = fs::path(dir) / "torchfort.log";
-        // The configuration next to the log, with the model's name (TorchFort's wandb_helper.py reads it).
-        std::string file_name = p->name;
-        for (char &ch : file_name)
-          if (ch == '/') ch = '-';
-        file_name.erase(std::remove(file_name.begin(), file_name.end(), ' '), file_name.end());
-        std::ofstream copy(fs::path(dir) / ("config_" + file_name + ".yaml"));
-        copy << p->cfg.text << (p->cfg.text.empty() || p->cfg.text.back() == '\n' ? "" : "\n") << "identifier: \""
-             << p->name << "\"\n";
-      } else {
-        std::cout << "TORCHFORT::WARN: enable_wandb_hook is true but TORCHFORT_LOGDIR is not set: no metrics are "
-                     "written (set it to a writable directory)"
-                  << std::endl;
-      }
-    }
+    if (p->cfg.enable_wandb_hook) p->log_file = wandb_log_file(p->name, p->cfg.text);
     return p;
 }
 

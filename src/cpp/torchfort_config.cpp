@@ -1,6 +1,6 @@
 // torchfort_config.cpp - TorchFort's YAML configuration: libyaml's document tree turned into a
 // Config, every block and key checked against what config.rst allows.
-#include "torchfort_config.hpp"
+#include "torchfort_yaml.hpp"
 
 #ifdef FTORCH_HAVE_YAML
 #include <yaml.h>
@@ -30,18 +30,8 @@ std::string sanitize(const std::string &s) {
   return out;
 }
 
-namespace {
-
-// A node of the document, kept independent of libyaml's lifetime.
-struct Node {
-  enum Kind { kNull, kScalar, kSequence, kMapping } kind = kNull;
-  std::string value;                               // scalar
-  std::vector<Node> items;                         // sequence
-  std::vector<std::pair<std::string, Node>> map;   // mapping, keys as written
-  int line = 0;                                    // 1-based
-};
-
 #ifdef FTORCH_HAVE_YAML
+namespace {
 Node convert(yaml_document_t &doc, yaml_node_t *n, const std::string &file, int depth) {
   Node out;
   if (n == nullptr) return out;
@@ -74,6 +64,7 @@ Node convert(yaml_document_t &doc, yaml_node_t *n, const std::string &file, int 
   }
   return out;
 }
+}  // namespace
 
 Node parse_file(const std::string &filename, std::string &text) {
   std::ifstream in(filename, std::ios::binary);
@@ -104,163 +95,7 @@ Node parse_file(const std::string &filename, std::string &) {
 }
 #endif
 
-std::string join(const std::vector<std::string> &names) {
-  std::string out;
-  for (const auto &n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
-
-// A mapping of the configuration (a block or its parameters): keys are read by their sanitized
-// names; done() fails on a key nobody read, naming the keys this block allows.
-class Block {
- public:
-  Block(const Node *node, std::string path, const std::string &file) : node_(node), path_(std::move(path)), file_(file) {
-    if (node_ != nullptr && node_->kind != Node::kMapping && node_->kind != Node::kNull)
-      fail(*node_, label() + " must be a block of 'key: value' lines");
-    if (node_ != nullptr && node_->kind == Node::kMapping) {
-      std::map<std::string, int> seen;
-      for (const auto &[key, value] : node_->map) {
-        auto [it, fresh] = seen.emplace(sanitize(key), value.line);
-        if (!fresh) fail(value, label() + ": '" + key + "' is given twice (also on line " + std::to_string(it->second) + ")");
-      }
-    }
-  }
-
-  const Node *find(const std::string &key) {
-    allowed_.push_back(key);
-    if (node_ == nullptr || node_->kind != Node::kMapping) return nullptr;
-    for (const auto &[k, v] : node_->map)
-      if (sanitize(k) == sanitize(key)) {
-        read_.insert(sanitize(k));
-        return v.kind == Node::kNull ? nullptr : &v;
-      }
-    return nullptr;
-  }
-  bool has(const std::string &key) {
-    const Node *n = find(key);
-    allowed_.pop_back();
-    return n != nullptr;
-  }
-  Block block(const std::string &key) { return Block(find(key), path_.empty() ? key : path_ + "." + key, file_); }
-
-  std::string string(const std::string &key, const std::string &fallback, bool required = false) {
-    const Node *n = find(key);
-    if (n == nullptr) {
-      if (required) missing(key);
-      return fallback;
-    }
-    if (n->kind != Node::kScalar) fail(*n, where(key) + " must be a single value");
-    return n->value;
-  }
-  // A name among `choices` (compared sanitized, as TorchFort does).
-  std::string choice(const std::string &key, const std::vector<std::string> &choices, const std::string &fallback,
-                     bool required = false) {
-    const Node *n = find(key);
-    if (n == nullptr) {
-      if (required) missing(key, " (one of: " + join(choices) + ")");
-      return fallback;
-    }
-    if (n->kind != Node::kScalar) fail(*n, where(key) + " must be one of: " + join(choices));
-    const std::string v = sanitize(n->value);
-    if (std::find(choices.begin(), choices.end(), v) == choices.end())
-      fail(*n, where(key) + " is '" + n->value + "', which is not one of: " + join(choices));
-    return v;
-  }
-  double real(const std::string &key, double fallback) {
-    const Node *n = find(key);
-    return n == nullptr ? fallback : to_real(*n, key);
-  }
-  int64_t integer(const std::string &key, int64_t fallback, bool required = false, int64_t minimum = INT64_MIN) {
-    const Node *n = find(key);
-    if (n == nullptr) {
-      if (required) missing(key);
-      return fallback;
-    }
-    int64_t v = to_integer(*n, key);
-    if (v < minimum) fail(*n, where(key) + " must be >= " + std::to_string(minimum) + ", not " + n->value);
-    return v;
-  }
-  bool boolean(const std::string &key, bool fallback) {
-    const Node *n = find(key);
-    if (n == nullptr) return fallback;
-    const std::string v = n->kind == Node::kScalar ? sanitize(n->value) : "";
-    if (v == "true") return true;
-    if (v == "false") return false;
-    char *end = nullptr;
-    errno = 0;
-    long long i = std::strtoll(v.c_str(), &end, 10);
-    if (!v.empty() && *end == '\0' && errno == 0) return i != 0;
-    fail(*n, where(key) + " must be true or false (or an integer, 0 for false), not '" + n->value + "'");
-  }
-  std::vector<int64_t> integers(const std::string &key, bool required) {
-    const Node *n = find(key);
-    if (n == nullptr) {
-      if (required) missing(key, " (a list of integers, e.g. [16, 32, 4])");
-      return {};
-    }
-    std::vector<int64_t> out;
-    if (n->kind == Node::kScalar) {
-      out.push_back(to_integer(*n, key));
-    } else if (n->kind == Node::kSequence) {
-      for (const Node &item : n->items) out.push_back(to_integer(item, key));
-    } else {
-      fail(*n, where(key) + " must be a list of integers, e.g. [16, 32, 4]");
-    }
-    return out;
-  }
-
-  // Every key of the block was read: else the first unknown one is an error.
-  void done() {
-    if (node_ == nullptr || node_->kind != Node::kMapping) return;
-    for (const auto &[k, v] : node_->map)
-      if (read_.count(sanitize(k)) == 0) {
-        std::string allowed = allowed_.empty() ? "none" : join(allowed_);
-        fail(v, "unknown key '" + k + "' in " + label() + " (allowed: " + allowed + ")");
-      }
-  }
-
-  [[noreturn]] void fail(const Node &n, const std::string &what) const {
-    throw ConfigError(file_ + ":" + std::to_string(n.line) + ": " + what);
-  }
-  [[noreturn]] void missing(const std::string &key, const std::string &hint = "") const {
-    int line = node_ != nullptr ? node_->line : 1;
-    throw ConfigError(file_ + ":" + std::to_string(line) + ": " + label() + " needs the key '" + key + "'" + hint);
-  }
-  std::string where(const std::string &key) const { return path_.empty() ? key : path_ + "." + key; }
-  std::string label() const { return path_.empty() ? "the configuration" : path_; }
-
- private:
-  double to_real(const Node &n, const std::string &key) const {
-    if (n.kind == Node::kScalar) {
-      const std::string v = sanitize(n.value);
-      char *end = nullptr;
-      errno = 0;
-      double d = std::strtod(v.c_str(), &end);
-      if (!v.empty() && *end == '\0' && errno == 0 && std::isfinite(d)) return d;
-    }
-    fail(n, where(key) + " must be a number, not '" + n.value + "'");
-  }
-  int64_t to_integer(const Node &n, const std::string &key) const {
-    if (n.kind == Node::kScalar) {
-      const std::string v = sanitize(n.value);
-      char *end = nullptr;
-      errno = 0;
-      long long i = std::strtoll(v.c_str(), &end, 10);
-      if (!v.empty() && *end == '\0' && errno == 0) return i;
-    }
-    fail(n, where(key) + " must be an integer, not '" + n.value + "'");
-  }
-
-  const Node *node_;
-  std::string path_;
-  const std::string &file_;
-  std::vector<std::string> allowed_;
-  std::set<std::string> read_;
-};
-
-void read_optimizer(Block &b, Config &c) {
-  c.has_optimizer = true;
-  OptimizerConfig &o = c.optimizer;
+void read_optimizer(Block &b, OptimizerConfig &o, int64_t &grad_accumulation_steps, double &max_grad_norm) {
   o.type = b.choice("type", {"sgd", "adam"}, "", true);
   Block p = b.block("parameters");
   o.learning_rate = p.real("learning_rate", o.learning_rate);
@@ -277,15 +112,13 @@ void read_optimizer(Block &b, Config &c) {
   }
   p.done();
   Block g = b.block("general");
-  c.grad_accumulation_steps = g.integer("grad_accumulation_steps", 1, false, 1);
-  c.max_grad_norm = g.real("max_grad_norm", 0);
+  grad_accumulation_steps = g.integer("grad_accumulation_steps", 1, false, 1);
+  max_grad_norm = g.real("max_grad_norm", 0);
   g.done();
   b.done();
 }
 
-void read_scheduler(Block &b, Config &c) {
-  c.has_scheduler = true;
-  SchedulerConfig &s = c.scheduler;
+void read_scheduler(Block &b, SchedulerConfig &s, const std::string &file, const std::string &where) {
   s.type = b.choice("type", {"step", "multistep", "polynomial", "cosine_annealing", "linear"}, "", true);
   Block p = b.block("parameters");
   if (s.type == "step") {
@@ -294,9 +127,9 @@ void read_scheduler(Block &b, Config &c) {
   } else if (s.type == "multistep") {
     s.milestones = p.integers("milestones", true);
     for (size_t i = 0; i < s.milestones.size(); ++i) {
-      if (s.milestones[i] < 0) throw ConfigError(c.filename + ": lr_scheduler.parameters.milestones must be >= 0");
+      if (s.milestones[i] < 0) throw ConfigError(file + ": " + where + ".parameters.milestones must be >= 0");
       if (i > 0 && s.milestones[i] < s.milestones[i - 1])
-        throw ConfigError(c.filename + ": lr_scheduler.parameters.milestones must be in increasing order");
+        throw ConfigError(file + ": " + where + ".parameters.milestones must be in increasing order");
     }
     s.gamma = p.real("gamma", s.gamma);
   } else if (s.type == "polynomial") {
@@ -313,8 +146,6 @@ void read_scheduler(Block &b, Config &c) {
   p.done();
   b.done();
 }
-
-}  // namespace
 
 Config read_config(const std::string &filename) {
   Config c;
@@ -368,7 +199,8 @@ Config read_config(const std::string &filename) {
 
   if (top.has("optimizer")) {
     Block b = top.block("optimizer");
-    read_optimizer(b, c);
+    c.has_optimizer = true;
+    read_optimizer(b, c.optimizer, c.grad_accumulation_steps, c.max_grad_norm);
   } else {
     top.find("optimizer");
   }
@@ -376,7 +208,8 @@ Config read_config(const std::string &filename) {
     if (!c.has_optimizer)
       throw ConfigError(filename + ": an lr_scheduler block needs an optimizer block to schedule");
     Block b = top.block("lr_scheduler");
-    read_scheduler(b, c);
+    c.has_scheduler = true;
+    read_scheduler(b, c.scheduler, filename, "lr_scheduler");
   } else {
     top.find("lr_scheduler");
   }

@@ -1,0 +1,954 @@
+// torchfort_rl.cpp - TorchFort's off-policy reinforcement-learning API (torchfort_rl.h) over
+// LibTorch: DDPG and TD3 systems by name, configured in YAML (torchfort_rl_config.cpp), a replay
+// buffer with N-step returns, exploration and target-smoothing noise on actions or parameters,
+// target networks with Polyak averaging, checkpoints that resume bit for bit.
+//
+// The algorithms follow their publications (Lillicrap et al. 2016 for DDPG, Fujimoto et al. 2018
+// for TD3) and TorchFort's configuration; where TorchFort's own implementation departs from the
+// algorithm it documents (DDPG smoothing its targets, N-step returns running past the end of an
+// episode), the algorithm is followed. docs/guide/reinforcement-learning.md states each rule.
+#include "torchfort_common.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <unordered_map>
+
+#include "torchfort_rl.h"
+#include "torchfort_rl_config.hpp"
+
+namespace tf {
+namespace rl {
+
+// ---------------------------------------------------------------------------- networks
+
+// A network of the system with what trains it (targets have no optimizer).
+struct Net {
+  torch::jit::Module module;
+  std::vector<at::Tensor> params;
+  std::shared_ptr<ftc::Optim> optim;
+  std::unique_ptr<Schedule> schedule;
+  int64_t step_train = 0, step_current = 0;  // optimizer steps, and calls within the accumulation
+
+  void set(torch::jit::Module m) {
+    module = std::move(m);
+    params = parameters_of(module);
+  }
+};
+
+// The first tensor a network returns (a tensor, or the first of a tuple or list).
+at::Tensor forward(Net &net, std::vector<c10::IValue> args) {
+  ftc::apply_jit_optimize();
+  c10::IValue r;
+  try {
+    r = net.module.forward(args);
+  } catch (const std::exception &e) {
+    ftc::forward_failed(e, args);
+  }
+  if (r.isTensor()) return r.toTensor();
+  if (r.isTuple() && !r.toTupleRef().elements().empty() && r.toTupleRef().elements()[0].isTensor())
+    return r.toTupleRef().elements()[0].toTensor();
+  if (r.isTensorList() && !r.toTensorVector().empty()) return r.toTensorVector()[0];
+  usage("a network returns " + r.tagKind() + ", not a tensor (or a tuple whose first item is one)");
+}
+
+// A critic's value of each (state, action) pair: one number per sample.
+at::Tensor q_value(Net &critic, const at::Tensor &s, const at::Tensor &a) {
+  at::Tensor q = forward(critic, {s, a});
+  if (q.numel() != s.size(0))
+    usage("the critic returns " + shape_text(q) + " for a batch of " + std::to_string(s.size(0)) +
+          " states: it must return one value per sample (e.g. [batch, 1])");
+  return q.reshape({s.size(0)});
+}
+
+void set_requires_grad(Net &net, bool flag) {
+  for (auto &p : net.params) p.requires_grad_(flag);
+}
+
+// TorchFort's initialization of critics (each of several gets its own draw): weights of rank >= 2
+// orthogonal with gain sqrt(2), other weights 1, biases named "bias" 0.
+void init_critic(Net &net) {
+  torch::NoGradGuard no_grad;
+  for (const auto &p : net.module.named_parameters()) {
+    at::Tensor v = p.value;
+    if (p.name.find("weight") != std::string::npos) {
+      if (v.dim() >= 2) {
+        torch::nn::init::orthogonal_(v, std::sqrt(2.0));
+      } else {
+        v.fill_(1.0);
+      }
+    } else if (p.name.find("bias") != std::string::npos) {
+      v.zero_();
+    }
+  }
+}
+
+// target = rho * target + (1 - rho) * source, parameter by parameter.
+void polyak(Net &target, const Net &source, double rho) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < target.params.size(); ++i) {
+    target.params[i].mul_(rho);
+    target.params[i].add_((1.0 - rho) * source.params[i]);
+  }
+}
+
+// A copy of a network that follows it (no gradients, evaluation mode).
+void make_target(Net &target, const Net &source) {
+  torch::NoGradGuard no_grad;  // (a clone made with autograd on would not be a leaf)
+  target.set(source.module.clone());
+  set_requires_grad(target, false);
+  target.module.eval();
+}
+
+// ---------------------------------------------------------------------------- noise
+
+// Noise on a policy's actions ("space") or on its parameters ("parameter"), as independent
+// Gaussian draws or an Ornstein-Uhlenbeck process (mean 0), optionally scaled by the spread of the
+// actions or parameters (adaptive) and clipped to [-clip, clip] (clip 0: unclipped).
+class Noise {
+ public:
+  Noise(const ActorConfig &c, double sigma, double clip)
+      : parameter_(c.type.rfind("parameter", 0) == 0),
+        ou_(c.type.size() > 3 && c.type.compare(c.type.size() - 3, 3, "_ou") == 0),
+        sigma_(sigma),
+        clip_(clip),
+        dt_(c.dt),
+        xi_(c.xi),
+        adaptive_(c.adaptive) {}
+
+  // The policy's (perturbed) action for state.
+  at::Tensor operator()(Net &policy, const at::Tensor &state) {
+    if (!parameter_) {
+      at::Tensor action = forward(policy, {state});
+      const double sigma = adaptive_ ? sigma_ * at::std(action, /*unbiased=*/false).item<double>() : sigma_;
+      at::Tensor noise = draw(0, action, sigma);
+      initialized_ = true;
+      return action + noise;
+    }
+    torch::NoGradGuard no_grad;
+    std::vector<at::Tensor> saved;
+    for (size_t i = 0; i < policy.params.size(); ++i) {
+      at::Tensor &p = policy.params[i];
+      saved.push_back(p.clone());
+      const double sigma = adaptive_ ? sigma_ * at::std(p, /*unbiased=*/false).item<double>() : sigma_;
+      p.copy_(p + draw(i, p, sigma));
+    }
+    initialized_ = true;
+    at::Tensor action;
+    try {
+      action = forward(policy, {state});
+    } catch (...) {
+      for (size_t i = 0; i < saved.size(); ++i) policy.params[i].copy_(saved[i]);
+      throw;
+    }
+    for (size_t i = 0; i < saved.size(); ++i) policy.params[i].copy_(saved[i]);
+    return action;
+  }
+
+  // The process's state (for checkpoints).
+  std::vector<at::Tensor> state() const { return state_; }
+  bool initialized() const { return initialized_; }
+  void restore(std::vector<at::Tensor> state, bool initialized) {
+    state_ = std::move(state);
+    initialized_ = initialized;
+  }
+
+ private:
+  // The noise for item i (an action batch, or parameter i) of the shape of `like`.
+  at::Tensor draw(size_t i, const at::Tensor &like, double sigma) {
+    if (state_.size() <= i) state_.resize(i + 1);
+    at::Tensor &st = state_[i];
+    if (ou_ && initialized_) {
+      if (st.sizes() != like.sizes())
+        usage("Ornstein-Uhlenbeck noise keeps one state per action element: it was started for " + shape_text(st) +
+              ", now asked for " + shape_text(like) + " (keep the number of states per call constant)");
+      st = st + (xi_ * (0.0 - st) * dt_ + sigma * at::empty_like(like).normal_(0.0, std::sqrt(dt_)));
+    } else {
+      st = at::empty_like(like).normal_(0.0, sigma);
+    }
+    return clip_ > 0 ? st.clamp(-clip_, clip_) : st;
+  }
+
+  bool parameter_, ou_;
+  double sigma_, clip_, dt_, xi_;
+  bool adaptive_;
+  bool initialized_ = false;
+  std::vector<at::Tensor> state_;
+};
+
+// ---------------------------------------------------------------------------- replay buffer
+
+// Transitions of n_envs environments, max_size/n_envs steps each (the oldest step dropped when
+// full), sampled uniformly with N-step returns from the system's own generator.
+class ReplayBuffer {
+ public:
+  struct Batch {
+    at::Tensor s, a, sp, r, d;
+  };
+
+  ReplayBuffer(const RLConfig &c, const torch::Device &device, c10::ScalarType dtype)
+      : n_envs_(c.replay_buffer.n_envs),
+        capacity_(c.replay_buffer.max_size / c.replay_buffer.n_envs),
+        min_steps_(c.replay_buffer.min_size / c.replay_buffer.n_envs),
+        nstep_(c.nstep),
+        gamma_(c.gamma),
+        device_(device),
+        dtype_(dtype) {
+    const std::string &m = c.nstep_reward_reduction;
+    skip_ = m.find("_no_skip") == std::string::npos;
+    mean_ = m.rfind("mean", 0) == 0;
+    weighted_ = m.rfind("weighted_mean", 0) == 0;
+  }
+
+  int64_t n_envs() const { return n_envs_; }
+  int64_t size() const { return size_; }
+  int64_t needed() const { return std::max(min_steps_, nstep_); }
+  bool ready() const { return size_ >= needed(); }
+
+  // One step of every environment: s, a, sp of shape [n_envs, ...], r and d of n_envs values.
+  void push(const at::Tensor &s, const at::Tensor &a, const at::Tensor &sp, const at::Tensor &r,
+            const at::Tensor &d) {
+    torch::NoGradGuard no_grad;
+    if (!s_.defined()) {
+      s_ = storage(s);
+      a_ = storage(a);
+      sp_ = storage(sp);
+      r_ = storage(r);
+      d_ = storage(d);
+      d_cpu_ = at::zeros({capacity_, n_envs_}, at::TensorOptions().dtype(at::kFloat));
+    }
+    check(s_, s, "state");
+    check(a_, a, "action");
+    check(sp_, sp, "state_new");
+    const int64_t pos = size_ < capacity_ ? (head_ + size_) % capacity_ : head_;
+    s_[pos].copy_(s);
+    a_[pos].copy_(a);
+    sp_[pos].copy_(sp);
+    r_[pos].copy_(r.reshape({n_envs_}));
+    d_[pos].copy_(d.reshape({n_envs_}));
+    d_cpu_[pos].copy_(d.reshape({n_envs_}));
+    if (size_ < capacity_) {
+      ++size_;
+    } else {
+      head_ = (head_ + 1) % capacity_;
+    }
+  }
+
+  // batch samples, each a start step and environment drawn uniformly among those with nstep steps
+  // stored after them; with a skipping reduction, a start whose episode ends before its nstep-th
+  // step is drawn again. The return sums gamma^k r_k up to the episode's end (then d = 1), divided
+  // by the number of steps (mean) or by the sum of their weights (weighted_mean).
+  Batch sample(int64_t batch, at::Generator &gen) const {
+    torch::NoGradGuard no_grad;
+    const int64_t high = (size_ - nstep_ + 1) * n_envs_;
+    const auto longs = at::TensorOptions().dtype(at::kLong);
+    at::Tensor idx = at::randint(high, {batch}, gen, longs);
+    if (skip_ && nstep_ > 1) {
+      for (int round = 0;; ++round) {
+        const at::Tensor bad = ends_early(idx).nonzero().reshape({-1});
+        if (bad.numel() == 0) break;
+        if (round == 1000)
+          usage("the replay buffer holds no stretch of nstep=" + std::to_string(nstep_) + " steps without an episode "
+                "end for " + std::to_string(bad.numel()) + " of " + std::to_string(batch) + " samples after 1000 "
+                "draws: episodes are shorter than nstep (use a *_no_skip nstep_reward_reduction)");
+        idx.index_put_({bad}, at::randint(high, {bad.numel()}, gen, longs));
+      }
+    }
+    const at::Tensor step = idx.div(n_envs_, "floor").to(device_);
+    const at::Tensor env = idx.remainder(n_envs_).to(device_);
+    const at::Tensor p0 = (step + head_).remainder(capacity_);
+    Batch b;
+    b.s = s_.index({p0, env});
+    b.a = a_.index({p0, env});
+    b.sp = sp_.index({p0, env});
+    at::Tensor ret = r_.index({p0, env});
+    at::Tensor done = d_.index({p0, env});
+    at::Tensor alive = done < 0.5;
+    at::Tensor count = at::ones_like(ret), norm = at::ones_like(ret);
+    for (int64_t k = 1; k < nstep_; ++k) {
+      const at::Tensor pk = (step + (head_ + k)).remainder(capacity_);
+      const double g = std::pow(gamma_, static_cast<double>(k));
+      const at::Tensor rk = r_.index({pk, env}), dk = d_.index({pk, env});
+      std::vector<int64_t> view(b.sp.dim(), 1);
+      view[0] = batch;
+      b.sp = at::where(alive.view(view), sp_.index({pk, env}), b.sp);
+      ret = at::where(alive, ret + rk * g, ret);
+      count = at::where(alive, count + 1.0, count);
+      norm = at::where(alive, norm + g, norm);
+      done = at::where(alive, dk, done);
+      alive = alive.logical_and(dk < 0.5);
+    }
+    if (weighted_) {
+      ret = ret / norm;
+    } else if (mean_) {
+      ret = ret / count;
+    }
+    b.r = ret;
+    b.d = done;
+    return b;
+  }
+
+  // The stored steps, oldest first.
+  void save(const std::string &file) const {
+    torch::serialize::OutputArchive archive;
+    archive.write("size", c10::IValue(size_));
+    if (size_ > 0) {
+      const at::Tensor order = (at::arange(size_, at::TensorOptions().dtype(at::kLong)) + head_).remainder(capacity_);
+      const at::Tensor o = order.to(device_);
+      archive.write("s", s_.index_select(0, o).cpu());
+      archive.write("a", a_.index_select(0, o).cpu());
+      archive.write("sp", sp_.index_select(0, o).cpu());
+      archive.write("r", r_.index_select(0, o).cpu());
+      archive.write("d", d_.index_select(0, o).cpu());
+    }
+    archive.save_to(file);
+  }
+
+  void load(const std::string &file) {
+    torch::serialize::InputArchive archive;
+    archive.load_from(file);
+    c10::IValue size;
+    if (!archive.try_read("size", size)) usage(file + " is not a replay buffer (no size)");
+    const int64_t n = size.toInt();
+    if (n > capacity_)
+      usage(file + " holds " + std::to_string(n) + " steps, more than this buffer's " + std::to_string(capacity_) +
+            " (max_size/n_envs)");
+    std::vector<at::Tensor> t(5);
+    const char *keys[5] = {"s", "a", "sp", "r", "d"};
+    if (n > 0)
+      for (int i = 0; i < 5; ++i)
+        if (!archive.try_read(keys[i], t[i])) usage(file + " is not a replay buffer (no " + keys[i] + ")");
+    for (int i = 0; n > 0 && i < 5; ++i)
+      if (t[i].dim() < 2 || t[i].size(0) != n || t[i].size(1) != n_envs_)
+        usage(file + " holds transitions of " + shape_text(t[i]) + " for " + std::to_string(n_envs_) +
+              " environments: it belongs to another system");
+    head_ = 0;
+    size_ = 0;
+    s_ = a_ = sp_ = r_ = d_ = d_cpu_ = at::Tensor();
+    for (int64_t i = 0; i < n; ++i) push(t[0][i], t[1][i], t[2][i], t[3][i], t[4][i]);
+  }
+
+ private:
+  at::Tensor storage(const at::Tensor &like) const {
+    std::vector<int64_t> sizes{capacity_};
+    for (int64_t d : like.sizes()) sizes.push_back(d);
+    return at::zeros(sizes, at::TensorOptions().dtype(dtype_).device(device_));
+  }
+  static void check(const at::Tensor &store, const at::Tensor &t, const char *what) {
+    if (store.sizes().slice(1) != t.sizes())
+      usage(std::string("the ") + what + " has shape " + shape_text(t) + ", but the replay buffer holds " +
+            shape_text(store[0]) + " (as in the first transition; the first dimension is the environment)");
+  }
+  // Whether the episode of each start (index step*n_envs + env) ends before its nstep-th step.
+  at::Tensor ends_early(const at::Tensor &idx) const {
+    const at::Tensor step = idx.div(n_envs_, "floor"), env = idx.remainder(n_envs_);
+    at::Tensor ended = at::zeros(idx.sizes(), at::TensorOptions().dtype(at::kBool));
+    for (int64_t k = 0; k + 1 < nstep_; ++k)
+      ended = ended.logical_or(d_cpu_.index({(step + (head_ + k)).remainder(capacity_), env}) > 0.5f);
+    return ended;
+  }
+
+  int64_t n_envs_, capacity_, min_steps_, nstep_;
+  double gamma_;
+  torch::Device device_;
+  c10::ScalarType dtype_;
+  bool skip_ = true, mean_ = false, weighted_ = false;
+  int64_t head_ = 0, size_ = 0;
+  at::Tensor s_, a_, sp_, r_, d_, d_cpu_;
+};
+
+// ---------------------------------------------------------------------------- systems
+
+// TorchFort's default seed of a replay buffer's generator (std::mt19937's), plus the rank.
+constexpr uint64_t kSamplerSeed = 5489;
+
+struct System {
+  std::string name;
+  RLConfig cfg;
+  torch::Device model_device{torch::kCPU}, rb_device{torch::kCPU};
+  c10::ScalarType dtype = at::kFloat;
+  Net policy, policy_target;
+  std::vector<Net> critics, critic_targets;
+  std::unique_ptr<ReplayBuffer> buffer;
+  std::unique_ptr<Noise> noise_train, noise_explore;  // noise_train: TD3's target smoothing
+  at::Generator sampler = at::make_generator<at::CPUGeneratorImpl>(kSamplerSeed);
+  int64_t train_steps = 0;
+  fs::path log_file;
+  int rank = 0;
+  std::mutex mutex;
+
+  bool td3() const { return cfg.algorithm == "td3"; }
+  at::Tensor clamp(const at::Tensor &a) const { return a.clamp(cfg.actor.a_low, cfg.actor.a_high); }
+  at::Tensor input(const at::Tensor &t) const { return t.to(model_device, dtype); }
+};
+
+void train(System &sys, Net &net, const SchedulerConfig *schedule) {
+  if (net.params.empty()) usage("a network of the system has no parameters to train");
+  net.optim = make_optim(sys.cfg.optimizer, net.params, sys.cfg.filename);
+  if (schedule) net.schedule = std::make_unique<Schedule>(*net.optim->opt, *schedule);
+}
+
+torch::jit::Module build(const NetConfig &n, const System &sys, const char *what) {
+  if (n.type == "torchscript") return load_script(n.filename, sys.model_device, what, sys.cfg.filename);
+  torch::jit::Module m = build_mlp(n.layer_sizes, n.dropout, n.flatten_non_batch_dims, n.type == "criticmlp");
+  m.to(sys.model_device);
+  return m;
+}
+
+std::shared_ptr<System> create_system(const char *name, const char *config_fname, int model_dev, int rb_dev) {
+  if (name == nullptr || *name == '\0') usage("the system name is empty");
+  if (config_fname == nullptr) usage("the configuration file name is a null pointer");
+  auto sys = std::make_shared<System>();
+  sys->name = name;
+  sys->cfg = read_rl_config(config_fname);
+  const RLConfig &c = sys->cfg;
+  sys->model_device = model_device(model_dev);
+  sys->rb_device = model_device(rb_dev);
+  if (sys->model_device.is_cuda() && sys->rb_device.is_cuda() && sys->model_device != sys->rb_device)
+    usage("model_device and rb_device are two different GPUs (" + std::to_string(model_dev) + ", " +
+          std::to_string(rb_dev) + "): use one GPU, or the CPU for one of them");
+
+  sys->policy.set(build(c.policy, *sys, "the policy model"));
+  if (sys->policy.params.empty()) usage("the policy model has no parameters");
+  sys->dtype = sys->policy.params[0].scalar_type();
+  if (!at::isFloatingType(sys->dtype)) usage("the policy's parameters are not floating point");
+  train(*sys, sys->policy, c.has_policy_scheduler ? &c.policy_scheduler : nullptr);
+  make_target(sys->policy_target, sys->policy);
+
+  sys->critics.resize(c.num_critics);
+  sys->critic_targets.resize(c.num_critics);
+  for (int64_t i = 0; i < c.num_critics; ++i) {
+    Net &q = sys->critics[i];
+    q.set(build(c.critic, *sys, "the critic model"));
+    for (const auto &p : q.params)
+      if (p.scalar_type() != sys->dtype)
+        usage("the critic's parameters are " + ftc::dtype_name(p.scalar_type()) + ", the policy's " +
+              ftc::dtype_name(sys->dtype) + ": both networks need one precision");
+    init_critic(q);
+    train(*sys, q, c.has_critic_scheduler ? &c.critic_scheduler : nullptr);
+    make_target(sys->critic_targets[i], q);
+  }
+  sys->buffer = std::make_unique<ReplayBuffer>(c, sys->rb_device, sys->dtype);
+  if (sys->td3()) sys->noise_train = std::make_unique<Noise>(c.actor, c.actor.sigma_train, c.actor.clip);
+  sys->noise_explore = std::make_unique<Noise>(c.actor, c.actor.sigma_explore, 0.0);
+  if (c.enable_wandb_hook) sys->log_file = wandb_log_file(sys->name, c.text);
+  if (c.verbose)
+    std::cout << "TORCHFORT::INFO: " << c.algorithm << " system " << sys->name << ": batch_size " << c.batch_size
+              << ", nstep " << c.nstep << " (" << c.nstep_reward_reduction << "), gamma " << c.gamma << ", rho "
+              << c.rho << ", critics " << c.num_critics << ", policy_lag " << c.policy_lag << ", actions in ["
+              << c.actor.a_low << ", " << c.actor.a_high << "], " << c.actor.type << ", replay buffer "
+              << c.replay_buffer.max_size << " transitions (ready at " << c.replay_buffer.min_size << "), "
+              << ftc::dtype_name(sys->dtype) << std::endl;
+  return sys;
+}
+
+void report(System &sys, const char *model, const Net &net, double loss) {
+  if (sys.cfg.report_frequency <= 0 || net.step_train % sys.cfg.report_frequency != 0 || sys.rank != 0) return;
+  const double lr = net.optim->opt->param_groups().at(0).options().get_lr();
+  std::cout << "TORCHFORT::INFO: model: " << model << ", step_train: " << net.step_train
+            << ", loss: " << static_cast<float>(loss) << ", lr: " << lr << std::endl;
+  if (!sys.log_file.empty()) {
+    const std::string who = std::string(model) == "critic" ? "critic_0" : "actor";
+    write_metric(sys.log_file, who, "train_loss", net.step_train, number_text(static_cast<float>(loss)));
+    write_metric(sys.log_file, who, "train_lr", net.step_train, number_text(lr));
+  }
+}
+
+// Clipping, the optimizer's and the schedule's step when the accumulation is complete.
+bool update(System &sys, Net &net) {
+  const bool step = (net.step_current + 1) % sys.cfg.grad_accumulation_steps == 0;
+  if (step) {
+    if (sys.cfg.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(net.params, sys.cfg.max_grad_norm);
+    net.optim->opt->step();
+    ++net.optim->steps;
+    if (net.schedule) net.schedule->step();
+  }
+  ++net.step_train;
+  ++net.step_current;
+  return step;
+}
+
+void zero_grad_if_starting(System &sys, Net &net) {
+  if (net.step_current % sys.cfg.grad_accumulation_steps == 0) net.optim->opt->zero_grad(/*set_to_none=*/true);
+}
+
+// Restores the first critic's requires_grad however the policy update ends.
+struct FrozenCritic {
+  Net &net;
+  explicit FrozenCritic(Net &n) : net(n) { set_requires_grad(net, false); }
+  ~FrozenCritic() { set_requires_grad(net, true); }
+};
+
+void train_step(System &sys, float &p_loss, float &q_loss) {
+  if (!sys.buffer->ready())
+    usage("the replay buffer holds " + std::to_string(sys.buffer->size()) + " steps; training needs " +
+          std::to_string(sys.buffer->needed()) + " (min_size/n_envs, and nstep): call "
+          "torchfort_rl_off_policy_is_ready before training");
+  const RLConfig &c = sys.cfg;
+  ++sys.train_steps;
+  const bool update_policy = sys.train_steps % c.policy_lag == 0;
+  ReplayBuffer::Batch b = sys.buffer->sample(c.batch_size, sys.sampler);
+  const at::Tensor s = sys.input(b.s), a = sys.input(b.a), sp = sys.input(b.sp), r = sys.input(b.r),
+                   d = sys.input(b.d);
+
+  // Targets: y = r + gamma^nstep (1 - d) min_i Q'_i(s', a'), a' from the target policy (TD3: with
+  // clipped noise).
+  at::Tensor y;
+  {
+    torch::NoGradGuard no_grad;
+    at::Tensor ap = sys.td3() ? (*sys.noise_train)(sys.policy_target, sp) : forward(sys.policy_target, {sp});
+    ap = sys.clamp(ap);
+    at::Tensor q_next = q_value(sys.critic_targets[0], sp, ap);
+    for (size_t i = 1; i < sys.critic_targets.size(); ++i)
+      q_next = at::minimum(q_next, q_value(sys.critic_targets[i], sp, ap));
+    y = r + q_next * std::pow(c.gamma, static_cast<double>(c.nstep)) * (1.0 - d);
+  }
+
+  // Critics: the sum of their mean squared errors.
+  at::Tensor loss;
+  for (Net &q : sys.critics) {
+    q.module.train();
+    zero_grad_if_starting(sys, q);
+  }
+  for (Net &q : sys.critics) {
+    const at::Tensor l = at::mean(at::square(q_value(q, s, a) - y));
+    loss = loss.defined() ? loss + l : l;
+  }
+  loss.backward();
+  q_loss = static_cast<float>(loss.item<double>() / static_cast<double>(sys.critics.size()));
+  for (Net &q : sys.critics) update(sys, q);
+  report(sys, "critic", sys.critics[0], q_loss);
+
+  // Policy: maximise the first critic's value of its actions.
+  p_loss = 0;
+  if (update_policy) {
+    Net &pi = sys.policy;
+    bool stepped;
+    {
+      FrozenCritic frozen(sys.critics[0]);
+      pi.module.train();
+      zero_grad_if_starting(sys, pi);
+      const at::Tensor pl = -at::mean(q_value(sys.critics[0], s, forward(pi, {s})));
+      pl.backward();
+      p_loss = static_cast<float>(pl.item<double>());
+      stepped = update(sys, pi);
+    }
+    if (stepped) {
+      for (size_t i = 0; i < sys.critics.size(); ++i) polyak(sys.critic_targets[i], sys.critics[i], c.rho);
+      polyak(sys.policy_target, sys.policy, c.rho);
+    }
+    report(sys, "actor", pi, p_loss);
+  }
+}
+
+// ---------------------------------------------------------------------------- checkpoints
+
+void save_net(const Net &net, const fs::path &dir) {
+  fs::create_directories(dir);
+  write_atomically(dir / "model.pt", [&](const std::string &f) { net.module.save(f); });
+  if (net.optim) write_atomically(dir / "optimizer.pt", [&](const std::string &f) { torch::save(*net.optim->opt, f); });
+  if (net.schedule) write_atomically(dir / "lr.pt", [&](const std::string &f) { net.schedule->save(f); });
+}
+
+std::vector<std::pair<std::string, Net *>> nets(System &sys) {
+  std::vector<std::pair<std::string, Net *>> out{{"policy", &sys.policy}, {"policy_target", &sys.policy_target}};
+  for (size_t i = 0; i < sys.critics.size(); ++i) {
+    out.emplace_back("critic_" + std::to_string(i), &sys.critics[i]);
+    out.emplace_back("critic_target_" + std::to_string(i), &sys.critic_targets[i]);
+  }
+  return out;
+}
+
+void write_noise(torch::serialize::OutputArchive &archive, const std::string &key, const Noise *noise) {
+  if (noise == nullptr) return;
+  archive.write(key + "_initialized", c10::IValue(noise->initialized()));
+  archive.write(key + "_state", c10::IValue(c10::List<at::Tensor>(noise->state())));
+}
+
+void read_noise(torch::serialize::InputArchive &archive, const std::string &key, Noise *noise,
+                const std::string &file) {
+  if (noise == nullptr) return;
+  c10::IValue initialized, state;
+  if (!archive.try_read(key + "_initialized", initialized) || !archive.try_read(key + "_state", state))
+    usage(file + " has no state of the " + key + " noise: it belongs to another kind of system");
+  std::vector<at::Tensor> tensors;
+  for (const at::Tensor &t : state.toTensorVector()) tensors.push_back(t);
+  noise->restore(std::move(tensors), initialized.toBool());
+}
+
+void save_checkpoint(System &sys, const fs::path &dir) {
+  fs::create_directories(dir);
+  for (auto &[sub, net] : nets(sys)) save_net(*net, dir / sub);
+  fs::create_directories(dir / "replay_buffer");
+  write_atomically(dir / "replay_buffer" / "buffer.pt", [&](const std::string &f) { sys.buffer->save(f); });
+  write_atomically(dir / "state.pt", [&](const std::string &f) {
+    torch::serialize::OutputArchive archive;
+    archive.write("algorithm", c10::IValue(sys.cfg.algorithm));
+    archive.write("num_critics", c10::IValue(static_cast<int64_t>(sys.critics.size())));
+    archive.write("train_steps", c10::IValue(sys.train_steps));
+    for (auto &[sub, net] : nets(sys)) {
+      archive.write(sub + "_step_train", c10::IValue(net->step_train));
+      archive.write(sub + "_step_current", c10::IValue(net->step_current));
+    }
+    {
+      std::lock_guard<std::mutex> lock(sys.sampler.mutex());
+      archive.write("sampler", sys.sampler.get_state());
+    }
+    write_noise(archive, "noise_train", sys.noise_train.get());
+    write_noise(archive, "noise_explore", sys.noise_explore.get());
+    archive.save_to(f);
+  });
+}
+
+void load_checkpoint(System &sys, const fs::path &dir) {
+  if (!fs::is_directory(dir)) usage("the checkpoint directory " + dir.string() + " does not exist");
+  const fs::path state_file = dir / "state.pt";
+  require_file(state_file);
+  require_file(dir / "replay_buffer" / "buffer.pt");
+  torch::serialize::InputArchive archive;
+  archive.load_from(state_file.string());
+  c10::IValue algorithm, critics;
+  if (!archive.try_read("algorithm", algorithm) || !archive.try_read("num_critics", critics))
+    usage(state_file.string() + " is not the state of an off-policy system");
+  if (algorithm.toStringRef() != sys.cfg.algorithm || critics.toInt() != static_cast<int64_t>(sys.critics.size()))
+    usage("the checkpoint holds a " + algorithm.toStringRef() + " system with " + std::to_string(critics.toInt()) +
+          " critics; this one is " + sys.cfg.algorithm + " with " + std::to_string(sys.critics.size()));
+  // Every file is read and checked before anything of the system changes.
+  std::vector<torch::jit::Module> modules;
+  for (auto &[sub, net] : nets(sys)) {
+    require_file(dir / sub / "model.pt");
+    if (net->optim) require_file(dir / sub / "optimizer.pt");
+    if (net->schedule) require_file(dir / sub / "lr.pt");
+    modules.push_back(load_script((dir / sub / "model.pt").string(), sys.model_device, "the checkpoint's network"));
+    torch::NoGradGuard no_grad;
+    torch::jit::Module probe = net->module.clone();
+    copy_state(probe, modules.back(), (dir / sub / "model.pt").string());
+  }
+  ReplayBuffer buffer = *sys.buffer;
+  buffer.load((dir / "replay_buffer" / "buffer.pt").string());
+  c10::IValue train_steps, sampler;
+  if (!archive.try_read("train_steps", train_steps) || !archive.try_read("sampler", sampler))
+    usage(state_file.string() + " is not the state of an off-policy system");
+
+  size_t i = 0;
+  for (auto &[sub, net] : nets(sys)) {
+    copy_state(net->module, modules[i++], (dir / sub / "model.pt").string());
+    if (net->optim) torch::load(*net->optim->opt, (dir / sub / "optimizer.pt").string(), sys.model_device);
+    if (net->schedule) net->schedule->load((dir / sub / "lr.pt").string());
+    c10::IValue st, sc;
+    if (archive.try_read(sub + "_step_train", st)) net->step_train = st.toInt();
+    if (archive.try_read(sub + "_step_current", sc)) net->step_current = sc.toInt();
+  }
+  *sys.buffer = std::move(buffer);
+  sys.train_steps = train_steps.toInt();
+  {
+    std::lock_guard<std::mutex> lock(sys.sampler.mutex());
+    sys.sampler.set_state(sampler.toTensor());
+  }
+  read_noise(archive, "noise_train", sys.noise_train.get(), state_file.string());
+  read_noise(archive, "noise_explore", sys.noise_explore.get(), state_file.string());
+}
+
+void load_model(System &sys, const fs::path &dir) {
+  std::vector<std::pair<Net *, torch::jit::Module>> loaded;
+  auto read = [&](Net &net, const fs::path &sub) {
+    require_file(dir / sub / "model.pt");
+    torch::jit::Module m = load_script((dir / sub / "model.pt").string(), sys.model_device, "the network");
+    torch::NoGradGuard no_grad;
+    torch::jit::Module probe = net.module.clone();
+    copy_state(probe, m, (dir / sub / "model.pt").string());
+    loaded.emplace_back(&net, std::move(m));
+  };
+  read(sys.policy, "policy");
+  for (size_t i = 0; i < sys.critics.size(); ++i) read(sys.critics[i], "critic_" + std::to_string(i));
+  for (auto &[net, m] : loaded) copy_state(net->module, m, dir.string());
+  torch::NoGradGuard no_grad;
+  auto copy = [](Net &to, const Net &from) {
+    for (size_t i = 0; i < to.params.size(); ++i) to.params[i].copy_(from.params[i]);
+  };
+  copy(sys.policy_target, sys.policy);
+  for (size_t i = 0; i < sys.critics.size(); ++i) copy(sys.critic_targets[i], sys.critics[i]);
+}
+
+// ---------------------------------------------------------------------------- registry
+
+std::mutex registry_mutex;
+std::unordered_map<std::string, std::shared_ptr<System>> registry;
+
+std::shared_ptr<System> find(const char *name) {
+  if (name == nullptr) usage("the system name is a null pointer");
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry.find(name);
+  if (it == registry.end()) {
+    std::string known;
+    for (const auto &[k, v] : registry) known += (known.empty() ? "" : ", ") + k;
+    usage(std::string("no off-policy system named '") + name +
+          "' (create it with torchfort_rl_off_policy_create_system; systems: " + (known.empty() ? "none" : known) + ")");
+  }
+  return it->second;
+}
+
+template <class Body>
+torchfort_result_t with_system(const char *fn, const char *name, Body &&body) {
+  return boundary(fn, [&] {
+    std::shared_ptr<System> sys = find(name);
+    std::lock_guard<std::mutex> lock(sys->mutex);
+    body(*sys);
+  });
+}
+
+// ---------------------------------------------------------------------------- arrays
+
+// A state (or action) array as a batch: rank 1 is one sample.
+at::Tensor batch_of(const at::Tensor &t) { return t.dim() == 1 ? t.unsqueeze(0) : t; }
+
+// result into the caller's array out (same number of elements).
+void deliver(const at::Tensor &result, at::Tensor &out, const char *what) {
+  if (result.numel() != out.numel())
+    usage(std::string("the ") + what + " array is " + shape_text(out) + " (" + std::to_string(out.numel()) +
+          " elements); the system computes " + shape_text(result) + " (" + std::to_string(result.numel()) +
+          " elements)");
+  out.copy_(result.reshape(out.sizes()));
+}
+
+torchfort_result_t predict_arrays(const char *fn, const char *name, void *state, size_t state_dim,
+                                  int64_t *state_shape, void *action, size_t action_dim, int64_t *action_shape,
+                                  torchfort_datatype_t dtype, cudaStream_t stream, bool fortran, bool explore) {
+  return with_system(fn, name, [&](System &sys) {
+    const at::Tensor s = wrap(state, state_dim, state_shape, dtype, fortran, "state", true);
+    at::Tensor out = wrap(action, action_dim, action_shape, dtype, fortran, "action", true);
+    StreamScope scope(sys.model_device, stream);
+    torch::NoGradGuard no_grad;
+    sys.policy.module.eval();
+    const at::Tensor x = sys.input(batch_of(s));
+    at::Tensor act = explore ? (*sys.noise_explore)(sys.policy, x) : forward(sys.policy, {x});
+    deliver(sys.clamp(act), out, "action");
+  });
+}
+
+torchfort_result_t evaluate_arrays(const char *fn, const char *name, void *state, size_t state_dim,
+                                   int64_t *state_shape, void *action, size_t action_dim, int64_t *action_shape,
+                                   void *reward, size_t reward_dim, int64_t *reward_shape, torchfort_datatype_t dtype,
+                                   cudaStream_t stream, bool fortran) {
+  return with_system(fn, name, [&](System &sys) {
+    const at::Tensor s = wrap(state, state_dim, state_shape, dtype, fortran, "state", true);
+    const at::Tensor a = wrap(action, action_dim, action_shape, dtype, fortran, "action", true);
+    at::Tensor out = wrap(reward, reward_dim, reward_shape, dtype, fortran, "reward", true);
+    StreamScope scope(sys.model_device, stream);
+    torch::NoGradGuard no_grad;
+    Net &q = sys.critics[0];
+    q.module.eval();
+    deliver(q_value(q, sys.input(batch_of(s)), sys.input(batch_of(a))), out, "reward");
+  });
+}
+
+// One transition per environment into the buffer (s, a, sp with the environment first).
+void push(System &sys, const at::Tensor &s, const at::Tensor &sp, const at::Tensor &a, const at::Tensor &r,
+          const at::Tensor &d) {
+  const int64_t n = sys.buffer->n_envs();
+  if (s.size(0) != n || a.size(0) != n || r.numel() != n || d.numel() != n)
+    usage("the system has " + std::to_string(n) + " environments (replay_buffer n_envs); the state is " +
+          shape_text(s) + ", the action " + shape_text(a) + ", the reward " + std::to_string(r.numel()) +
+          " and final_state " + std::to_string(d.numel()) + " values" +
+          (n > 1 ? " (use torchfort_rl_off_policy_update_replay_buffer_multi with the environment as the batch "
+                   "dimension)"
+                 : ""));
+  torch::NoGradGuard no_grad;
+  const auto to = [&](const at::Tensor &t) { return t.to(sys.rb_device, sys.dtype); };
+  sys.buffer->push(to(s), to(a), to(sp), to(r), to(d));
+}
+
+torchfort_result_t update_arrays(const char *fn, const char *name, void *state_old, void *state_new, size_t state_dim,
+                                 int64_t *state_shape, void *action_old, size_t action_dim, int64_t *action_shape,
+                                 const void *reward, bool final_state, torchfort_datatype_t dtype, cudaStream_t stream,
+                                 bool fortran) {
+  return with_system(fn, name, [&](System &sys) {
+    const at::Tensor s = wrap(state_old, state_dim, state_shape, dtype, fortran, "state_old", true);
+    const at::Tensor sp = wrap(state_new, state_dim, state_shape, dtype, fortran, "state_new", true);
+    const at::Tensor a = wrap(action_old, action_dim, action_shape, dtype, fortran, "action_old", true);
+    if (reward == nullptr) usage("reward is a null pointer");
+    const at::Tensor r = wrap(const_cast<void *>(reward), 0, nullptr, dtype, fortran, "reward", true).reshape({1});
+    const at::Tensor d = at::full({1}, final_state ? 1.0 : 0.0, at::TensorOptions().dtype(sys.dtype));
+    StreamScope scope(sys.rb_device, stream);
+    push(sys, s.unsqueeze(0), sp.unsqueeze(0), a.unsqueeze(0), r, d);
+  });
+}
+
+torchfort_result_t update_multi_arrays(const char *fn, const char *name, void *state_old, void *state_new,
+                                       size_t state_dim, int64_t *state_shape, void *action_old, size_t action_dim,
+                                       int64_t *action_shape, void *reward, size_t reward_dim, int64_t *reward_shape,
+                                       void *final_state, size_t final_state_dim, int64_t *final_state_shape,
+                                       torchfort_datatype_t dtype, cudaStream_t stream, bool fortran) {
+  return with_system(fn, name, [&](System &sys) {
+    const at::Tensor s = wrap(state_old, state_dim, state_shape, dtype, fortran, "state_old", true);
+    const at::Tensor sp = wrap(state_new, state_dim, state_shape, dtype, fortran, "state_new", true);
+    const at::Tensor a = wrap(action_old, action_dim, action_shape, dtype, fortran, "action_old", true);
+    const at::Tensor r = wrap(reward, reward_dim, reward_shape, dtype, fortran, "reward", true);
+    const at::Tensor d = wrap(final_state, final_state_dim, final_state_shape, dtype, fortran, "final_state", true);
+    if (s.dim() == 0 || a.dim() == 0) usage("state_old and action_old need the environment dimension");
+    StreamScope scope(sys.rb_device, stream);
+    push(sys, s, sp, a, r.reshape({-1}), (d.reshape({-1}) != 0).to(sys.dtype));
+  });
+}
+
+template <class T>
+torchfort_result_t wandb_log(const char *fn, const char *name, const char *metric_name, int64_t step, T value) {
+  return with_system(fn, name, [&](System &sys) {
+    if (metric_name == nullptr) usage("the metric name is a null pointer");
+    if (!sys.log_file.empty() && sys.rank == 0) write_metric(sys.log_file, sys.name, metric_name, step, number_text(value));
+  });
+}
+
+}  // namespace rl
+}  // namespace tf
+
+// ---------------------------------------------------------------------------- the C API
+
+using namespace tf;
+using namespace tf::rl;
+
+torchfort_result_t torchfort_rl_off_policy_create_system(const char *name, const char *config_fname, int model_device,
+                                                         int rb_device) {
+  return boundary(__func__, [&] {
+    if (name != nullptr) {
+      std::lock_guard<std::mutex> lock(rl::registry_mutex);
+      if (rl::registry.count(name))
+        usage(std::string("a system named '") + name + "' exists already (each system needs its own name)");
+    }
+    std::shared_ptr<System> sys = create_system(name, config_fname, model_device, rb_device);
+    std::lock_guard<std::mutex> lock(rl::registry_mutex);
+    if (!rl::registry.emplace(sys->name, sys).second)
+      usage("a system named '" + sys->name + "' exists already (each system needs its own name)");
+  });
+}
+
+torchfort_result_t torchfort_rl_off_policy_train_step(const char *name, float *p_loss_val, float *q_loss_val,
+                                                      cudaStream_t stream) {
+  return with_system(__func__, name, [&](System &sys) {
+    if (p_loss_val == nullptr || q_loss_val == nullptr) usage("p_loss_val and q_loss_val must not be null pointers");
+    StreamScope scope(sys.model_device, stream);
+    train_step(sys, *p_loss_val, *q_loss_val);
+  });
+}
+
+torchfort_result_t torchfort_rl_off_policy_predict_explore(const char *name, void *state, size_t state_dim,
+                                                           int64_t *state_shape, void *action, size_t action_dim,
+                                                           int64_t *action_shape, torchfort_datatype_t dtype,
+                                                           cudaStream_t stream) {
+  return predict_arrays(__func__, name, state, state_dim, state_shape, action, action_dim, action_shape, dtype, stream,
+                        false, true);
+}
+torchfort_result_t torchfort_rl_off_policy_predict_explore_F(const char *name, void *state, size_t state_dim,
+                                                             int64_t *state_shape, void *action, size_t action_dim,
+                                                             int64_t *action_shape, torchfort_datatype_t dtype,
+                                                             cudaStream_t stream) {
+  return predict_arrays("torchfort_rl_off_policy_predict_explore", name, state, state_dim, state_shape, action,
+                        action_dim, action_shape, dtype, stream, true, true);
+}
+torchfort_result_t torchfort_rl_off_policy_predict(const char *name, void *state, size_t state_dim,
+                                                   int64_t *state_shape, void *action, size_t action_dim,
+                                                   int64_t *action_shape, torchfort_datatype_t dtype,
+                                                   cudaStream_t stream) {
+  return predict_arrays(__func__, name, state, state_dim, state_shape, action, action_dim, action_shape, dtype, stream,
+                        false, false);
+}
+torchfort_result_t torchfort_rl_off_policy_predict_F(const char *name, void *state, size_t state_dim,
+                                                     int64_t *state_shape, void *action, size_t action_dim,
+                                                     int64_t *action_shape, torchfort_datatype_t dtype,
+                                                     cudaStream_t stream) {
+  return predict_arrays("torchfort_rl_off_policy_predict", name, state, state_dim, state_shape, action, action_dim,
+                        action_shape, dtype, stream, true, false);
+}
+
+torchfort_result_t torchfort_rl_off_policy_evaluate(const char *name, void *state, size_t state_dim,
+                                                    int64_t *state_shape, void *action, size_t action_dim,
+                                                    int64_t *action_shape, void *reward, size_t reward_dim,
+                                                    int64_t *reward_shape, torchfort_datatype_t dtype,
+                                                    cudaStream_t stream) {
+  return evaluate_arrays(__func__, name, state, state_dim, state_shape, action, action_dim, action_shape, reward,
+                         reward_dim, reward_shape, dtype, stream, false);
+}
+torchfort_result_t torchfort_rl_off_policy_evaluate_F(const char *name, void *state, size_t state_dim,
+                                                      int64_t *state_shape, void *action, size_t action_dim,
+                                                      int64_t *action_shape, void *reward, size_t reward_dim,
+                                                      int64_t *reward_shape, torchfort_datatype_t dtype,
+                                                      cudaStream_t stream) {
+  return evaluate_arrays("torchfort_rl_off_policy_evaluate", name, state, state_dim, state_shape, action, action_dim,
+                         action_shape, reward, reward_dim, reward_shape, dtype, stream, true);
+}
+
+torchfort_result_t torchfort_rl_off_policy_update_replay_buffer(const char *name, void *state_old, void *state_new,
+                                                                size_t state_dim, int64_t *state_shape,
+                                                                void *action_old, size_t action_dim,
+                                                                int64_t *action_shape, const void *reward,
+                                                                bool final_state, torchfort_datatype_t dtype,
+                                                                cudaStream_t stream) {
+  return update_arrays(__func__, name, state_old, state_new, state_dim, state_shape, action_old, action_dim,
+                       action_shape, reward, final_state, dtype, stream, false);
+}
+torchfort_result_t torchfort_rl_off_policy_update_replay_buffer_F(const char *name, void *state_old, void *state_new,
+                                                                  size_t state_dim, int64_t *state_shape,
+                                                                  void *action_old, size_t action_dim,
+                                                                  int64_t *action_shape, const void *reward,
+                                                                  bool final_state, torchfort_datatype_t dtype,
+                                                                  cudaStream_t stream) {
+  return update_arrays("torchfort_rl_off_policy_update_replay_buffer", name, state_old, state_new, state_dim,
+                       state_shape, action_old, action_dim, action_shape, reward, final_state, dtype, stream, true);
+}
+torchfort_result_t torchfort_rl_off_policy_update_replay_buffer_multi(
+    const char *name, void *state_old, void *state_new, size_t state_dim, int64_t *state_shape, void *action_old,
+    size_t action_dim, int64_t *action_shape, void *reward, size_t reward_dim, int64_t *reward_shape, void *final_state,
+    size_t final_state_dim, int64_t *final_state_shape, torchfort_datatype_t dtype, cudaStream_t stream) {
+  return update_multi_arrays(__func__, name, state_old, state_new, state_dim, state_shape, action_old, action_dim,
+                             action_shape, reward, reward_dim, reward_shape, final_state, final_state_dim,
+                             final_state_shape, dtype, stream, false);
+}
+torchfort_result_t torchfort_rl_off_policy_update_replay_buffer_multi_F(
+    const char *name, void *state_old, void *state_new, size_t state_dim, int64_t *state_shape, void *action_old,
+    size_t action_dim, int64_t *action_shape, void *reward, size_t reward_dim, int64_t *reward_shape, void *final_state,
+    size_t final_state_dim, int64_t *final_state_shape, torchfort_datatype_t dtype, cudaStream_t stream) {
+  return update_multi_arrays("torchfort_rl_off_policy_update_replay_buffer_multi", name, state_old, state_new,
+                             state_dim, state_shape, action_old, action_dim, action_shape, reward, reward_dim,
+                             reward_shape, final_state, final_state_dim, final_state_shape, dtype, stream, true);
+}
+
+torchfort_result_t torchfort_rl_off_policy_save_checkpoint(const char *name, const char *checkpoint_dir) {
+  return with_system(__func__, name, [&](System &sys) {
+    if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
+    save_checkpoint(sys, checkpoint_dir);
+  });
+}
+torchfort_result_t torchfort_rl_off_policy_load_checkpoint(const char *name, const char *checkpoint_dir) {
+  return with_system(__func__, name, [&](System &sys) {
+    if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
+    load_checkpoint(sys, checkpoint_dir);
+  });
+}
+torchfort_result_t torchfort_rl_off_policy_load_model(const char *name, const char *checkpoint_dir) {
+  return with_system(__func__, name, [&](System &sys) {
+    if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
+    load_model(sys, checkpoint_dir);
+  });
+}
+
+torchfort_result_t torchfort_rl_off_policy_is_ready(const char *name, bool *ready) {
+  return with_system(__func__, name, [&](System &sys) {
+    if (ready == nullptr) usage("ready is a null pointer");
+    *ready = sys.buffer->ready();
+  });
+}
+
+torchfort_result_t torchfort_rl_off_policy_wandb_log_int(const char *name, const char *metric_name, int64_t step,
+                                                         int value) {
+  return rl::wandb_log(__func__, name, metric_name, step, value);
+}
+torchfort_result_t torchfort_rl_off_policy_wandb_log_float(const char *name, const char *metric_name, int64_t step,
+                                                           float value) {
+  return rl::wandb_log(__func__, name, metric_name, step, value);
+}
+torchfort_result_t torchfort_rl_off_policy_wandb_log_double(const char *name, const char *metric_name, int64_t step,
+                                                            double value) {
+  return rl::wandb_log(__func__, name, metric_name, step, value);
+}

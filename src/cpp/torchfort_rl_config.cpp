@@ -1,0 +1,171 @@
+// torchfort_rl_config.cpp - an off-policy reinforcement-learning system's configuration:
+// libyaml's document read through the strict Block reader (torchfort_yaml.hpp).
+#include "torchfort_rl_config.hpp"
+
+#include "torchfort_yaml.hpp"
+
+namespace tf {
+namespace {
+
+void read_net(Block &b, NetConfig &n, const std::vector<std::string> &types, const std::string &where,
+              const std::string &file) {
+  n.type = b.choice("type", types, "", true);
+  Block p = b.block("parameters");
+  if (n.type == "torchscript") {
+    n.filename = p.string("filename", "", true);
+  } else {
+    n.layer_sizes = p.integers("layer_sizes", true);
+    if (n.layer_sizes.size() < 2)
+      throw ConfigError(file + ": " + where + ".parameters.layer_sizes needs at least two sizes (input and output)");
+    for (int64_t s : n.layer_sizes)
+      if (s < 1) throw ConfigError(file + ": " + where + ".parameters.layer_sizes must be >= 1");
+    n.dropout = p.real("dropout", 0);
+    if (n.dropout < 0 || n.dropout > 1) throw ConfigError(file + ": " + where + ".parameters.dropout must be in [0, 1]");
+    if (n.type == "mlp") n.flatten_non_batch_dims = p.boolean("flatten_non_batch_dims", true);
+    if (n.type == "criticmlp" && n.layer_sizes.back() != 1)
+      throw ConfigError(file + ": " + where + ".parameters.layer_sizes must end with 1 (the critic returns one value "
+                        "per sample); its first size is the state size plus the action size");
+  }
+  p.done();
+  b.done();
+}
+
+// A block the configuration needs: its absence names the block and what it holds.
+Block required(Block &top, const std::string &key, const std::string &what) {
+  if (!top.has(key)) top.missing(key, " (" + what + ")");
+  return top.block(key);
+}
+
+}  // namespace
+
+RLConfig read_rl_config(const std::string &filename) {
+  RLConfig c;
+  c.filename = filename;
+  Node root = parse_file(filename, c.text);
+  if (root.kind == Node::kNull) throw ConfigError(filename + ": the configuration file is empty");
+  Block top(&root, "", filename);
+
+  Block general = top.block("general");
+  c.report_frequency = general.integer("report_frequency", 0, false, 0);
+  c.enable_wandb_hook = general.boolean("enable_wandb_hook", false);
+  c.verbose = general.boolean("verbose", false);
+  c.enable_cuda_graphs = general.boolean("enable_cuda_graphs", false);
+  general.done();
+
+  Block algorithm = required(top, "algorithm", "a block with type: ddpg or td3, and its parameters");
+  const std::string type = algorithm.choice("type", {"ddpg", "td3", "sac", "ppo"}, "", true);
+  if (type == "sac" || type == "ppo")
+    throw ConfigError(filename + ": algorithm.type " + type + " is not implemented yet by FTorch's TorchFort layer "
+                      "(off-policy ddpg and td3 are; see docs/guide/migrating-torchfort.md)");
+  c.algorithm = type;
+  const bool td3 = type == "td3";
+  {
+    Block p = algorithm.block("parameters");
+    c.batch_size = p.integer("batch_size", 0, true, 1);
+    c.gamma = p.real("gamma", 0);
+    if (!p.has("gamma")) p.missing("gamma");
+    c.rho = p.real("rho", 0);
+    if (!p.has("rho")) p.missing("rho", " (the weight of the target networks in their Polyak averaging)");
+    if (c.gamma < 0 || c.gamma > 1) throw ConfigError(filename + ": algorithm.parameters.gamma must be in [0, 1]");
+    if (c.rho < 0 || c.rho > 1) throw ConfigError(filename + ": algorithm.parameters.rho must be in [0, 1]");
+    c.nstep = p.integer("nstep", 1, false, 1);
+    c.nstep_reward_reduction = p.choice(
+        "nstep_reward_reduction", {"sum", "mean", "weighted_mean", "sum_no_skip", "mean_no_skip", "weighted_mean_no_skip"},
+        "sum");
+    if (td3) {
+      c.num_critics = p.integer("num_critics", 2, false, 1);
+      c.policy_lag = p.integer("policy_lag", 1, true, 1);
+    }
+    for (const char *key : {"normalize_states", "normalize_rewards"})
+      if (p.boolean(key, false))
+        throw ConfigError(filename + ": algorithm.parameters." + key + " is not implemented yet by FTorch's "
+                          "TorchFort layer (remove it or set it to false)");
+    p.done();
+  }
+  algorithm.done();
+
+  {
+    Block actor = required(top, "actor", "a block with type: space_noise, space_noise_ou, parameter_noise or "
+                                          "parameter_noise_ou");
+    ActorConfig &a = c.actor;
+    a.type = actor.choice("type", {"space_noise", "space_noise_ou", "parameter_noise", "parameter_noise_ou"}, "", true);
+    Block p = actor.block("parameters");
+    auto real_required = [&](const char *key) {
+      if (!p.has(key)) p.missing(key);
+      return p.real(key, 0);
+    };
+    a.a_low = real_required("a_low");
+    a.a_high = real_required("a_high");
+    if (!(a.a_low < a.a_high)) throw ConfigError(filename + ": actor.parameters.a_low must be below a_high");
+    a.sigma_explore = real_required("sigma_explore");
+    // DDPG has no target policy smoothing: sigma_train and clip are read (TorchFort's files give
+    // them) but unused.
+    a.sigma_train = td3 ? real_required("sigma_train") : p.real("sigma_train", 0);
+    a.clip = td3 ? real_required("clip") : p.real("clip", 0);
+    if (a.sigma_train < 0 || a.sigma_explore < 0)
+      throw ConfigError(filename + ": actor.parameters.sigma_train and sigma_explore must be >= 0");
+    if (a.type.size() > 3 && a.type.compare(a.type.size() - 3, 3, "_ou") == 0) {
+      a.dt = real_required("dt");
+      a.xi = p.real("xi", 0);
+      if (a.dt <= 0) throw ConfigError(filename + ": actor.parameters.dt must be > 0");
+    }
+    a.adaptive = p.boolean("adaptive", false);
+    p.done();
+    actor.done();
+  }
+
+  {
+    Block rb = required(top, "replay_buffer", "a block with type: uniform and its max_size and min_size");
+    ReplayBufferConfig &r = c.replay_buffer;
+    r.type = rb.choice("type", {"uniform", "prioritized"}, "", true);
+    if (r.type == "prioritized")
+      throw ConfigError(filename + ": replay_buffer.type prioritized is not implemented yet by FTorch's TorchFort "
+                        "layer (use uniform)");
+    Block p = rb.block("parameters");
+    r.max_size = p.integer("max_size", 0, true, 1);
+    r.min_size = p.integer("min_size", 0, true, 1);
+    r.n_envs = p.integer("n_envs", 1, false, 1);
+    if (r.max_size < r.n_envs || r.min_size < r.n_envs)
+      throw ConfigError(filename + ": replay_buffer.parameters max_size and min_size must be at least n_envs (" +
+                        std::to_string(r.n_envs) + "): each environment keeps max_size/n_envs steps");
+    if (r.min_size > r.max_size)
+      throw ConfigError(filename + ": replay_buffer.parameters.min_size must not exceed max_size");
+    if (r.max_size / r.n_envs < c.nstep)
+      throw ConfigError(filename + ": replay_buffer.parameters.max_size/n_envs must be at least nstep (" +
+                        std::to_string(c.nstep) + ")");
+    p.done();
+    rb.done();
+  }
+
+  {
+    Block b = required(top, "policy_model", "a block with type: mlp or torchscript");
+    read_net(b, c.policy, {"mlp", "torchscript"}, "policy_model", filename);
+  }
+  {
+    Block b = required(top, "critic_model", "a block with type: criticmlp or torchscript");
+    read_net(b, c.critic, {"criticmlp", "torchscript"}, "critic_model", filename);
+  }
+  {
+    Block b = required(top, "optimizer", "a block with type: adam or sgd, and its parameters");
+    read_optimizer(b, c.optimizer, c.grad_accumulation_steps, c.max_grad_norm);
+  }
+  if (top.has("policy_lr_scheduler")) {
+    Block b = top.block("policy_lr_scheduler");
+    c.has_policy_scheduler = true;
+    read_scheduler(b, c.policy_scheduler, filename, "policy_lr_scheduler");
+  } else {
+    top.find("policy_lr_scheduler");
+  }
+  if (top.has("critic_lr_scheduler")) {
+    Block b = top.block("critic_lr_scheduler");
+    c.has_critic_scheduler = true;
+    read_scheduler(b, c.critic_scheduler, filename, "critic_lr_scheduler");
+  } else {
+    top.find("critic_lr_scheduler");
+  }
+  top.find("identifier");  // written by TorchFort into the copy it keeps for the wandb hook
+  top.done();
+  return c;
+}
+
+}  // namespace tf

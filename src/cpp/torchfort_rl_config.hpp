@@ -1,0 +1,64 @@
+// torchfort_rl_config.hpp - TorchFort's YAML configuration of a reinforcement-learning system
+// (config.rst, "Reinforcement Learning"), read and checked like the supervised one: every block,
+// key and value it defines, and an error naming the file, the line, the key and what is allowed
+// for anything else. Parsed by libyaml (no LibTorch here).
+#pragma once
+
+#include "torchfort_config.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tf {
+
+// A network of the system: the built-in MLPs or a TorchScript file.
+struct NetConfig {
+  std::string type;  // "mlp", "criticmlp" or "torchscript"
+  std::string filename;
+  std::vector<int64_t> layer_sizes;
+  double dropout = 0;
+  bool flatten_non_batch_dims = true;
+};
+
+// How actions are perturbed: noise on the action ("space") or on the policy's parameters
+// ("parameter"), independent Gaussian draws or an Ornstein-Uhlenbeck process ("_ou").
+struct ActorConfig {
+  std::string type;  // space_noise, space_noise_ou, parameter_noise, parameter_noise_ou
+  double a_low = 0, a_high = 0;
+  double clip = 0, sigma_train = 0, sigma_explore = 0;
+  double xi = 0, dt = 0;
+  bool adaptive = false;
+};
+
+struct ReplayBufferConfig {
+  std::string type;  // "uniform"
+  int64_t max_size = 0, min_size = 0, n_envs = 1;
+};
+
+struct RLConfig {
+  std::string filename;
+  std::string text;
+  // general
+  int64_t report_frequency = 0;
+  bool enable_wandb_hook = false, verbose = false, enable_cuda_graphs = false;
+  // algorithm
+  std::string algorithm;  // "ddpg" or "td3"
+  int64_t batch_size = 0, nstep = 1, num_critics = 1, policy_lag = 1;
+  std::string nstep_reward_reduction = "sum";  // sum, mean, weighted_mean (+ "_no_skip")
+  double gamma = 0, rho = 0;
+  ActorConfig actor;
+  ReplayBufferConfig replay_buffer;
+  NetConfig policy, critic;
+  OptimizerConfig optimizer;
+  int64_t grad_accumulation_steps = 1;
+  double max_grad_norm = 0;
+  bool has_policy_scheduler = false, has_critic_scheduler = false;
+  SchedulerConfig policy_scheduler, critic_scheduler;
+};
+
+// Reads and checks an off-policy system's configuration file; throws ConfigError. Algorithms of
+// TorchFort this package does not implement yet are named in the error.
+RLConfig read_rl_config(const std::string &filename);
+
+}  // namespace tf
