@@ -701,8 +701,11 @@ torchfort_result_t with_system(const char *fn, const char *name, Body &&body) {
 
 // ---------------------------------------------------------------------------- arrays
 
-// A state (or action) array as a batch: rank 1 is one sample.
-at::Tensor batch_of(const at::Tensor &t) { return t.dim() == 1 ? t.unsqueeze(0) : t; }
+// A state array as a batch: a state of rank 1 is one sample, and so is a state of any rank whose
+// action (an action array of rank 1) is one sample (a 2-D field as the state of one environment).
+at::Tensor batch_of(const at::Tensor &state, const at::Tensor &action) {
+  return state.dim() == 1 || action.dim() == 1 ? state.unsqueeze(0) : state;
+}
 
 // result into the caller's array out (same number of elements).
 void deliver(const at::Tensor &result, at::Tensor &out, const char *what) {
@@ -722,7 +725,7 @@ torchfort_result_t predict_arrays(const char *fn, const char *name, void *state,
     StreamScope scope(sys.model_device, stream);
     torch::NoGradGuard no_grad;
     sys.policy.module.eval();
-    const at::Tensor x = sys.input(batch_of(s));
+    const at::Tensor x = sys.input(batch_of(s, out));
     at::Tensor act = explore ? (*sys.noise_explore)(sys.policy, x) : forward(sys.policy, {x});
     deliver(sys.clamp(act), out, "action");
   });
@@ -740,7 +743,7 @@ torchfort_result_t evaluate_arrays(const char *fn, const char *name, void *state
     torch::NoGradGuard no_grad;
     Net &q = sys.critics[0];
     q.module.eval();
-    deliver(q_value(q, sys.input(batch_of(s)), sys.input(batch_of(a))), out, "reward");
+    deliver(q_value(q, sys.input(batch_of(s, a)), sys.input(a.dim() == 1 ? a.unsqueeze(0) : a)), out, "reward");
   });
 }
 

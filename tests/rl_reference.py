@@ -1,0 +1,243 @@
+"""Off-policy reinforcement learning written in Python with PyTorch from the published algorithms
+(DDPG: Lillicrap et al. 2016; TD3: Fujimoto et al. 2018) and TorchFort's configuration
+(config.rst), as the reference the package's torchfort_rl layer is tested against.
+
+Everything random is drawn in a documented order so that a run here and a run of the package see
+the same draws: the replay buffer's start indices from its own generator (seed 5489), noise from
+torch's global generator (torchfort_set_manual_seed). The N-step return of a start (step t,
+environment e) is sum_k gamma^k r_{t+k} over k < nstep, stopping after the step that ends the
+episode (then d = 1); a start whose episode ends before its last step is drawn again unless the
+reduction is a *_no_skip one; mean divides by the number of steps summed, weighted_mean by the sum of
+their weights. Written per sample with Python loops (the package vectorizes)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+SAMPLER_SEED = 5489
+
+
+class Noise:
+    """Gaussian or Ornstein-Uhlenbeck noise on actions (space) or parameters (parameter)."""
+
+    def __init__(self, actor: dict, sigma: float, clip: float):
+        kind = actor["type"]
+        self.parameter = kind.startswith("parameter")
+        self.ou = kind.endswith("_ou")
+        self.sigma, self.clip = sigma, clip
+        self.dt, self.xi = float(actor.get("dt", 0.0)), float(actor.get("xi", 0.0))
+        self.adaptive = actor.get("adaptive", False) in (True, 1, "true")
+        self.state: list = []
+        self.initialized = False
+
+    def _draw(self, i: int, like: torch.Tensor, sigma: float) -> torch.Tensor:
+        while len(self.state) <= i:
+            self.state.append(None)
+        if self.ou and self.initialized:
+            st = self.state[i]
+            self.state[i] = st + (self.xi * (0.0 - st) * self.dt
+                                  + sigma * torch.empty_like(like).normal_(0.0, math.sqrt(self.dt)))
+        else:
+            self.state[i] = torch.empty_like(like).normal_(0.0, sigma)
+        st = self.state[i]
+        return st.clamp(-self.clip, self.clip) if self.clip > 0 else st
+
+    def __call__(self, policy, state):
+        if not self.parameter:
+            action = policy(state)
+            sigma = self.sigma * torch.std(action, unbiased=False).item() if self.adaptive else self.sigma
+            noise = self._draw(0, action, sigma)
+            self.initialized = True
+            return action + noise
+        params = list(policy.parameters())
+        with torch.no_grad():
+            saved = [p.clone() for p in params]
+            for i, p in enumerate(params):
+                sigma = self.sigma * torch.std(p, unbiased=False).item() if self.adaptive else self.sigma
+                p.copy_(p + self._draw(i, p, sigma))
+        self.initialized = True
+        action = policy(state)
+        with torch.no_grad():
+            for p, s in zip(params, saved):
+                p.copy_(s)
+        return action
+
+
+class ReplayBuffer:
+    def __init__(self, cfg: dict, gamma: float, nstep: int, reduction: str):
+        p = cfg["parameters"]
+        self.n_envs = int(p.get("n_envs", 1))
+        self.capacity = int(p["max_size"]) // self.n_envs
+        self.steps: list = []  # oldest first: (s, a, sp, r, d) with the environment first
+        self.gamma, self.nstep = gamma, nstep
+        self.skip = not reduction.endswith("_no_skip")
+        self.reduction = reduction.replace("_no_skip", "")
+        self.generator = torch.Generator().manual_seed(SAMPLER_SEED)
+
+    def push(self, s, a, sp, r, d):
+        self.steps.append((s.clone(), a.clone(), sp.clone(), r.clone(), d.clone()))
+        if len(self.steps) > self.capacity:
+            self.steps.pop(0)
+
+    def _ends_early(self, t: int, e: int) -> bool:
+        return any(self.steps[t + k][4][e] > 0.5 for k in range(self.nstep - 1))
+
+    def sample(self, batch: int):
+        high = (len(self.steps) - self.nstep + 1) * self.n_envs
+        idx = torch.randint(high, (batch,), generator=self.generator)
+        if self.skip and self.nstep > 1:
+            while True:
+                bad = [i for i in range(batch) if self._ends_early(int(idx[i]) // self.n_envs, int(idx[i]) % self.n_envs)]
+                if not bad:
+                    break
+                idx[bad] = torch.randint(high, (len(bad),), generator=self.generator)
+        out = {k: [] for k in "s a sp r d".split()}
+        for i in range(batch):
+            t, e = int(idx[i]) // self.n_envs, int(idx[i]) % self.n_envs
+            s, a, sp, r, d = (x[e] for x in self.steps[t])
+            ret, count, norm, done = r.clone(), 1, 1.0, d.clone()
+            alive = bool(d < 0.5)
+            for k in range(1, self.nstep):
+                if not alive:
+                    break
+                g = self.gamma ** k
+                _, _, spk, rk, dk = (x[e] for x in self.steps[t + k])
+                sp = spk
+                ret = ret + rk * g
+                count, norm, done = count + 1, norm + g, dk.clone()
+                alive = bool(dk < 0.5)
+            if self.reduction == "weighted_mean":
+                ret = ret / norm
+            elif self.reduction == "mean":
+                ret = ret / count
+            for key, v in zip("s a sp r d".split(), (s, a, sp, ret, done)):
+                out[key].append(v)
+        return [torch.stack(out[k]) for k in "s a sp r d".split()]
+
+
+def _number(v):
+    return float(v) if isinstance(v, str) and v not in ("true", "false") else v
+
+
+def _optimizer(cfg: dict, params):
+    o = cfg["optimizer"]
+    p = {k: _number(v) for k, v in (o.get("parameters") or {}).items()}
+    if o["type"] == "adam":
+        return torch.optim.Adam(params, lr=p.get("learning_rate", 1e-3), betas=(p.get("beta1", 0.9), p.get("beta2", 0.999)),
+                                eps=p.get("eps", 1e-8), weight_decay=p.get("weight_decay", 0.0), foreach=False)
+    return torch.optim.SGD(params, lr=p.get("learning_rate", 1e-3), momentum=p.get("momentum", 0.0),
+                           dampening=p.get("dampening", 0.0), weight_decay=p.get("weight_decay", 0.0),
+                           nesterov=p.get("nesterov", False) in (True, 1, "true"), foreach=False)
+
+
+class OffPolicy:
+    """DDPG or TD3 from a configuration (a dict as the YAML file holds it), starting from the
+    networks of a checkpoint directory (its policy/, critic_<i>/ and target model.pt files)."""
+
+    def __init__(self, cfg: dict, start: Path):
+        a = cfg["algorithm"]["parameters"]
+        self.td3 = cfg["algorithm"]["type"] == "td3"
+        self.batch = int(a["batch_size"])
+        self.gamma, self.rho = float(a["gamma"]), float(a["rho"])
+        self.nstep = int(a.get("nstep", 1))
+        self.lag = int(a.get("policy_lag", 1)) if self.td3 else 1
+        n_critics = int(a.get("num_critics", 2)) if self.td3 else 1
+        actor = cfg["actor"]["parameters"] | {"type": cfg["actor"]["type"]}
+        self.low, self.high = float(actor["a_low"]), float(actor["a_high"])
+        self.noise_train = Noise(actor, float(actor.get("sigma_train", 0)), float(actor.get("clip", 0))) if self.td3 else None
+        self.noise_explore = Noise(actor, float(actor["sigma_explore"]), 0.0)
+        self.buffer = ReplayBuffer(cfg["replay_buffer"], self.gamma, self.nstep,
+                                   a.get("nstep_reward_reduction", "sum"))
+        load = lambda sub: torch.jit.load(str(start / sub / "model.pt"))  # noqa: E731
+        self.policy, self.policy_target = load("policy"), load("policy_target")
+        self.critics = [load(f"critic_{i}") for i in range(n_critics)]
+        self.critic_targets = [load(f"critic_target_{i}") for i in range(n_critics)]
+        for m in [self.policy_target, *self.critic_targets]:
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad_(False)
+        general = cfg["optimizer"].get("general") or {}
+        self.accumulate = int(general.get("grad_accumulation_steps", 1))
+        self.max_norm = float(general.get("max_grad_norm", 0.0))
+        self.p_opt = _optimizer(cfg, list(self.policy.parameters()))
+        self.q_opts = [_optimizer(cfg, list(q.parameters())) for q in self.critics]
+        self.train_steps, self.p_calls, self.q_calls = 0, 0, 0
+
+    def clamp(self, a):
+        return a.clamp(self.low, self.high)
+
+    @staticmethod
+    def q(critic, s, a):
+        return critic(s, a).reshape(s.shape[0])
+
+    def _step(self, opt, params, calls):
+        if (calls + 1) % self.accumulate == 0:
+            if self.max_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, self.max_norm)
+            opt.step()
+            return True
+        return False
+
+    def train_step(self):
+        self.train_steps += 1
+        s, a, sp, r, d = self.buffer.sample(self.batch)
+        with torch.no_grad():
+            ap = self.noise_train(self.policy_target, sp) if self.td3 else self.policy_target(sp)
+            ap = self.clamp(ap)
+            q_next = self.q(self.critic_targets[0], sp, ap)
+            for t in self.critic_targets[1:]:
+                q_next = torch.minimum(q_next, self.q(t, sp, ap))
+            y = r + q_next * self.gamma ** self.nstep * (1.0 - d)
+        for q in self.critics:
+            q.train()
+        if self.q_calls % self.accumulate == 0:
+            for o in self.q_opts:
+                o.zero_grad(set_to_none=True)
+        loss = None
+        for q in self.critics:
+            term = torch.mean(torch.square(self.q(q, s, a) - y))
+            loss = term if loss is None else loss + term
+        loss.backward()
+        for q, o in zip(self.critics, self.q_opts):
+            self._step(o, list(q.parameters()), self.q_calls)
+        self.q_calls += 1
+        q_loss = loss.item() / len(self.critics)
+        p_loss = 0.0
+        if self.train_steps % self.lag == 0:
+            for p in self.critics[0].parameters():
+                p.requires_grad_(False)
+            self.policy.train()
+            if self.p_calls % self.accumulate == 0:
+                self.p_opt.zero_grad(set_to_none=True)
+            pl = -torch.mean(self.q(self.critics[0], s, self.policy(s)))
+            pl.backward()
+            p_loss = pl.item()
+            for p in self.critics[0].parameters():
+                p.requires_grad_(True)
+            stepped = self._step(self.p_opt, list(self.policy.parameters()), self.p_calls)
+            self.p_calls += 1
+            if stepped:
+                with torch.no_grad():
+                    for target, source in [*zip(self.critic_targets, self.critics), (self.policy_target, self.policy)]:
+                        for t, src in zip(target.parameters(), source.parameters()):
+                            t.mul_(self.rho)
+                            t.add_((1.0 - self.rho) * src)
+        return p_loss, q_loss
+
+    def predict(self, s):
+        with torch.no_grad():
+            self.policy.eval()
+            return self.clamp(self.policy(s))
+
+    def predict_explore(self, s):
+        with torch.no_grad():
+            self.policy.eval()
+            return self.clamp(self.noise_explore(self.policy, s))
+
+    def evaluate(self, s, a):
+        with torch.no_grad():
+            self.critics[0].eval()
+            return self.q(self.critics[0], s, a)

@@ -1,0 +1,220 @@
+"""TorchFort's reinforcement-learning API (torchfort_rl.h, module torchfort): a TorchFort RL program
+(tests/fortran/test_torchfort_rl.f90, gfortran 11, gfortran 12 and flang 19) trains DDPG and TD3
+systems configured in YAML, and every loss, action, value and final weight equals the same
+algorithms written in Python with PyTorch from their publications (tests/rl_reference.py), from the
+same initial networks, transitions and random draws; checkpoints resume bit for bit; a Fortran
+environment is learned (examples/17_torchfort_rl)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import COMPILERS, assert_all_passed, helper, run
+from rl_reference import OffPolicy
+from test_torchfort import _to_yaml
+
+SEED, SEED2 = 4321, 77
+
+
+def _actor(kind, **p):
+    return {"type": kind, "parameters": {"a_low": -1.0, "a_high": 1.0, **p}}
+
+
+def _algorithm(kind, **p):
+    return {"type": kind, "parameters": {"batch_size": 6, "gamma": 0.9, "rho": 0.8, **p}}
+
+
+def _nets(name, ns, na):
+    return {"policy_model": {"type": "torchscript", "parameters": {"filename": f'"{{dir}}/{name}_policy.pt"'}},
+            "critic_model": {"type": "torchscript", "parameters": {"filename": f'"{{dir}}/{name}_critic.pt"'}}}
+
+
+# name -> (configuration, (n_envs, state extents, action size, steps filling the buffer, training steps))
+SYSTEMS = {
+    "td3_space": ({
+        "algorithm": _algorithm("td3", num_critics=2, policy_lag=2, nstep=3, nstep_reward_reduction="sum"),
+        "actor": _actor("space_noise", clip=0.3, sigma_train=0.2, sigma_explore=0.5),
+        "replay_buffer": {"type": "uniform", "parameters": {"max_size": 60, "min_size": 20, "n_envs": 2}},
+        "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2"}},
+    }, (2, (3, 1), 2, 40, 8)),
+    "ddpg_parameter_ou": ({
+        "algorithm": _algorithm("ddpg", nstep=2, nstep_reward_reduction="weighted_mean_no_skip"),
+        "actor": _actor("parameter_noise_ou", sigma_explore=0.3, xi=0.15, dt=0.1),
+        "replay_buffer": {"type": "uniform", "parameters": {"max_size": 100, "min_size": 10}},
+        "optimizer": {"type": "sgd", "parameters": {"learning_rate": 0.05, "momentum": 0.9},
+                      "general": {"max_grad_norm": 0.5}},
+    }, (1, (3, 1), 2, 25, 6)),
+    "td3_parameter_adaptive_2d": ({
+        "algorithm": _algorithm("td3", num_critics=3, policy_lag=1, nstep=2, nstep_reward_reduction="mean_no_skip"),
+        "actor": _actor("parameter_noise", clip=0.2, sigma_train=0.1, sigma_explore=0.2, adaptive="true"),
+        "replay_buffer": {"type": "uniform", "parameters": {"max_size": 90, "min_size": 9, "n_envs": 3}},
+        "optimizer": {"type": "adam", "parameters": {"learning_rate": "5e-3"},
+                      "general": {"grad_accumulation_steps": 2}},
+    }, (3, (2, 3), 2, 20, 8)),
+    "td3_ou_mean": ({
+        "algorithm": _algorithm("td3", policy_lag=2, nstep=4, nstep_reward_reduction="mean"),
+        "actor": _actor("space_noise_ou", clip=0.5, sigma_train=0.2, sigma_explore=0.3, dt=0.05, xi=0.3,
+                        adaptive="true"),
+        "replay_buffer": {"type": "uniform", "parameters": {"max_size": 50, "min_size": 12}},
+        "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2", "weight_decay": "1e-3"}},
+    }, (1, (3, 1), 2, 30, 6)),
+    # TorchFort's built-in float32 networks
+    "f4_ddpg_builtin": ({
+        "algorithm": _algorithm("ddpg", nstep=1),
+        "actor": _actor("space_noise", sigma_explore=0.4),
+        "replay_buffer": {"type": "uniform", "parameters": {"max_size": 40, "min_size": 10, "n_envs": 2}},
+        "policy_model": {"type": "MLP", "parameters": {"layer_sizes": [3, 16, 2]}},
+        "critic_model": {"type": "CriticMLP", "parameters": {"layer_sizes": [5, 16, 1]}},
+        "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2"}},
+    }, (2, (3, 1), 2, 20, 6)),
+}
+
+ERROR_FILES = {
+    "rl_bad.yaml": _to_yaml({"algorithm": _algorithm("td3", policy_lag=1, num_critic=2)}),
+    "rl_errors.yaml": _to_yaml({
+        "algorithm": _algorithm("ddpg"), "actor": _actor("space_noise", sigma_explore=0.1),
+        "replay_buffer": {"type": "uniform", "parameters": {"max_size": 20, "min_size": 10}},
+        "policy_model": {"type": "mlp", "parameters": {"layer_sizes": [3, 2]}},
+        "critic_model": {"type": "criticmlp", "parameters": {"layer_sizes": [5, 1]}},
+        "optimizer": {"type": "sgd"}}),
+}
+
+
+class Policy(torch.nn.Module):
+    def __init__(self, ns, na):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(ns, 8), torch.nn.Linear(8, na)
+
+    def forward(self, s):
+        return self.fc2(torch.tanh(self.fc1(s.reshape(s.shape[0], -1))))
+
+
+class Critic(torch.nn.Module):
+    def __init__(self, ns, na):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(ns + na, 8), torch.nn.Linear(8, 1)
+
+    def forward(self, s, a):
+        x = torch.cat([s.reshape(s.shape[0], -1), a.reshape(a.shape[0], -1)], 1)
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@pytest.fixture(scope="module")
+def rl_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("torchfort_rl")
+    torch.manual_seed(11)
+    for name, (cfg, (n_envs, (ns1, ns2), na, nfill, ksteps)) in SYSTEMS.items():
+        full = dict(cfg)
+        if "policy_model" not in cfg:
+            full |= _nets(name, ns1 * ns2, na)
+            torch.jit.script(Policy(ns1 * ns2, na).double()).save(str(d / f"{name}_policy.pt"))
+            torch.jit.script(Critic(ns1 * ns2, na).double()).save(str(d / f"{name}_critic.pt"))
+        (d / f"{name}.yaml").write_text(_to_yaml(full).replace("{dir}", str(d)))
+        (d / f"{name}.params").write_text(f"{n_envs} {ns1} {ns2} {na} {nfill} {ksteps}\n")
+    for name, text in ERROR_FILES.items():
+        (d / name).write_text(text)
+    (d / "rl_configs.txt").write_text("".join(f"{n}\n" for n in SYSTEMS))
+    return d
+
+
+def _values(path: Path) -> list:
+    return [[float(v) for v in line.split()] for line in path.read_text().splitlines() if line.strip()]
+
+
+def replay(name: str, work: Path):
+    """The Python reference run of what the Fortran program did for system `name`. TorchScript runs
+    without the graph executor's optimizations, as FTorch runs it by default (optimized, the graph of
+    a dropout draws random numbers even at p = 0, which would shift every later draw)."""
+    with torch.jit.optimized_execution(False):
+        return _replay(name, work)
+
+
+def _replay(name: str, work: Path):
+    cfg = SYSTEMS[name][0]
+    n_envs, (ns1, ns2), na, nfill, ksteps = SYSTEMS[name][1]
+    dtype = torch.float32 if name.startswith("f4") else torch.float64
+    ref = OffPolicy(cfg, work / f"{name}_init")
+    state_shape = (ns1,) if ns2 == 1 else (ns2, ns1)  # Fortran's (ns1, ns2) is the tensor [ns2, ns1]
+    ns = ns1 * ns2
+    rows = torch.tensor(_values(work / f"{name}.transitions"), dtype=torch.float64)
+    for t in range(nfill):
+        step = rows[t * n_envs:(t + 1) * n_envs].to(dtype)
+        ref.buffer.push(step[:, :ns].reshape(n_envs, *state_shape), step[:, ns:ns + na],
+                        step[:, ns + na:2 * ns + na].reshape(n_envs, *state_shape), step[:, 2 * ns + na],
+                        step[:, 2 * ns + na + 1])
+    torch.manual_seed(SEED)
+    losses = []
+    for k in range(1, ksteps + 1):
+        if k == ksteps // 2 + 1:
+            torch.manual_seed(SEED2)
+        losses.append(ref.train_step())
+    out = _values(work / f"{name}.outputs")
+    probe = torch.tensor(out[0], dtype=dtype).reshape(-1, *state_shape)
+    actions = torch.tensor(out[3], dtype=dtype).reshape(-1, na)
+    return ref, losses, out, {"predict": ref.predict(probe), "explore": ref.predict_explore(probe),
+                              "evaluate": ref.evaluate(probe, actions)}
+
+
+@pytest.mark.parametrize("compiler", ["gfortran-11", *COMPILERS])
+def test_torchfort_rl_program_trains_as_the_published_algorithms(compiler, cmake_consumer, rl_dir, tmp_path):
+    work = tmp_path / "run"
+    shutil.copytree(rl_dir, work)
+    targets = None if compiler in COMPILERS else ["test_torchfort_rl"]
+    binary = cmake_consumer(compiler, targets) / "test_torchfort_rl"
+    proc = run([binary, work], check=False)
+    assert_all_passed(proc)
+    assert "unknown key 'num_critic' in algorithm.parameters" in proc.stderr
+    assert "no off-policy system named 'no_such_system'" in proc.stderr
+    assert "call torchfort_rl_off_policy_is_ready before training" in proc.stderr
+    for name in SYSTEMS:
+        ref, losses, out, want = replay(name, work)
+        # float64: the same operations on the same draws; LibTorch's Adam and SGD order a few
+        # operations differently from torch.optim's (Adam's moment update as mul/add, not lerp),
+        # which after a few steps leaves differences of a few 1e-16 relative, amplified by the
+        # critics' targets to at most ~1e-13. float32: those differences are float32 roundings (6e-8)
+        # through a few dependent steps. The losses cross the C API as float (TorchFort's signature):
+        # one float32 rounding (6e-8 relative) of the float64 value.
+        tol = 1e-5 if name.startswith("f4") else 1e-10
+        got = torch.tensor(_values(work / f"{name}.losses"), dtype=torch.float64)
+        loss_tol = max(tol, 1.2e-7)
+        torch.testing.assert_close(got, torch.tensor(losses, dtype=torch.float64), rtol=loss_tol, atol=loss_tol,
+                                   msg=lambda m: f"{name} losses: {m}")
+        for i, key in ((1, "predict"), (2, "explore"), (4, "evaluate")):
+            torch.testing.assert_close(torch.tensor(out[i], dtype=torch.float64),
+                                       want[key].reshape(-1).to(torch.float64), rtol=tol, atol=tol,
+                                       msg=lambda m: f"{name} {key}: {m}")
+        final = work / f"{name}_final"
+        nets = [("policy", ref.policy), ("policy_target", ref.policy_target)]
+        nets += [(f"critic_{i}", q) for i, q in enumerate(ref.critics)]
+        nets += [(f"critic_target_{i}", q) for i, q in enumerate(ref.critic_targets)]
+        for sub, module in nets:
+            saved = torch.jit.load(str(final / sub / "model.pt"))
+            for (pname, a), b in zip(saved.named_parameters(), module.parameters()):
+                torch.testing.assert_close(a.detach(), b.detach(), rtol=tol, atol=tol,
+                                           msg=lambda m: f"{name} {sub}.{pname}: {m}")
+
+
+def test_replay_sampling_is_uniform_over_valid_starts():
+    """The sampling rule (the package draws exactly the reference's samples: the losses above are
+    equal to 1e-10 only if every draw is): with a skipping reduction, starts whose episode ends
+    before their nstep-th step are never sampled, the others uniformly (chi-square bound at a fixed
+    seed)."""
+    from rl_reference import ReplayBuffer
+
+    buf = ReplayBuffer({"parameters": {"max_size": 30, "n_envs": 1}}, 0.9, 3, "sum")
+    for t in range(30):
+        d = torch.tensor([1.0 if t % 5 == 4 else 0.0])
+        buf.push(torch.full((1, 1), float(t)), torch.zeros(1, 1), torch.full((1, 1), float(t + 1)), torch.ones(1), d)
+    counts = torch.zeros(30)
+    for _ in range(20):
+        s, *_ = buf.sample(500)
+        counts += torch.bincount(s.reshape(-1).long(), minlength=30).float()
+    valid = [t for t in range(28) if not any((t + k) % 5 == 4 for k in range(2))]
+    assert all(counts[t] == 0 for t in range(30) if t not in valid)
+    expected = counts.sum() / len(valid)
+    chi2 = float(((counts[valid] - expected) ** 2 / expected).sum())
+    assert chi2 < 60, chi2  # 16 degrees of freedom: P(chi2 > 60) < 1e-6
