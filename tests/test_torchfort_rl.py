@@ -218,3 +218,65 @@ def test_replay_sampling_is_uniform_over_valid_starts():
     expected = counts.sum() / len(valid)
     chi2 = float(((counts[valid] - expected) ** 2 / expected).sum())
     assert chi2 < 60, chi2  # 16 degrees of freedom: P(chi2 > 60) < 1e-6
+
+
+RL_C_PROGRAM = r"""
+#include <stdio.h>
+#include <string.h>
+#include "torchfort_rl.h"
+#include "ftorch_c.h"
+int main(int argc, char **argv) {
+  if (argc < 2) return 9;
+  char config[1024];
+  snprintf(config, sizeof config, "%s/rl_errors.yaml", argv[1]);
+  if (torchfort_rl_off_policy_create_system("c", config, TORCHFORT_DEVICE_CPU, TORCHFORT_DEVICE_CPU) != 0) return 1;
+  float s[3], sp[3], a[2];
+  int64_t ss[1] = {3}, as[1] = {2};
+  for (int t = 0; t < 12; ++t) {
+    for (int i = 0; i < 3; ++i) { s[i] = (float)(t + i) / 10; sp[i] = (float)(t + i + 1) / 10; }
+    a[0] = 0.1f * (float)t; a[1] = -a[0];
+    float r = 1.0f / (float)(t + 1);
+    if (torchfort_rl_off_policy_update_replay_buffer("c", s, sp, 1, ss, a, 1, as, &r, t % 5 == 4, TORCHFORT_FLOAT,
+                                                     NULL) != 0) return 2;
+  }
+#ifdef __cplusplus
+  bool ready = false;
+  if (torchfort_rl_off_policy_is_ready("c", ready) != 0 || !ready) return 3;  /* TorchFort's C++ form */
+#else
+  bool ready = false;
+  if (torchfort_rl_off_policy_is_ready("c", &ready) != 0 || !ready) return 3;
+#endif
+  float pl = 0, ql = 0;
+  for (int k = 0; k < 3; ++k)
+    if (torchfort_rl_off_policy_train_step("c", &pl, &ql, NULL) != 0) return 4;
+  double states[4][3], actions[4][2];
+  int64_t sh[2] = {4, 3}, ah[2] = {4, 2};
+  for (int b = 0; b < 4; ++b) for (int i = 0; i < 3; ++i) states[b][i] = 0.1 * (b - i);
+  if (torchfort_rl_off_policy_predict("c", states, 2, sh, actions, 2, ah, TORCHFORT_DOUBLE, NULL) != 0) return 5;
+  for (int b = 0; b < 4; ++b)
+    for (int j = 0; j < 2; ++j)
+      if (actions[b][j] < -1 || actions[b][j] > 1) return 6;
+  if (torchfort_rl_off_policy_predict("c", states, 2, sh, actions, 2, ah, (torchfort_datatype_t)5, NULL) !=
+          TORCHFORT_RESULT_INVALID_USAGE || strstr(ftc_last_error(), "unknown or unsupported dtype") == NULL) return 7;
+  printf("%.9e %.9e\n", pl, ql);
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("language", ["c", "c++"])
+def test_c_and_cpp_programs_through_torchfort_rl_h(installed, rl_dir, tmp_path, language):
+    """torchfort_rl.h compiles as strict C99 and as C++17 (where torchfort_rl_off_policy_is_ready
+    takes a bool by reference, as TorchFort declares it) and reaches the same systems."""
+    compiler = shutil.which("gcc" if language == "c" else "g++")
+    if compiler is None:
+        pytest.skip(f"no {language} compiler")
+    source = tmp_path / ("main.c" if language == "c" else "main.cpp")
+    source.write_text(RL_C_PROGRAM)
+    std = "-std=c99" if language == "c" else "-std=c++17"
+    libdir = helper("--libdir")
+    run([compiler, std, "-Wall", "-Wextra", "-Werror", source, f"-I{helper('--includedir')}", f"-L{libdir}",
+         "-lftorch_c", f"-Wl,-rpath,{libdir}", "-o", tmp_path / "main"])
+    proc = run([tmp_path / "main", rl_dir])
+    p_loss, q_loss = (float(v) for v in proc.stdout.split()[-2:])
+    assert q_loss > 0 and p_loss != 0
