@@ -1,6 +1,7 @@
 """Off-policy reinforcement learning written in Python with PyTorch from the published algorithms
-(DDPG: Lillicrap et al. 2016; TD3: Fujimoto et al. 2018) and TorchFort's configuration
-(config.rst), as the reference the package's torchfort_rl layer is tested against.
+(DDPG: Lillicrap et al. 2016; TD3: Fujimoto et al. 2018; SAC with automatic entropy tuning:
+Haarnoja et al. 2018) and TorchFort's configuration (config.rst), as the reference the package's
+torchfort_rl layer is tested against.
 
 Everything random is drawn in a documented order so that a run here and a run of the package see
 the same draws: the replay buffer's start indices from its own generator (seed 5489), noise from
@@ -64,6 +65,16 @@ class Noise:
             for p, s in zip(params, saved):
                 p.copy_(s)
         return action
+
+
+def squashed_gaussian(policy, state):
+    """A reparametrized draw a = tanh(u), u ~ N(mu, sigma), and log pi(a|s) with the tanh correction."""
+    mu, log_sigma = policy(state)[:2]
+    sigma = torch.exp(torch.clamp(log_sigma, -20.0, 2.0))
+    u = (mu + sigma * torch.empty_like(mu).normal_(0.0, 1.0)).clone()
+    log_prob = -torch.square(u - mu) / (2 * torch.square(sigma)) - sigma.log() - math.log(math.sqrt(2.0 * math.pi))
+    correction = torch.sum(torch.flatten(2.0 * (math.log(2.0) - u - torch.nn.functional.softplus(-2.0 * u)), 1), 1)
+    return torch.tanh(u), torch.sum(torch.flatten(log_prob, 1), 1) - correction
 
 
 class ReplayBuffer:
@@ -134,28 +145,32 @@ def _optimizer(cfg: dict, params):
 
 
 class OffPolicy:
-    """DDPG or TD3 from a configuration (a dict as the YAML file holds it), starting from the
+    """DDPG, TD3 or SAC from a configuration (a dict as the YAML file holds it), starting from the
     networks of a checkpoint directory (its policy/, critic_<i>/ and target model.pt files)."""
 
     def __init__(self, cfg: dict, start: Path):
         a = cfg["algorithm"]["parameters"]
         self.td3 = cfg["algorithm"]["type"] == "td3"
+        self.sac = cfg["algorithm"]["type"] == "sac"
         self.batch = int(a["batch_size"])
         self.gamma, self.rho = float(a["gamma"]), float(a["rho"])
         self.nstep = int(a.get("nstep", 1))
         self.lag = int(a.get("policy_lag", 1)) if self.td3 else 1
-        n_critics = int(a.get("num_critics", 2)) if self.td3 else 1
+        n_critics = int(a.get("num_critics", 2)) if (self.td3 or self.sac) else 1
         actor = cfg["actor"]["parameters"] | {"type": cfg["actor"]["type"]}
         self.low, self.high = float(actor["a_low"]), float(actor["a_high"])
         self.noise_train = Noise(actor, float(actor.get("sigma_train", 0)), float(actor.get("clip", 0))) if self.td3 else None
-        self.noise_explore = Noise(actor, float(actor["sigma_explore"]), 0.0)
+        self.noise_explore = None if self.sac else Noise(actor, float(actor["sigma_explore"]), 0.0)
         self.buffer = ReplayBuffer(cfg["replay_buffer"], self.gamma, self.nstep,
                                    a.get("nstep_reward_reduction", "sum"))
         load = lambda sub: torch.jit.load(str(start / sub / "model.pt"))  # noqa: E731
-        self.policy, self.policy_target = load("policy"), load("policy_target")
+        self.policy = load("policy")
+        self.policy_target = None if self.sac else load("policy_target")
         self.critics = [load(f"critic_{i}") for i in range(n_critics)]
         self.critic_targets = [load(f"critic_target_{i}") for i in range(n_critics)]
         for m in [self.policy_target, *self.critic_targets]:
+            if m is None:
+                continue
             m.eval()
             for p in m.parameters():
                 p.requires_grad_(False)
@@ -165,6 +180,27 @@ class OffPolicy:
         self.p_opt = _optimizer(cfg, list(self.policy.parameters()))
         self.q_opts = [_optimizer(cfg, list(q.parameters())) for q in self.critics]
         self.train_steps, self.p_calls, self.q_calls = 0, 0, 0
+        if self.sac:
+            dtype = next(self.policy.parameters()).dtype
+            alpha = float(a.get("alpha", 0.0))
+            self.alpha_on = alpha > 0 or "alpha_optimizer" in cfg
+            self.log_alpha = torch.full((1,), math.log(alpha if alpha > 0 else 0.01), dtype=dtype, requires_grad=True)
+            self.target_entropy = float(a.get("target_entropy", 1.0))
+            self.alpha_opt = (_optimizer({"optimizer": cfg["alpha_optimizer"]}, [self.log_alpha])
+                              if "alpha_optimizer" in cfg else None)
+
+    def scale(self, a):
+        return 2.0 * ((a - self.low) / (self.high - self.low)) - 1.0
+
+    def unscale(self, a):
+        return 0.5 * (self.high - self.low) * (a + 1.0) + self.low
+
+    def push(self, s, a, sp, r, d):
+        """SAC keeps actions in its policy's scale [-1, 1]."""
+        self.buffer.push(s, self.scale(a) if self.sac else a, sp, r, d)
+
+    def entropy_term(self, log_prob):
+        return torch.exp(self.log_alpha.detach()) * log_prob if self.alpha_on else torch.zeros_like(log_prob)
 
     def clamp(self, a):
         return a.clamp(self.low, self.high)
@@ -181,16 +217,13 @@ class OffPolicy:
             return True
         return False
 
-    def train_step(self):
-        self.train_steps += 1
-        s, a, sp, r, d = self.buffer.sample(self.batch)
-        with torch.no_grad():
-            ap = self.noise_train(self.policy_target, sp) if self.td3 else self.policy_target(sp)
-            ap = self.clamp(ap)
-            q_next = self.q(self.critic_targets[0], sp, ap)
-            for t in self.critic_targets[1:]:
-                q_next = torch.minimum(q_next, self.q(t, sp, ap))
-            y = r + q_next * self.gamma ** self.nstep * (1.0 - d)
+    def min_q(self, critics, s, a):
+        q = self.q(critics[0], s, a)
+        for c in critics[1:]:
+            q = torch.minimum(q, self.q(c, s, a))
+        return q
+
+    def critic_step(self, s, a, y):
         for q in self.critics:
             q.train()
         if self.q_calls % self.accumulate == 0:
@@ -204,7 +237,55 @@ class OffPolicy:
         for q, o in zip(self.critics, self.q_opts):
             self._step(o, list(q.parameters()), self.q_calls)
         self.q_calls += 1
-        q_loss = loss.item() / len(self.critics)
+        return loss.item() / len(self.critics)
+
+    def sac_step(self, s, a, sp, r, d):
+        if self.alpha_opt is not None:
+            if self.p_calls % self.accumulate == 0:
+                self.alpha_opt.zero_grad(set_to_none=True)
+            target = self.target_entropy if self.target_entropy <= 0 else -float(a[0].numel())
+            with torch.no_grad():
+                log_prob = squashed_gaussian(self.policy, s)[1] + target
+            (-torch.mean(self.log_alpha * log_prob)).backward()
+            if (self.p_calls + 1) % self.accumulate == 0:
+                self.alpha_opt.step()
+        with torch.no_grad():
+            ap, logp = squashed_gaussian(self.policy, sp)
+            q_next = self.min_q(self.critic_targets, sp, ap) - self.entropy_term(logp)
+            y = r + q_next * self.gamma ** self.nstep * (1.0 - d)
+        q_loss = self.critic_step(s, a, y)
+        for q in self.critics:
+            for p in q.parameters():
+                p.requires_grad_(False)
+        self.policy.train()
+        if self.p_calls % self.accumulate == 0:
+            self.p_opt.zero_grad(set_to_none=True)
+        act, logp = squashed_gaussian(self.policy, s)
+        pl = -torch.mean(self.min_q(self.critics, s, act) - self.entropy_term(logp))
+        pl.backward()
+        for q in self.critics:
+            for p in q.parameters():
+                p.requires_grad_(True)
+        stepped = self._step(self.p_opt, list(self.policy.parameters()), self.p_calls)
+        self.p_calls += 1
+        if stepped:
+            with torch.no_grad():
+                for target, source in zip(self.critic_targets, self.critics):
+                    for t, src in zip(target.parameters(), source.parameters()):
+                        t.mul_(self.rho)
+                        t.add_((1.0 - self.rho) * src)
+        return pl.item(), q_loss
+
+    def train_step(self):
+        self.train_steps += 1
+        s, a, sp, r, d = self.buffer.sample(self.batch)
+        if self.sac:
+            return self.sac_step(s, a, sp, r, d)
+        with torch.no_grad():
+            ap = self.noise_train(self.policy_target, sp) if self.td3 else self.policy_target(sp)
+            ap = self.clamp(ap)
+            y = r + self.min_q(self.critic_targets, sp, ap) * self.gamma ** self.nstep * (1.0 - d)
+        q_loss = self.critic_step(s, a, y)
         p_loss = 0.0
         if self.train_steps % self.lag == 0:
             for p in self.critics[0].parameters():
@@ -230,14 +311,18 @@ class OffPolicy:
     def predict(self, s):
         with torch.no_grad():
             self.policy.eval()
+            if self.sac:
+                return self.unscale(torch.tanh(self.policy(s)[0]))
             return self.clamp(self.policy(s))
 
     def predict_explore(self, s):
         with torch.no_grad():
             self.policy.eval()
+            if self.sac:
+                return self.unscale(squashed_gaussian(self.policy, s)[0])
             return self.clamp(self.noise_explore(self.policy, s))
 
     def evaluate(self, s, a):
         with torch.no_grad():
             self.critics[0].eval()
-            return self.q(self.critics[0], s, a)
+            return self.q(self.critics[0], s, self.scale(a) if self.sac else a)

@@ -62,7 +62,33 @@ SYSTEMS = {
         "replay_buffer": {"type": "uniform", "parameters": {"max_size": 50, "min_size": 12}},
         "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2", "weight_decay": "1e-3"}},
     }, (1, (3, 1), 2, 30, 6)),
+    "sac_tuned": ({
+        "algorithm": {"type": "sac", "parameters": {"batch_size": 6, "gamma": 0.9, "rho": 0.8, "nstep": 2,
+                                                    "nstep_reward_reduction": "weighted_mean", "alpha": 0.2}},
+        "actor": {"type": "parameter_noise", "parameters": {"a_low": -2.0, "a_high": 0.5}},
+        "replay_buffer": {"type": "uniform", "parameters": {"max_size": 60, "min_size": 10, "n_envs": 2}},
+        "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2"}},
+        "alpha_optimizer": {"type": "adam", "parameters": {"learning_rate": "5e-2"}},
+    }, (2, (3, 1), 2, 20, 6)),
+    "sac_fixed_alpha_accumulate": ({
+        "algorithm": {"type": "sac", "parameters": {"batch_size": 6, "gamma": 0.8, "rho": 0.9, "num_critics": 3,
+                                                    "alpha": 0.05, "target_entropy": -1.5}},
+        "actor": {"type": "squashed_gaussian", "parameters": {"a_low": -1.0, "a_high": 1.0}},
+        "replay_buffer": {"type": "uniform", "parameters": {"max_size": 60, "min_size": 10}},
+        "optimizer": {"type": "sgd", "parameters": {"learning_rate": 0.02},
+                      "general": {"grad_accumulation_steps": 2, "max_grad_norm": 1.0}},
+    }, (1, (3, 1), 2, 20, 8)),
     # TorchFort's built-in float32 networks
+    "f4_sac_builtin": ({
+        "algorithm": {"type": "sac", "parameters": {"batch_size": 6, "gamma": 0.9, "rho": 0.8}},
+        "actor": {"type": "parameter_noise", "parameters": {"a_low": -1.0, "a_high": 1.0}},
+        "replay_buffer": {"type": "uniform", "parameters": {"max_size": 40, "min_size": 10}},
+        "policy_model": {"type": "SACMLP", "parameters": {"layer_sizes": [3, 16, 2], "state_dependent_sigma": "false",
+                                                           "log_sigma_init": -0.5}},
+        "critic_model": {"type": "CriticMLP", "parameters": {"layer_sizes": [5, 16, 1]}},
+        "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2"}},
+        "alpha_optimizer": {"type": "sgd", "parameters": {"learning_rate": "1e-2"}},
+    }, (1, (3, 1), 2, 20, 6)),
     "f4_ddpg_builtin": ({
         "algorithm": _algorithm("ddpg", nstep=1),
         "actor": _actor("space_noise", sigma_explore=0.4),
@@ -93,6 +119,18 @@ class Policy(torch.nn.Module):
         return self.fc2(torch.tanh(self.fc1(s.reshape(s.shape[0], -1))))
 
 
+class GaussianPolicy(torch.nn.Module):
+    """A SAC policy: (action means, log standard deviations)."""
+
+    def __init__(self, ns, na):
+        super().__init__()
+        self.fc1, self.mu, self.log_sigma = torch.nn.Linear(ns, 8), torch.nn.Linear(8, na), torch.nn.Linear(8, na)
+
+    def forward(self, s):
+        h = torch.tanh(self.fc1(s.reshape(s.shape[0], -1)))
+        return self.mu(h), self.log_sigma(h)
+
+
 class Critic(torch.nn.Module):
     def __init__(self, ns, na):
         super().__init__()
@@ -111,7 +149,8 @@ def rl_dir(tmp_path_factory):
         full = dict(cfg)
         if "policy_model" not in cfg:
             full |= _nets(name, ns1 * ns2, na)
-            torch.jit.script(Policy(ns1 * ns2, na).double()).save(str(d / f"{name}_policy.pt"))
+            policy = GaussianPolicy if name.startswith("sac") else Policy
+            torch.jit.script(policy(ns1 * ns2, na).double()).save(str(d / f"{name}_policy.pt"))
             torch.jit.script(Critic(ns1 * ns2, na).double()).save(str(d / f"{name}_critic.pt"))
         (d / f"{name}.yaml").write_text(_to_yaml(full).replace("{dir}", str(d)))
         (d / f"{name}.params").write_text(f"{n_envs} {ns1} {ns2} {na} {nfill} {ksteps}\n")
@@ -143,7 +182,7 @@ def _replay(name: str, work: Path):
     rows = torch.tensor(_values(work / f"{name}.transitions"), dtype=torch.float64)
     for t in range(nfill):
         step = rows[t * n_envs:(t + 1) * n_envs].to(dtype)
-        ref.buffer.push(step[:, :ns].reshape(n_envs, *state_shape), step[:, ns:ns + na],
+        ref.push(step[:, :ns].reshape(n_envs, *state_shape), step[:, ns:ns + na],
                         step[:, ns + na:2 * ns + na].reshape(n_envs, *state_shape), step[:, 2 * ns + na],
                         step[:, 2 * ns + na + 1])
     torch.manual_seed(SEED)
@@ -188,7 +227,7 @@ def test_torchfort_rl_program_trains_as_the_published_algorithms(compiler, cmake
                                        want[key].reshape(-1).to(torch.float64), rtol=tol, atol=tol,
                                        msg=lambda m: f"{name} {key}: {m}")
         final = work / f"{name}_final"
-        nets = [("policy", ref.policy), ("policy_target", ref.policy_target)]
+        nets = [("policy", ref.policy)] + ([] if ref.sac else [("policy_target", ref.policy_target)])
         nets += [(f"critic_{i}", q) for i, q in enumerate(ref.critics)]
         nets += [(f"critic_target_{i}", q) for i, q in enumerate(ref.critic_targets)]
         for sub, module in nets:

@@ -1,12 +1,13 @@
 // torchfort_rl.cpp - TorchFort's off-policy reinforcement-learning API (torchfort_rl.h) over
-// LibTorch: DDPG and TD3 systems by name, configured in YAML (torchfort_rl_config.cpp), a replay
-// buffer with N-step returns, exploration and target-smoothing noise on actions or parameters,
-// target networks with Polyak averaging, checkpoints that resume bit for bit.
+// LibTorch: DDPG, TD3 and SAC systems by name, configured in YAML (torchfort_rl_config.cpp), a
+// replay buffer with N-step returns, exploration and target-smoothing noise on actions or
+// parameters, SAC's squashed Gaussian policy with a tuned entropy coefficient, target networks with
+// Polyak averaging, checkpoints that resume bit for bit.
 //
 // The algorithms follow their publications (Lillicrap et al. 2016 for DDPG, Fujimoto et al. 2018
-// for TD3) and TorchFort's configuration; where TorchFort's own implementation departs from the
+// for TD3, Haarnoja et al. 2018 for SAC) and TorchFort's configuration; where TorchFort's own implementation departs from the
 // algorithm it documents (DDPG smoothing its targets, N-step returns running past the end of an
-// episode), the algorithm is followed. docs/guide/reinforcement-learning.md states each rule.
+// episode, SAC storing unscaled actions), the algorithm is followed. docs/guide/reinforcement-learning.md states each rule.
 #include "torchfort_common.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -38,8 +39,8 @@ struct Net {
   }
 };
 
-// The first tensor a network returns (a tensor, or the first of a tuple or list).
-at::Tensor forward(Net &net, std::vector<c10::IValue> args) {
+// The tensors a network returns (a tensor, or the items of a tuple or list).
+std::vector<at::Tensor> forward_all(Net &net, std::vector<c10::IValue> args) {
   ftc::apply_jit_optimize();
   c10::IValue r;
   try {
@@ -47,12 +48,23 @@ at::Tensor forward(Net &net, std::vector<c10::IValue> args) {
   } catch (const std::exception &e) {
     ftc::forward_failed(e, args);
   }
-  if (r.isTensor()) return r.toTensor();
-  if (r.isTuple() && !r.toTupleRef().elements().empty() && r.toTupleRef().elements()[0].isTensor())
-    return r.toTupleRef().elements()[0].toTensor();
-  if (r.isTensorList() && !r.toTensorVector().empty()) return r.toTensorVector()[0];
-  usage("a network returns " + r.tagKind() + ", not a tensor (or a tuple whose first item is one)");
+  std::vector<at::Tensor> out;
+  if (r.isTensor()) {
+    out.push_back(r.toTensor());
+  } else if (r.isTuple()) {
+    for (const auto &x : r.toTupleRef().elements()) {
+      if (!x.isTensor()) usage("a network returns a tuple with an item that is not a tensor");
+      out.push_back(x.toTensor());
+    }
+  } else if (r.isTensorList()) {
+    out = r.toTensorVector();
+  }
+  if (out.empty()) usage("a network returns " + r.tagKind() + ", not a tensor or a tuple of tensors");
+  return out;
 }
+
+// The first tensor a network returns.
+at::Tensor forward(Net &net, std::vector<c10::IValue> args) { return forward_all(net, std::move(args))[0]; }
 
 // A critic's value of each (state, action) pair: one number per sample.
 at::Tensor q_value(Net &critic, const at::Tensor &s, const at::Tensor &a) {
@@ -100,6 +112,75 @@ void make_target(Net &target, const Net &source) {
   target.set(source.module.clone());
   set_requires_grad(target, false);
   target.module.eval();
+}
+
+// TorchFort's SACMLP as a TorchScript module: hidden layers encoder_fc_<i> (Linear, an extra zero
+// bias encoder_b_<i>, ReLU, dropout), then the action means out_fc_1_<L> (+ out_b_1_<L>) and the
+// log standard deviations, a function of the state (out_fc_2_<L> + out_b_2_<L>) or one parameter
+// per action (out_b_2_<L>, log_sigma_init). forward returns (means, log standard deviations).
+torch::jit::Module build_sac_mlp(const NetConfig &n) {
+  const std::vector<int64_t> &sizes = n.layer_sizes;
+  const size_t last = sizes.size() - 2;  // index of the output layer
+  auto cu = std::make_shared<torch::jit::CompilationUnit>();
+  torch::jit::Module root(c10::QualifiedName("__torch__.torchfort.SACMLP"), cu, /*shouldMangle=*/true);
+  root.register_attribute("training", c10::BoolType::get(), true);
+  root.register_attribute("dropout", c10::FloatType::get(), n.dropout);
+  auto linear = [&](const std::string &name, int64_t in, int64_t out) {
+    torch::nn::Linear l(in, out);
+    torch::jit::Module fc(c10::QualifiedName("__torch__.torchfort.Linear"), cu, /*shouldMangle=*/true);
+    fc.register_attribute("training", c10::BoolType::get(), true);
+    fc.register_parameter("weight", l->weight.detach().requires_grad_(true), false);
+    fc.register_parameter("bias", l->bias.detach().requires_grad_(true), false);
+    fc.define("def forward(self, x):\n    return torch.linear(x, self.weight, self.bias)\n");
+    root.register_module(name, fc);
+  };
+  const std::string L = std::to_string(last);
+  for (size_t i = 0; i < last; ++i) {
+    root.register_parameter("encoder_b_" + std::to_string(i), torch::zeros({sizes[i + 1]}).requires_grad_(true), false);
+    linear("encoder_fc_" + std::to_string(i), sizes[i], sizes[i + 1]);
+  }
+  root.register_parameter("out_b_1_" + L, torch::zeros({sizes[last + 1]}).requires_grad_(true), false);
+  linear("out_fc_1_" + L, sizes[last], sizes[last + 1]);
+  root.register_parameter("out_b_2_" + L,
+                          (torch::ones({sizes[last + 1]}) * n.log_sigma_init).requires_grad_(true), false);
+  if (n.state_dependent_sigma) linear("out_fc_2_" + L, sizes[last], sizes[last + 1]);
+  std::ostringstream src;
+  src << "def forward(self, state):\n"
+      << "    if state.dim() == 1:\n        state = state.unsqueeze(0)\n"
+      << "    x = state.reshape([state.size(0), -1])\n";
+  for (size_t i = 0; i < last; ++i)
+    src << "    x = torch.dropout(torch.relu(self.encoder_fc_" << i << ".forward(x) + self.encoder_b_" << i
+        << "), self.dropout, self.training)\n";
+  src << "    mu = self.out_fc_1_" << L << ".forward(x) + self.out_b_1_" << L << "\n";
+  if (n.state_dependent_sigma) {
+    src << "    log_sigma = self.out_fc_2_" << L << ".forward(x) + self.out_b_2_" << L << "\n";
+  } else {
+    src << "    log_sigma = self.out_b_2_" << L << "\n";
+  }
+  src << "    return (mu, log_sigma)\n";
+  root.define(src.str());
+  return root;
+}
+
+// A draw of SAC's squashed Gaussian policy: a = tanh(u), u ~ N(mu, sigma) (reparametrized), and
+// log pi(a | s) summed over the action's elements, with the tanh correction
+// log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2 u)).
+struct Draw {
+  at::Tensor action, log_prob;
+};
+
+Draw squashed_gaussian(Net &policy, const at::Tensor &state) {
+  const std::vector<at::Tensor> out = forward_all(policy, {state});
+  if (out.size() < 2)
+    usage("the SAC policy must return (action means, log standard deviations); it returns " +
+          std::to_string(out.size()) + " tensor");
+  const at::Tensor &mu = out[0];
+  const at::Tensor sigma = at::exp(at::clamp(out[1], -20.0, 2.0));
+  const at::Tensor u = (mu + sigma * at::empty_like(mu).normal_(0.0, 1.0)).clone();
+  const at::Tensor var = at::square(sigma);
+  const at::Tensor lp = -at::square(u - mu) / (2 * var) - sigma.log() - std::log(std::sqrt(2.0 * M_PI));
+  const at::Tensor correction = at::sum(at::flatten(2.0 * (std::log(2.0) - u - at::softplus(-2.0 * u)), 1), 1);
+  return {at::tanh(u), at::sum(at::flatten(lp, 1), 1) - correction};
 }
 
 // ---------------------------------------------------------------------------- noise
@@ -372,7 +453,12 @@ struct System {
   Net policy, policy_target;
   std::vector<Net> critics, critic_targets;
   std::unique_ptr<ReplayBuffer> buffer;
-  std::unique_ptr<Noise> noise_train, noise_explore;  // noise_train: TD3's target smoothing
+  std::unique_ptr<Noise> noise_train, noise_explore;  // noise_train: TD3's target smoothing (not SAC)
+  // SAC's entropy coefficient alpha = exp(log_alpha): off (alpha 0 without an optimizer), fixed, or tuned
+  at::Tensor log_alpha;
+  bool alpha_on = false;
+  std::shared_ptr<ftc::Optim> alpha_optim;
+  std::unique_ptr<Schedule> alpha_schedule;
   at::Generator sampler = at::make_generator<at::CPUGeneratorImpl>(kSamplerSeed);
   int64_t train_steps = 0;
   fs::path log_file;
@@ -380,7 +466,19 @@ struct System {
   std::mutex mutex;
 
   bool td3() const { return cfg.algorithm == "td3"; }
+  bool sac() const { return cfg.algorithm == "sac"; }
   at::Tensor clamp(const at::Tensor &a) const { return a.clamp(cfg.actor.a_low, cfg.actor.a_high); }
+  // SAC's actions: [a_low, a_high] <-> [-1, 1] (the policy's and the critics' scale)
+  at::Tensor scale(const at::Tensor &a) const {
+    return 2.0 * ((a - cfg.actor.a_low) / (cfg.actor.a_high - cfg.actor.a_low)) - 1.0;
+  }
+  at::Tensor unscale(const at::Tensor &a) const {
+    return 0.5 * (cfg.actor.a_high - cfg.actor.a_low) * (a + 1.0) + cfg.actor.a_low;
+  }
+  // alpha * x (none when off); alpha is a constant here (its own loss trains it).
+  at::Tensor entropy_term(const at::Tensor &log_prob) const {
+    return alpha_on ? at::exp(log_alpha.detach()) * log_prob : at::zeros_like(log_prob);
+  }
   at::Tensor input(const at::Tensor &t) const { return t.to(model_device, dtype); }
 };
 
@@ -392,6 +490,11 @@ void train(System &sys, Net &net, const SchedulerConfig *schedule) {
 
 torch::jit::Module build(const NetConfig &n, const System &sys, const char *what) {
   if (n.type == "torchscript") return load_script(n.filename, sys.model_device, what, sys.cfg.filename);
+  if (n.type == "sacmlp") {
+    torch::jit::Module m = build_sac_mlp(n);
+    m.to(sys.model_device);
+    return m;
+  }
   torch::jit::Module m = build_mlp(n.layer_sizes, n.dropout, n.flatten_non_batch_dims, n.type == "criticmlp");
   m.to(sys.model_device);
   return m;
@@ -415,7 +518,7 @@ std::shared_ptr<System> create_system(const char *name, const char *config_fname
   sys->dtype = sys->policy.params[0].scalar_type();
   if (!at::isFloatingType(sys->dtype)) usage("the policy's parameters are not floating point");
   train(*sys, sys->policy, c.has_policy_scheduler ? &c.policy_scheduler : nullptr);
-  make_target(sys->policy_target, sys->policy);
+  if (!sys->sac()) make_target(sys->policy_target, sys->policy);  // (SAC has no target policy)
 
   sys->critics.resize(c.num_critics);
   sys->critic_targets.resize(c.num_critics);
@@ -432,7 +535,21 @@ std::shared_ptr<System> create_system(const char *name, const char *config_fname
   }
   sys->buffer = std::make_unique<ReplayBuffer>(c, sys->rb_device, sys->dtype);
   if (sys->td3()) sys->noise_train = std::make_unique<Noise>(c.actor, c.actor.sigma_train, c.actor.clip);
-  sys->noise_explore = std::make_unique<Noise>(c.actor, c.actor.sigma_explore, 0.0);
+  if (!sys->sac()) sys->noise_explore = std::make_unique<Noise>(c.actor, c.actor.sigma_explore, 0.0);
+  if (sys->sac()) {
+    // alpha 0 turns the entropy term off, unless an optimizer tunes alpha (it then starts at 0.01)
+    sys->alpha_on = c.alpha > 0 || c.has_alpha_optimizer;
+    if (c.alpha == 0 && c.has_alpha_optimizer)
+      std::cout << "TORCHFORT::WARN: " << sys->name << ": alpha_optimizer is configured but alpha is 0: alpha starts "
+                   "at 0.01" << std::endl;
+    const double alpha = c.alpha > 0 ? c.alpha : 0.01;
+    sys->log_alpha = at::full({1}, std::log(alpha), at::TensorOptions().dtype(sys->dtype).device(sys->model_device))
+                         .requires_grad_(true);
+    if (c.has_alpha_optimizer) {
+      sys->alpha_optim = make_optim(c.alpha_optimizer, {sys->log_alpha}, c.filename);
+      if (c.has_alpha_scheduler) sys->alpha_schedule = std::make_unique<Schedule>(*sys->alpha_optim->opt, c.alpha_scheduler);
+    }
+  }
   if (c.enable_wandb_hook) sys->log_file = wandb_log_file(sys->name, c.text);
   if (c.verbose)
     std::cout << "TORCHFORT::INFO: " << c.algorithm << " system " << sys->name << ": batch_size " << c.batch_size
@@ -474,39 +591,21 @@ void zero_grad_if_starting(System &sys, Net &net) {
   if (net.step_current % sys.cfg.grad_accumulation_steps == 0) net.optim->opt->zero_grad(/*set_to_none=*/true);
 }
 
-// Restores the first critic's requires_grad however the policy update ends.
-struct FrozenCritic {
-  Net &net;
-  explicit FrozenCritic(Net &n) : net(n) { set_requires_grad(net, false); }
-  ~FrozenCritic() { set_requires_grad(net, true); }
+// The first n critics without gradients while the policy trains through them (restored however
+// the update ends).
+struct FrozenCritics {
+  std::vector<Net> &nets;
+  size_t n;
+  FrozenCritics(std::vector<Net> &critics, size_t count) : nets(critics), n(count) {
+    for (size_t i = 0; i < n; ++i) set_requires_grad(nets[i], false);
+  }
+  ~FrozenCritics() {
+    for (size_t i = 0; i < n; ++i) set_requires_grad(nets[i], true);
+  }
 };
 
-void train_step(System &sys, float &p_loss, float &q_loss) {
-  if (!sys.buffer->ready())
-    usage("the replay buffer holds " + std::to_string(sys.buffer->size()) + " steps; training needs " +
-          std::to_string(sys.buffer->needed()) + " (min_size/n_envs, and nstep): call "
-          "torchfort_rl_off_policy_is_ready before training");
-  const RLConfig &c = sys.cfg;
-  ++sys.train_steps;
-  const bool update_policy = sys.train_steps % c.policy_lag == 0;
-  ReplayBuffer::Batch b = sys.buffer->sample(c.batch_size, sys.sampler);
-  const at::Tensor s = sys.input(b.s), a = sys.input(b.a), sp = sys.input(b.sp), r = sys.input(b.r),
-                   d = sys.input(b.d);
-
-  // Targets: y = r + gamma^nstep (1 - d) min_i Q'_i(s', a'), a' from the target policy (TD3: with
-  // clipped noise).
-  at::Tensor y;
-  {
-    torch::NoGradGuard no_grad;
-    at::Tensor ap = sys.td3() ? (*sys.noise_train)(sys.policy_target, sp) : forward(sys.policy_target, {sp});
-    ap = sys.clamp(ap);
-    at::Tensor q_next = q_value(sys.critic_targets[0], sp, ap);
-    for (size_t i = 1; i < sys.critic_targets.size(); ++i)
-      q_next = at::minimum(q_next, q_value(sys.critic_targets[i], sp, ap));
-    y = r + q_next * std::pow(c.gamma, static_cast<double>(c.nstep)) * (1.0 - d);
-  }
-
-  // Critics: the sum of their mean squared errors.
+// The critics' step towards targets y: the sum of their mean squared errors (the mean reported).
+float train_critics(System &sys, const at::Tensor &s, const at::Tensor &a, const at::Tensor &y) {
   at::Tensor loss;
   for (Net &q : sys.critics) {
     q.module.train();
@@ -517,9 +616,36 @@ void train_step(System &sys, float &p_loss, float &q_loss) {
     loss = loss.defined() ? loss + l : l;
   }
   loss.backward();
-  q_loss = static_cast<float>(loss.item<double>() / static_cast<double>(sys.critics.size()));
+  const float q_loss = static_cast<float>(loss.item<double>() / static_cast<double>(sys.critics.size()));
   for (Net &q : sys.critics) update(sys, q);
   report(sys, "critic", sys.critics[0], q_loss);
+  return q_loss;
+}
+
+// The minimum of the critics' (or their targets') values.
+at::Tensor min_q(std::vector<Net> &critics, const at::Tensor &s, const at::Tensor &a) {
+  at::Tensor q = q_value(critics[0], s, a);
+  for (size_t i = 1; i < critics.size(); ++i) q = at::minimum(q, q_value(critics[i], s, a));
+  return q;
+}
+
+// DDPG and TD3.
+void train_deterministic(System &sys, const ReplayBuffer::Batch &b, float &p_loss, float &q_loss) {
+  const RLConfig &c = sys.cfg;
+  const bool update_policy = sys.train_steps % c.policy_lag == 0;
+  const at::Tensor s = sys.input(b.s), a = sys.input(b.a), sp = sys.input(b.sp), r = sys.input(b.r),
+                   d = sys.input(b.d);
+  // Targets: y = r + gamma^nstep (1 - d) min_i Q'_i(s', a'), a' from the target policy (TD3: with
+  // clipped noise).
+  at::Tensor y;
+  {
+    torch::NoGradGuard no_grad;
+    at::Tensor ap = sys.td3() ? (*sys.noise_train)(sys.policy_target, sp) : forward(sys.policy_target, {sp});
+    ap = sys.clamp(ap);
+    const at::Tensor q_next = min_q(sys.critic_targets, sp, ap);
+    y = r + q_next * std::pow(c.gamma, static_cast<double>(c.nstep)) * (1.0 - d);
+  }
+  q_loss = train_critics(sys, s, a, y);
 
   // Policy: maximise the first critic's value of its actions.
   p_loss = 0;
@@ -527,7 +653,7 @@ void train_step(System &sys, float &p_loss, float &q_loss) {
     Net &pi = sys.policy;
     bool stepped;
     {
-      FrozenCritic frozen(sys.critics[0]);
+      FrozenCritics frozen(sys.critics, 1);
       pi.module.train();
       zero_grad_if_starting(sys, pi);
       const at::Tensor pl = -at::mean(q_value(sys.critics[0], s, forward(pi, {s})));
@@ -543,6 +669,71 @@ void train_step(System &sys, float &p_loss, float &q_loss) {
   }
 }
 
+// SAC: alpha's step (when tuned), the critics' towards soft targets, the policy's, the critics'
+// targets' Polyak update. Actions are in the policy's scale [-1, 1].
+void train_sac(System &sys, const ReplayBuffer::Batch &b, float &p_loss, float &q_loss) {
+  const RLConfig &c = sys.cfg;
+  const at::Tensor s = sys.input(b.s), a = sys.input(b.a), sp = sys.input(b.sp), r = sys.input(b.r),
+                   d = sys.input(b.d);
+  Net &pi = sys.policy;
+  if (sys.alpha_optim) {
+    // alpha towards the target entropy: minimise -log_alpha (log pi(a|s) + target)
+    torch::optim::Optimizer &opt = *sys.alpha_optim->opt;
+    if (pi.step_current % c.grad_accumulation_steps == 0) opt.zero_grad(/*set_to_none=*/true);
+    double target = c.target_entropy;
+    if (target > 0) target = -static_cast<double>(a[0].numel());  // the usual heuristic: -(action size)
+    at::Tensor log_prob;
+    {
+      torch::NoGradGuard no_grad;
+      log_prob = squashed_gaussian(pi, s).log_prob + target;
+    }
+    const at::Tensor alpha_loss = -at::mean(sys.log_alpha * log_prob);
+    alpha_loss.backward();
+    if ((pi.step_current + 1) % c.grad_accumulation_steps == 0) {
+      opt.step();
+      ++sys.alpha_optim->steps;
+      if (sys.alpha_schedule) sys.alpha_schedule->step();
+    }
+  }
+  at::Tensor y;
+  {
+    torch::NoGradGuard no_grad;
+    const Draw next = squashed_gaussian(pi, sp);
+    const at::Tensor q_next = min_q(sys.critic_targets, sp, next.action) - sys.entropy_term(next.log_prob);
+    y = r + q_next * std::pow(c.gamma, static_cast<double>(c.nstep)) * (1.0 - d);
+  }
+  q_loss = train_critics(sys, s, a, y);
+
+  bool stepped;
+  {
+    FrozenCritics frozen(sys.critics, sys.critics.size());
+    pi.module.train();
+    zero_grad_if_starting(sys, pi);
+    const Draw now = squashed_gaussian(pi, s);
+    const at::Tensor pl = -at::mean(min_q(sys.critics, s, now.action) - sys.entropy_term(now.log_prob));
+    pl.backward();
+    p_loss = static_cast<float>(pl.item<double>());
+    stepped = update(sys, pi);
+  }
+  if (stepped)
+    for (size_t i = 0; i < sys.critics.size(); ++i) polyak(sys.critic_targets[i], sys.critics[i], c.rho);
+  report(sys, "actor", pi, p_loss);
+}
+
+void train_step(System &sys, float &p_loss, float &q_loss) {
+  if (!sys.buffer->ready())
+    usage("the replay buffer holds " + std::to_string(sys.buffer->size()) + " steps; training needs " +
+          std::to_string(sys.buffer->needed()) + " (min_size/n_envs, and nstep): call "
+          "torchfort_rl_off_policy_is_ready before training");
+  ++sys.train_steps;
+  const ReplayBuffer::Batch b = sys.buffer->sample(sys.cfg.batch_size, sys.sampler);
+  if (sys.sac()) {
+    train_sac(sys, b, p_loss, q_loss);
+  } else {
+    train_deterministic(sys, b, p_loss, q_loss);
+  }
+}
+
 // ---------------------------------------------------------------------------- checkpoints
 
 void save_net(const Net &net, const fs::path &dir) {
@@ -553,7 +744,8 @@ void save_net(const Net &net, const fs::path &dir) {
 }
 
 std::vector<std::pair<std::string, Net *>> nets(System &sys) {
-  std::vector<std::pair<std::string, Net *>> out{{"policy", &sys.policy}, {"policy_target", &sys.policy_target}};
+  std::vector<std::pair<std::string, Net *>> out{{"policy", &sys.policy}};
+  if (!sys.sac()) out.emplace_back("policy_target", &sys.policy_target);
   for (size_t i = 0; i < sys.critics.size(); ++i) {
     out.emplace_back("critic_" + std::to_string(i), &sys.critics[i]);
     out.emplace_back("critic_target_" + std::to_string(i), &sys.critic_targets[i]);
@@ -598,8 +790,15 @@ void save_checkpoint(System &sys, const fs::path &dir) {
     }
     write_noise(archive, "noise_train", sys.noise_train.get());
     write_noise(archive, "noise_explore", sys.noise_explore.get());
+    if (sys.sac()) archive.write("log_alpha", sys.log_alpha.detach().cpu());
     archive.save_to(f);
   });
+  if (sys.alpha_optim) {
+    fs::create_directories(dir / "alpha");
+    write_atomically(dir / "alpha" / "optimizer.pt", [&](const std::string &f) { torch::save(*sys.alpha_optim->opt, f); });
+    if (sys.alpha_schedule)
+      write_atomically(dir / "alpha" / "lr.pt", [&](const std::string &f) { sys.alpha_schedule->save(f); });
+  }
 }
 
 void load_checkpoint(System &sys, const fs::path &dir) {
@@ -631,6 +830,13 @@ void load_checkpoint(System &sys, const fs::path &dir) {
   c10::IValue train_steps, sampler;
   if (!archive.try_read("train_steps", train_steps) || !archive.try_read("sampler", sampler))
     usage(state_file.string() + " is not the state of an off-policy system");
+  at::Tensor log_alpha;
+  if (sys.sac() && !archive.try_read("log_alpha", log_alpha))
+    usage(state_file.string() + " has no log_alpha: it is not the state of a SAC system");
+  if (sys.alpha_optim) {
+    require_file(dir / "alpha" / "optimizer.pt");
+    if (sys.alpha_schedule) require_file(dir / "alpha" / "lr.pt");
+  }
 
   size_t i = 0;
   for (auto &[sub, net] : nets(sys)) {
@@ -649,6 +855,14 @@ void load_checkpoint(System &sys, const fs::path &dir) {
   }
   read_noise(archive, "noise_train", sys.noise_train.get(), state_file.string());
   read_noise(archive, "noise_explore", sys.noise_explore.get(), state_file.string());
+  if (sys.sac()) {
+    torch::NoGradGuard no_grad;
+    sys.log_alpha.copy_(log_alpha.reshape(sys.log_alpha.sizes()));
+  }
+  if (sys.alpha_optim) {
+    torch::load(*sys.alpha_optim->opt, (dir / "alpha" / "optimizer.pt").string(), sys.model_device);
+    if (sys.alpha_schedule) sys.alpha_schedule->load((dir / "alpha" / "lr.pt").string());
+  }
 }
 
 void load_model(System &sys, const fs::path &dir) {
@@ -668,7 +882,7 @@ void load_model(System &sys, const fs::path &dir) {
   auto copy = [](Net &to, const Net &from) {
     for (size_t i = 0; i < to.params.size(); ++i) to.params[i].copy_(from.params[i]);
   };
-  copy(sys.policy_target, sys.policy);
+  if (!sys.sac()) copy(sys.policy_target, sys.policy);
   for (size_t i = 0; i < sys.critics.size(); ++i) copy(sys.critic_targets[i], sys.critics[i]);
 }
 
@@ -726,6 +940,11 @@ torchfort_result_t predict_arrays(const char *fn, const char *name, void *state,
     torch::NoGradGuard no_grad;
     sys.policy.module.eval();
     const at::Tensor x = sys.input(batch_of(s, out));
+    if (sys.sac()) {  // the mean action, or a draw of the policy, in [a_low, a_high]
+      const at::Tensor act = explore ? squashed_gaussian(sys.policy, x).action : at::tanh(forward(sys.policy, {x}));
+      deliver(sys.unscale(act), out, "action");
+      return;
+    }
     at::Tensor act = explore ? (*sys.noise_explore)(sys.policy, x) : forward(sys.policy, {x});
     deliver(sys.clamp(act), out, "action");
   });
@@ -743,7 +962,9 @@ torchfort_result_t evaluate_arrays(const char *fn, const char *name, void *state
     torch::NoGradGuard no_grad;
     Net &q = sys.critics[0];
     q.module.eval();
-    deliver(q_value(q, sys.input(batch_of(s, a)), sys.input(a.dim() == 1 ? a.unsqueeze(0) : a)), out, "reward");
+    at::Tensor act = sys.input(a.dim() == 1 ? a.unsqueeze(0) : a);
+    if (sys.sac()) act = sys.scale(act);  // (SAC's critics see actions in [-1, 1])
+    deliver(q_value(q, sys.input(batch_of(s, a)), act), out, "reward");
   });
 }
 
@@ -760,7 +981,7 @@ void push(System &sys, const at::Tensor &s, const at::Tensor &sp, const at::Tens
                  : ""));
   torch::NoGradGuard no_grad;
   const auto to = [&](const at::Tensor &t) { return t.to(sys.rb_device, sys.dtype); };
-  sys.buffer->push(to(s), to(a), to(sp), to(r), to(d));
+  sys.buffer->push(to(s), sys.sac() ? sys.scale(to(a)) : to(a), to(sp), to(r), to(d));
 }
 
 torchfort_result_t update_arrays(const char *fn, const char *name, void *state_old, void *state_new, size_t state_dim,

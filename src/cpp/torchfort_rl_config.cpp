@@ -22,6 +22,13 @@ void read_net(Block &b, NetConfig &n, const std::vector<std::string> &types, con
     n.dropout = p.real("dropout", 0);
     if (n.dropout < 0 || n.dropout > 1) throw ConfigError(file + ": " + where + ".parameters.dropout must be in [0, 1]");
     if (n.type == "mlp") n.flatten_non_batch_dims = p.boolean("flatten_non_batch_dims", true);
+    if (n.type == "sacmlp") {
+      n.state_dependent_sigma = p.boolean("state_dependent_sigma", true);
+      n.log_sigma_init = p.real("log_sigma_init", 0);
+      if (n.layer_sizes.size() < 3)
+        throw ConfigError(file + ": " + where + ".parameters.layer_sizes needs at least three sizes for sacmlp (input, "
+                          "hidden, action)");
+    }
     if (n.type == "criticmlp" && n.layer_sizes.back() != 1)
       throw ConfigError(file + ": " + where + ".parameters.layer_sizes must end with 1 (the critic returns one value "
                         "per sample); its first size is the state size plus the action size");
@@ -52,13 +59,13 @@ RLConfig read_rl_config(const std::string &filename) {
   c.enable_cuda_graphs = general.boolean("enable_cuda_graphs", false);
   general.done();
 
-  Block algorithm = required(top, "algorithm", "a block with type: ddpg or td3, and its parameters");
+  Block algorithm = required(top, "algorithm", "a block with type: ddpg, td3 or sac, and its parameters");
   const std::string type = algorithm.choice("type", {"ddpg", "td3", "sac", "ppo"}, "", true);
-  if (type == "sac" || type == "ppo")
-    throw ConfigError(filename + ": algorithm.type " + type + " is not implemented yet by FTorch's TorchFort layer "
-                      "(off-policy ddpg and td3 are; see docs/guide/migrating-torchfort.md)");
+  if (type == "ppo")
+    throw ConfigError(filename + ": algorithm.type ppo is not implemented yet by FTorch's TorchFort layer "
+                      "(the off-policy ddpg, td3 and sac are; see docs/guide/reinforcement-learning.md)");
   c.algorithm = type;
-  const bool td3 = type == "td3";
+  const bool td3 = type == "td3", sac = type == "sac";
   {
     Block p = algorithm.block("parameters");
     c.batch_size = p.integer("batch_size", 0, true, 1);
@@ -76,6 +83,15 @@ RLConfig read_rl_config(const std::string &filename) {
       c.num_critics = p.integer("num_critics", 2, false, 1);
       c.policy_lag = p.integer("policy_lag", 1, true, 1);
     }
+    if (sac) {
+      if (c.nstep_reward_reduction.find("_no_skip") != std::string::npos)
+        throw ConfigError(filename + ": algorithm.parameters.nstep_reward_reduction " + c.nstep_reward_reduction +
+                          " is not available for sac (sum, mean or weighted_mean)");
+      c.num_critics = p.integer("num_critics", 2, false, 1);
+      c.alpha = p.real("alpha", 0);
+      if (c.alpha < 0) throw ConfigError(filename + ": algorithm.parameters.alpha must be >= 0");
+      c.target_entropy = p.real("target_entropy", 1.0);
+    }
     for (const char *key : {"normalize_states", "normalize_rewards"})
       if (p.boolean(key, false))
         throw ConfigError(filename + ": algorithm.parameters." + key + " is not implemented yet by FTorch's "
@@ -88,7 +104,14 @@ RLConfig read_rl_config(const std::string &filename) {
     Block actor = required(top, "actor", "a block with type: space_noise, space_noise_ou, parameter_noise or "
                                           "parameter_noise_ou");
     ActorConfig &a = c.actor;
-    a.type = actor.choice("type", {"space_noise", "space_noise_ou", "parameter_noise", "parameter_noise_ou"}, "", true);
+    // SAC's actor is always its squashed Gaussian policy: the type is read (TorchFort's files give
+    // one) and only the action bounds are used.
+    a.type = actor.choice("type", {"space_noise", "space_noise_ou", "parameter_noise", "parameter_noise_ou",
+                                   "gaussian", "squashed_gaussian"},
+                          "", true);
+    if (!sac && (a.type == "gaussian" || a.type == "squashed_gaussian"))
+      throw ConfigError(filename + ": actor.type " + a.type + " is SAC's; " + type + " takes space_noise, "
+                        "space_noise_ou, parameter_noise or parameter_noise_ou");
     Block p = actor.block("parameters");
     auto real_required = [&](const char *key) {
       if (!p.has(key)) p.missing(key);
@@ -97,19 +120,21 @@ RLConfig read_rl_config(const std::string &filename) {
     a.a_low = real_required("a_low");
     a.a_high = real_required("a_high");
     if (!(a.a_low < a.a_high)) throw ConfigError(filename + ": actor.parameters.a_low must be below a_high");
-    a.sigma_explore = real_required("sigma_explore");
-    // DDPG has no target policy smoothing: sigma_train and clip are read (TorchFort's files give
-    // them) but unused.
-    a.sigma_train = td3 ? real_required("sigma_train") : p.real("sigma_train", 0);
-    a.clip = td3 ? real_required("clip") : p.real("clip", 0);
-    if (a.sigma_train < 0 || a.sigma_explore < 0)
-      throw ConfigError(filename + ": actor.parameters.sigma_train and sigma_explore must be >= 0");
-    if (a.type.size() > 3 && a.type.compare(a.type.size() - 3, 3, "_ou") == 0) {
-      a.dt = real_required("dt");
-      a.xi = p.real("xi", 0);
-      if (a.dt <= 0) throw ConfigError(filename + ": actor.parameters.dt must be > 0");
+    if (!sac) {
+      a.sigma_explore = real_required("sigma_explore");
+      // DDPG has no target policy smoothing: sigma_train and clip are read (TorchFort's files give
+      // them) but unused.
+      a.sigma_train = td3 ? real_required("sigma_train") : p.real("sigma_train", 0);
+      a.clip = td3 ? real_required("clip") : p.real("clip", 0);
+      if (a.sigma_train < 0 || a.sigma_explore < 0)
+        throw ConfigError(filename + ": actor.parameters.sigma_train and sigma_explore must be >= 0");
+      if (a.type.size() > 3 && a.type.compare(a.type.size() - 3, 3, "_ou") == 0) {
+        a.dt = real_required("dt");
+        a.xi = p.real("xi", 0);
+        if (a.dt <= 0) throw ConfigError(filename + ": actor.parameters.dt must be > 0");
+      }
+      a.adaptive = p.boolean("adaptive", false);
     }
-    a.adaptive = p.boolean("adaptive", false);
     p.done();
     actor.done();
   }
@@ -138,8 +163,9 @@ RLConfig read_rl_config(const std::string &filename) {
   }
 
   {
-    Block b = required(top, "policy_model", "a block with type: mlp or torchscript");
-    read_net(b, c.policy, {"mlp", "torchscript"}, "policy_model", filename);
+    Block b = required(top, "policy_model", sac ? "a block with type: sacmlp or torchscript"
+                                                : "a block with type: mlp or torchscript");
+    read_net(b, c.policy, {sac ? "sacmlp" : "mlp", "torchscript"}, "policy_model", filename);
   }
   {
     Block b = required(top, "critic_model", "a block with type: criticmlp or torchscript");
@@ -162,6 +188,24 @@ RLConfig read_rl_config(const std::string &filename) {
     read_scheduler(b, c.critic_scheduler, filename, "critic_lr_scheduler");
   } else {
     top.find("critic_lr_scheduler");
+  }
+  if (sac && top.has("alpha_optimizer")) {
+    Block b = top.block("alpha_optimizer");
+    c.has_alpha_optimizer = true;
+    int64_t accumulate = 1;
+    double clip = 0;
+    read_optimizer(b, c.alpha_optimizer, accumulate, clip);
+  } else if (sac) {
+    top.find("alpha_optimizer");
+  }
+  if (sac && top.has("alpha_lr_scheduler")) {
+    if (!c.has_alpha_optimizer)
+      throw ConfigError(filename + ": an alpha_lr_scheduler block needs an alpha_optimizer block to schedule");
+    Block b = top.block("alpha_lr_scheduler");
+    c.has_alpha_scheduler = true;
+    read_scheduler(b, c.alpha_scheduler, filename, "alpha_lr_scheduler");
+  } else if (sac) {
+    top.find("alpha_lr_scheduler");
   }
   top.find("identifier");  // written by TorchFort into the copy it keeps for the wandb hook
   top.done();

@@ -14,11 +14,14 @@ namespace tf {
 
 // A network of the system: the built-in MLPs or a TorchScript file.
 struct NetConfig {
-  std::string type;  // "mlp", "criticmlp" or "torchscript"
+  std::string type;  // "mlp", "criticmlp", "sacmlp" or "torchscript"
   std::string filename;
   std::vector<int64_t> layer_sizes;
   double dropout = 0;
   bool flatten_non_batch_dims = true;
+  // sacmlp: the log standard deviation a function of the state, or one parameter per action
+  bool state_dependent_sigma = true;
+  double log_sigma_init = 0;
 };
 
 // How actions are perturbed: noise on the action ("space") or on the policy's parameters
@@ -43,10 +46,12 @@ struct RLConfig {
   int64_t report_frequency = 0;
   bool enable_wandb_hook = false, verbose = false, enable_cuda_graphs = false;
   // algorithm
-  std::string algorithm;  // "ddpg" or "td3"
+  std::string algorithm;  // "ddpg", "td3" or "sac"
   int64_t batch_size = 0, nstep = 1, num_critics = 1, policy_lag = 1;
   std::string nstep_reward_reduction = "sum";  // sum, mean, weighted_mean (+ "_no_skip")
   double gamma = 0, rho = 0;
+  // sac: the entropy coefficient (0: none, unless tuned) and the entropy target (> 0: -action size)
+  double alpha = 0, target_entropy = 1;
   ActorConfig actor;
   ReplayBufferConfig replay_buffer;
   NetConfig policy, critic;
@@ -55,6 +60,10 @@ struct RLConfig {
   double max_grad_norm = 0;
   bool has_policy_scheduler = false, has_critic_scheduler = false;
   SchedulerConfig policy_scheduler, critic_scheduler;
+  // sac: alpha tuned by its own optimizer (and schedule) when given
+  bool has_alpha_optimizer = false, has_alpha_scheduler = false;
+  OptimizerConfig alpha_optimizer;
+  SchedulerConfig alpha_scheduler;
 };
 
 // Reads and checks an off-policy system's configuration file; throws ConfigError. Algorithms of
