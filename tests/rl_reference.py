@@ -77,6 +77,35 @@ def squashed_gaussian(policy, state):
     return torch.tanh(u), torch.sum(torch.flatten(log_prob, 1), 1) - correction
 
 
+class RunningNormalizer:
+    """Per-feature running mean and unbiased variance (Chan et al.'s merge of Welford's sums)."""
+
+    def __init__(self, scale_only: bool):
+        self.scale_only, self.count, self.mean, self.m2 = scale_only, 0, None, None
+
+    def update(self, x):
+        flat = x.reshape(x.shape[0], -1)
+        mean = flat.mean(0)
+        m2 = torch.sum(torch.square(flat - mean.unsqueeze(0)), 0)
+        n = x.shape[0]
+        if self.count == 0:
+            self.mean, self.m2, self.count = mean, m2, n
+            return
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean = self.mean + delta * (n / total)
+        self.m2 = self.m2 + m2 + torch.square(delta) * (self.count * n / total)
+        self.count = total
+
+    def __call__(self, x):
+        if self.count < 2:
+            return x
+        flat = x.reshape(x.shape[0], -1)
+        spread = torch.sqrt(self.m2 / (self.count - 1) + 1e-8)
+        y = flat / spread if self.scale_only else (flat - self.mean) / spread
+        return y.reshape(x.shape)
+
+
 class ReplayBuffer:
     def __init__(self, cfg: dict, gamma: float, nstep: int, reduction: str):
         p = cfg["parameters"]
@@ -180,6 +209,9 @@ class OffPolicy:
         self.p_opt = _optimizer(cfg, list(self.policy.parameters()))
         self.q_opts = [_optimizer(cfg, list(q.parameters())) for q in self.critics]
         self.train_steps, self.p_calls, self.q_calls = 0, 0, 0
+        flag = lambda key: a.get(key, False) in (True, 1, "true")  # noqa: E731
+        self.state_norm = RunningNormalizer(False) if flag("normalize_states") else None
+        self.reward_norm = RunningNormalizer(True) if flag("normalize_rewards") else None
         if self.sac:
             dtype = next(self.policy.parameters()).dtype
             alpha = float(a.get("alpha", 0.0))
@@ -196,8 +228,15 @@ class OffPolicy:
         return 0.5 * (self.high - self.low) * (a + 1.0) + self.low
 
     def push(self, s, a, sp, r, d):
-        """SAC keeps actions in its policy's scale [-1, 1]."""
+        """SAC keeps actions in its policy's scale [-1, 1]; the normalizers see states and rewards."""
         self.buffer.push(s, self.scale(a) if self.sac else a, sp, r, d)
+        if self.state_norm:
+            self.state_norm.update(s)
+        if self.reward_norm:
+            self.reward_norm.update(r.reshape(-1, 1))
+
+    def state_in(self, s):
+        return self.state_norm(s) if self.state_norm and self.state_norm.count > 0 else s
 
     def entropy_term(self, log_prob):
         return torch.exp(self.log_alpha.detach()) * log_prob if self.alpha_on else torch.zeros_like(log_prob)
@@ -279,6 +318,9 @@ class OffPolicy:
     def train_step(self):
         self.train_steps += 1
         s, a, sp, r, d = self.buffer.sample(self.batch)
+        s, sp = self.state_in(s), self.state_in(sp)
+        if self.reward_norm:
+            r = self.reward_norm(r.unsqueeze(1)).squeeze(1)
         if self.sac:
             return self.sac_step(s, a, sp, r, d)
         with torch.no_grad():
@@ -309,6 +351,7 @@ class OffPolicy:
         return p_loss, q_loss
 
     def predict(self, s):
+        s = self.state_in(s)
         with torch.no_grad():
             self.policy.eval()
             if self.sac:
@@ -316,6 +359,7 @@ class OffPolicy:
             return self.clamp(self.policy(s))
 
     def predict_explore(self, s):
+        s = self.state_in(s)
         with torch.no_grad():
             self.policy.eval()
             if self.sac:
@@ -323,6 +367,7 @@ class OffPolicy:
             return self.clamp(self.noise_explore(self.policy, s))
 
     def evaluate(self, s, a):
+        s = self.state_in(s)
         with torch.no_grad():
             self.critics[0].eval()
             return self.q(self.critics[0], s, self.scale(a) if self.sac else a)

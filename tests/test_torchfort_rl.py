@@ -56,7 +56,8 @@ SYSTEMS = {
                       "general": {"grad_accumulation_steps": 2}},
     }, (3, (2, 3), 2, 20, 8)),
     "td3_ou_mean": ({
-        "algorithm": _algorithm("td3", policy_lag=2, nstep=4, nstep_reward_reduction="mean"),
+        "algorithm": _algorithm("td3", policy_lag=2, nstep=4, nstep_reward_reduction="mean", normalize_states="true",
+                                normalize_rewards="true"),
         "actor": _actor("space_noise_ou", clip=0.5, sigma_train=0.2, sigma_explore=0.3, dt=0.05, xi=0.3,
                         adaptive="true"),
         "replay_buffer": {"type": "uniform", "parameters": {"max_size": 50, "min_size": 12}},
@@ -64,7 +65,8 @@ SYSTEMS = {
     }, (1, (3, 1), 2, 30, 6)),
     "sac_tuned": ({
         "algorithm": {"type": "sac", "parameters": {"batch_size": 6, "gamma": 0.9, "rho": 0.8, "nstep": 2,
-                                                    "nstep_reward_reduction": "weighted_mean", "alpha": 0.2}},
+                                                    "nstep_reward_reduction": "weighted_mean", "alpha": 0.2,
+                                                    "normalize_states": "true"}},
         "actor": {"type": "parameter_noise", "parameters": {"a_low": -2.0, "a_high": 0.5}},
         "replay_buffer": {"type": "uniform", "parameters": {"max_size": 60, "min_size": 10, "n_envs": 2}},
         "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2"}},
@@ -90,7 +92,7 @@ SYSTEMS = {
         "alpha_optimizer": {"type": "sgd", "parameters": {"learning_rate": "1e-2"}},
     }, (1, (3, 1), 2, 20, 6)),
     "f4_ddpg_builtin": ({
-        "algorithm": _algorithm("ddpg", nstep=1),
+        "algorithm": _algorithm("ddpg", nstep=1, normalize_rewards=1),
         "actor": _actor("space_noise", sigma_explore=0.4),
         "replay_buffer": {"type": "uniform", "parameters": {"max_size": 40, "min_size": 10, "n_envs": 2}},
         "policy_model": {"type": "MLP", "parameters": {"layer_sizes": [3, 16, 2]}},

@@ -259,6 +259,70 @@ class Noise {
   std::vector<at::Tensor> state_;
 };
 
+// ---------------------------------------------------------------------------- normalization
+
+// Per-feature running mean and spread of what the buffer receives (Chan et al.'s parallel update
+// of Welford's sums), and values scaled by them: (x - mean) / sqrt(var + eps), or x / sqrt(var + eps)
+// (scale only, for rewards), var the unbiased variance; unchanged before two samples are seen.
+class RunningNormalizer {
+ public:
+  explicit RunningNormalizer(bool scale_only) : scale_only_(scale_only) {}
+
+  void update(const at::Tensor &x) {
+    torch::NoGradGuard no_grad;
+    const int64_t n = x.size(0);
+    const at::Tensor flat = x.reshape({n, -1}).cpu();
+    const at::Tensor mean = flat.mean(0);
+    const at::Tensor m2 = at::sum(at::square(flat - mean.unsqueeze(0)), 0);
+    if (count_ == 0) {
+      mean_ = mean;
+      m2_ = m2;
+      count_ = n;
+      return;
+    }
+    const int64_t total = count_ + n;
+    const at::Tensor delta = mean - mean_;
+    mean_ = mean_ + delta * (static_cast<double>(n) / static_cast<double>(total));
+    m2_ = m2_ + m2 + at::square(delta) * (static_cast<double>(count_) * static_cast<double>(n) / static_cast<double>(total));
+    count_ = total;
+  }
+
+  at::Tensor operator()(const at::Tensor &x) const {
+    if (count_ < 2) return x;
+    torch::NoGradGuard no_grad;
+    const at::Tensor flat = x.reshape({x.size(0), -1});
+    const at::Tensor spread = at::sqrt(m2_ / static_cast<double>(count_ - 1) + kEps).to(x.device());
+    if (flat.size(1) != spread.size(0))
+      usage("the normalizer has seen " + std::to_string(spread.size(0)) + " features per sample, this input has " +
+            std::to_string(flat.size(1)));
+    const at::Tensor y = scale_only_ ? flat / spread : (flat - mean_.to(x.device())) / spread;
+    return y.reshape(x.sizes());
+  }
+
+  bool initialized() const { return count_ > 0; }
+
+  void write(torch::serialize::OutputArchive &archive, const std::string &key) const {
+    archive.write(key + "_count", c10::IValue(count_));
+    if (count_ > 0) {
+      archive.write(key + "_mean", mean_);
+      archive.write(key + "_m2", m2_);
+    }
+  }
+  void read(torch::serialize::InputArchive &archive, const std::string &key, const std::string &file) {
+    c10::IValue count;
+    if (!archive.try_read(key + "_count", count)) usage(file + " has no " + key + " statistics");
+    count_ = count.toInt();
+    if (count_ > 0 && (!archive.try_read(key + "_mean", mean_) || !archive.try_read(key + "_m2", m2_)))
+      usage(file + " has no " + key + " statistics");
+  }
+
+ private:
+  static constexpr double kEps = 1e-8;
+  bool scale_only_;
+  int64_t count_ = 0;
+  at::Tensor mean_, m2_;
+};
+
 // ---------------------------------------------------------------------------- replay buffer
 
 // Transitions of n_envs environments, max_size/n_envs steps each (the oldest step dropped when
@@ -457,6 +521,7 @@ struct System {
   // SAC's entropy coefficient alpha = exp(log_alpha): off (alpha 0 without an optimizer), fixed, or tuned
   at::Tensor log_alpha;
   bool alpha_on = false;
+  std::unique_ptr<RunningNormalizer> state_norm, reward_norm;  // normalize_states, normalize_rewards
   std::shared_ptr<ftc::Optim> alpha_optim;
   std::unique_ptr<Schedule> alpha_schedule;
   at::Generator sampler = at::make_generator<at::CPUGeneratorImpl>(kSamplerSeed);
@@ -480,6 +545,11 @@ struct System {
     return alpha_on ? at::exp(log_alpha.detach()) * log_prob : at::zeros_like(log_prob);
   }
   at::Tensor input(const at::Tensor &t) const { return t.to(model_device, dtype); }
+  // A state as the networks see it: normalized once the normalizer has statistics.
+  at::Tensor state_in(const at::Tensor &t) const {
+    const at::Tensor x = input(t);
+    return state_norm && state_norm->initialized() ? (*state_norm)(x) : x;
+  }
 };
 
 void train(System &sys, Net &net, const SchedulerConfig *schedule) {
@@ -550,6 +620,8 @@ std::shared_ptr<System> create_system(const char *name, const char *config_fname
       if (c.has_alpha_scheduler) sys->alpha_schedule = std::make_unique<Schedule>(*sys->alpha_optim->opt, c.alpha_scheduler);
     }
   }
+  if (c.normalize_states) sys->state_norm = std::make_unique<RunningNormalizer>(false);
+  if (c.normalize_rewards) sys->reward_norm = std::make_unique<RunningNormalizer>(true);
   if (c.enable_wandb_hook) sys->log_file = wandb_log_file(sys->name, c.text);
   if (c.verbose)
     std::cout << "TORCHFORT::INFO: " << c.algorithm << " system " << sys->name << ": batch_size " << c.batch_size
@@ -633,8 +705,7 @@ at::Tensor min_q(std::vector<Net> &critics, const at::Tensor &s, const at::Tenso
 void train_deterministic(System &sys, const ReplayBuffer::Batch &b, float &p_loss, float &q_loss) {
   const RLConfig &c = sys.cfg;
   const bool update_policy = sys.train_steps % c.policy_lag == 0;
-  const at::Tensor s = sys.input(b.s), a = sys.input(b.a), sp = sys.input(b.sp), r = sys.input(b.r),
-                   d = sys.input(b.d);
+  const at::Tensor &s = b.s, &a = b.a, &sp = b.sp, &r = b.r, &d = b.d;
   // Targets: y = r + gamma^nstep (1 - d) min_i Q'_i(s', a'), a' from the target policy (TD3: with
   // clipped noise).
   at::Tensor y;
@@ -673,8 +744,7 @@ void train_deterministic(System &sys, const ReplayBuffer::Batch &b, float &p_los
 // targets' Polyak update. Actions are in the policy's scale [-1, 1].
 void train_sac(System &sys, const ReplayBuffer::Batch &b, float &p_loss, float &q_loss) {
   const RLConfig &c = sys.cfg;
-  const at::Tensor s = sys.input(b.s), a = sys.input(b.a), sp = sys.input(b.sp), r = sys.input(b.r),
-                   d = sys.input(b.d);
+  const at::Tensor &s = b.s, &a = b.a, &sp = b.sp, &r = b.r, &d = b.d;
   Net &pi = sys.policy;
   if (sys.alpha_optim) {
     // alpha towards the target entropy: minimise -log_alpha (log pi(a|s) + target)
@@ -726,7 +796,15 @@ void train_step(System &sys, float &p_loss, float &q_loss) {
           std::to_string(sys.buffer->needed()) + " (min_size/n_envs, and nstep): call "
           "torchfort_rl_off_policy_is_ready before training");
   ++sys.train_steps;
-  const ReplayBuffer::Batch b = sys.buffer->sample(sys.cfg.batch_size, sys.sampler);
+  ReplayBuffer::Batch b = sys.buffer->sample(sys.cfg.batch_size, sys.sampler);
+  // On the model's device, states and rewards normalized with the statistics of everything the
+  // buffer received so far.
+  b.s = sys.state_in(b.s);
+  b.sp = sys.state_in(b.sp);
+  b.a = sys.input(b.a);
+  b.r = sys.input(b.r);
+  b.d = sys.input(b.d);
+  if (sys.reward_norm) b.r = (*sys.reward_norm)(b.r.unsqueeze(1)).squeeze(1);
   if (sys.sac()) {
     train_sac(sys, b, p_loss, q_loss);
   } else {
@@ -791,6 +869,8 @@ void save_checkpoint(System &sys, const fs::path &dir) {
     write_noise(archive, "noise_train", sys.noise_train.get());
     write_noise(archive, "noise_explore", sys.noise_explore.get());
     if (sys.sac()) archive.write("log_alpha", sys.log_alpha.detach().cpu());
+    if (sys.state_norm) sys.state_norm->write(archive, "state_normalizer");
+    if (sys.reward_norm) sys.reward_norm->write(archive, "reward_normalizer");
     archive.save_to(f);
   });
   if (sys.alpha_optim) {
@@ -833,6 +913,9 @@ void load_checkpoint(System &sys, const fs::path &dir) {
   at::Tensor log_alpha;
   if (sys.sac() && !archive.try_read("log_alpha", log_alpha))
     usage(state_file.string() + " has no log_alpha: it is not the state of a SAC system");
+  RunningNormalizer state_norm(false), reward_norm(true);
+  if (sys.state_norm) state_norm.read(archive, "state_normalizer", state_file.string());
+  if (sys.reward_norm) reward_norm.read(archive, "reward_normalizer", state_file.string());
   if (sys.alpha_optim) {
     require_file(dir / "alpha" / "optimizer.pt");
     if (sys.alpha_schedule) require_file(dir / "alpha" / "lr.pt");
@@ -859,6 +942,8 @@ void load_checkpoint(System &sys, const fs::path &dir) {
     torch::NoGradGuard no_grad;
     sys.log_alpha.copy_(log_alpha.reshape(sys.log_alpha.sizes()));
   }
+  if (sys.state_norm) *sys.state_norm = state_norm;
+  if (sys.reward_norm) *sys.reward_norm = reward_norm;
   if (sys.alpha_optim) {
     torch::load(*sys.alpha_optim->opt, (dir / "alpha" / "optimizer.pt").string(), sys.model_device);
     if (sys.alpha_schedule) sys.alpha_schedule->load((dir / "alpha" / "lr.pt").string());
@@ -939,7 +1024,7 @@ torchfort_result_t predict_arrays(const char *fn, const char *name, void *state,
     StreamScope scope(sys.model_device, stream);
     torch::NoGradGuard no_grad;
     sys.policy.module.eval();
-    const at::Tensor x = sys.input(batch_of(s, out));
+    const at::Tensor x = sys.state_in(batch_of(s, out));
     if (sys.sac()) {  // the mean action, or a draw of the policy, in [a_low, a_high]
       const at::Tensor act = explore ? squashed_gaussian(sys.policy, x).action : at::tanh(forward(sys.policy, {x}));
       deliver(sys.unscale(act), out, "action");
@@ -964,7 +1049,7 @@ torchfort_result_t evaluate_arrays(const char *fn, const char *name, void *state
     q.module.eval();
     at::Tensor act = sys.input(a.dim() == 1 ? a.unsqueeze(0) : a);
     if (sys.sac()) act = sys.scale(act);  // (SAC's critics see actions in [-1, 1])
-    deliver(q_value(q, sys.input(batch_of(s, a)), act), out, "reward");
+    deliver(q_value(q, sys.state_in(batch_of(s, a)), act), out, "reward");
   });
 }
 
@@ -982,6 +1067,8 @@ void push(System &sys, const at::Tensor &s, const at::Tensor &sp, const at::Tens
   torch::NoGradGuard no_grad;
   const auto to = [&](const at::Tensor &t) { return t.to(sys.rb_device, sys.dtype); };
   sys.buffer->push(to(s), sys.sac() ? sys.scale(to(a)) : to(a), to(sp), to(r), to(d));
+  if (sys.state_norm) sys.state_norm->update(s.to(sys.dtype));
+  if (sys.reward_norm) sys.reward_norm->update(r.to(sys.dtype).reshape({n, 1}));
 }
 
 torchfort_result_t update_arrays(const char *fn, const char *name, void *state_old, void *state_new, size_t state_dim,

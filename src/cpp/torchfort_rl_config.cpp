@@ -92,10 +92,8 @@ RLConfig read_rl_config(const std::string &filename) {
       if (c.alpha < 0) throw ConfigError(filename + ": algorithm.parameters.alpha must be >= 0");
       c.target_entropy = p.real("target_entropy", 1.0);
     }
-    for (const char *key : {"normalize_states", "normalize_rewards"})
-      if (p.boolean(key, false))
-        throw ConfigError(filename + ": algorithm.parameters." + key + " is not implemented yet by FTorch's "
-                          "TorchFort layer (remove it or set it to false)");
+    c.normalize_states = p.boolean("normalize_states", false);
+    c.normalize_rewards = p.boolean("normalize_rewards", false);
     p.done();
   }
   algorithm.done();

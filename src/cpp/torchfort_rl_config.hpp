@@ -52,6 +52,8 @@ struct RLConfig {
   double gamma = 0, rho = 0;
   // sac: the entropy coefficient (0: none, unless tuned) and the entropy target (> 0: -action size)
   double alpha = 0, target_entropy = 1;
+  // running normalization of the states (mean and spread) and of the rewards (spread only)
+  bool normalize_states = false, normalize_rewards = false;
   ActorConfig actor;
   ReplayBufferConfig replay_buffer;
   NetConfig policy, critic;
