@@ -112,6 +112,14 @@ class ReplayBuffer:
         self.n_envs = int(p.get("n_envs", 1))
         self.capacity = int(p["max_size"]) // self.n_envs
         self.steps: list = []  # oldest first: (s, a, sp, r, d) with the environment first
+        # prioritized (Schaul et al. 2016, proportional): a priority per (step, environment)
+        self.prioritized = cfg.get("type", "uniform") == "prioritized"
+        self.alpha = float(p.get("alpha", 0.6))
+        self.beta, beta_max = float(p.get("beta0", 0.4)), float(p.get("beta_max", 1.0))
+        beta_steps = int(p.get("beta_steps", 100000))
+        self.beta_max, self.beta_step = beta_max, (beta_max - self.beta) / beta_steps if beta_steps > 0 else 0.0
+        self.priorities: list = []
+        self.max_priority = 1.0
         self.gamma, self.nstep = gamma, nstep
         self.skip = not reduction.endswith("_no_skip")
         self.reduction = reduction.replace("_no_skip", "")
@@ -119,16 +127,47 @@ class ReplayBuffer:
 
     def push(self, s, a, sp, r, d):
         self.steps.append((s.clone(), a.clone(), sp.clone(), r.clone(), d.clone()))
+        self.priorities.append([self.max_priority] * self.n_envs)
         if len(self.steps) > self.capacity:
             self.steps.pop(0)
+            self.priorities.pop(0)
 
     def _ends_early(self, t: int, e: int) -> bool:
         return any(self.steps[t + k][4][e] > 0.5 for k in range(self.nstep - 1))
 
+    def _draw_prioritized(self, batch: int):
+        self.beta = min(self.beta_max, self.beta + self.beta_step)
+        steps = len(self.steps)
+        weights = []
+        for t in range(steps):
+            for e in range(self.n_envs):
+                valid = t <= steps - self.nstep and not (self.skip and self.nstep > 1 and self._ends_early(t, e))
+                weights.append(self.priorities[t][e] ** self.alpha if valid else 0.0)
+        weight = torch.tensor(weights, dtype=torch.float64)
+        cumulative = weight.cumsum(0)
+        total = cumulative[-1].item()
+        u = (torch.arange(batch, dtype=torch.float64) + torch.rand(batch, generator=self.generator, dtype=torch.float64)) \
+            * (total / batch)
+        last = int(weight.gt(0).nonzero().reshape(-1)[-1])
+        idx = torch.searchsorted(cumulative, u, right=True).clamp_max(last)
+        smallest = weight[weight > 0].min().item()
+        return idx, (smallest / weight[idx]).pow(self.beta)
+
+    def update_priorities(self, idx, td):
+        """|td| + 1e-6 for each sample, in order (a start drawn twice keeps its last)."""
+        for i, err in zip(idx.tolist(), td.detach().abs().double().tolist()):
+            self.priorities[i // self.n_envs][i % self.n_envs] = err + 1e-6
+            self.max_priority = max(self.max_priority, err + 1e-6)
+
     def sample(self, batch: int):
-        high = (len(self.steps) - self.nstep + 1) * self.n_envs
-        idx = torch.randint(high, (batch,), generator=self.generator)
-        if self.skip and self.nstep > 1:
+        """(s, a, sp, r, d, importance weights or None, start indices)"""
+        weights = None
+        if self.prioritized:
+            idx, weights = self._draw_prioritized(batch)
+        else:
+            high = (len(self.steps) - self.nstep + 1) * self.n_envs
+            idx = torch.randint(high, (batch,), generator=self.generator)
+        if self.skip and self.nstep > 1 and not self.prioritized:
             while True:
                 bad = [i for i in range(batch) if self._ends_early(int(idx[i]) // self.n_envs, int(idx[i]) % self.n_envs)]
                 if not bad:
@@ -155,7 +194,9 @@ class ReplayBuffer:
                 ret = ret / count
             for key, v in zip("s a sp r d".split(), (s, a, sp, ret, done)):
                 out[key].append(v)
-        return [torch.stack(out[k]) for k in "s a sp r d".split()]
+        dtype = out["r"][0].dtype
+        return [*(torch.stack(out[k]) for k in "s a sp r d".split()),
+                None if weights is None else weights.to(dtype), idx]
 
 
 def _number(v):
@@ -262,15 +303,18 @@ class OffPolicy:
             q = torch.minimum(q, self.q(c, s, a))
         return q
 
-    def critic_step(self, s, a, y):
+    def critic_step(self, s, a, y, weights=None, idx=None):
         for q in self.critics:
             q.train()
         if self.q_calls % self.accumulate == 0:
             for o in self.q_opts:
                 o.zero_grad(set_to_none=True)
         loss = None
-        for q in self.critics:
-            term = torch.mean(torch.square(self.q(q, s, a) - y))
+        for i, q in enumerate(self.critics):
+            error = self.q(q, s, a) - y
+            if i == 0 and weights is not None:
+                self.buffer.update_priorities(idx, error)
+            term = torch.mean(weights * torch.square(error)) if weights is not None else torch.mean(torch.square(error))
             loss = term if loss is None else loss + term
         loss.backward()
         for q, o in zip(self.critics, self.q_opts):
@@ -278,7 +322,7 @@ class OffPolicy:
         self.q_calls += 1
         return loss.item() / len(self.critics)
 
-    def sac_step(self, s, a, sp, r, d):
+    def sac_step(self, s, a, sp, r, d, weights, idx):
         if self.alpha_opt is not None:
             if self.p_calls % self.accumulate == 0:
                 self.alpha_opt.zero_grad(set_to_none=True)
@@ -292,7 +336,7 @@ class OffPolicy:
             ap, logp = squashed_gaussian(self.policy, sp)
             q_next = self.min_q(self.critic_targets, sp, ap) - self.entropy_term(logp)
             y = r + q_next * self.gamma ** self.nstep * (1.0 - d)
-        q_loss = self.critic_step(s, a, y)
+        q_loss = self.critic_step(s, a, y, weights, idx)
         for q in self.critics:
             for p in q.parameters():
                 p.requires_grad_(False)
@@ -317,17 +361,17 @@ class OffPolicy:
 
     def train_step(self):
         self.train_steps += 1
-        s, a, sp, r, d = self.buffer.sample(self.batch)
+        s, a, sp, r, d, weights, idx = self.buffer.sample(self.batch)
         s, sp = self.state_in(s), self.state_in(sp)
         if self.reward_norm:
             r = self.reward_norm(r.unsqueeze(1)).squeeze(1)
         if self.sac:
-            return self.sac_step(s, a, sp, r, d)
+            return self.sac_step(s, a, sp, r, d, weights, idx)
         with torch.no_grad():
             ap = self.noise_train(self.policy_target, sp) if self.td3 else self.policy_target(sp)
             ap = self.clamp(ap)
             y = r + self.min_q(self.critic_targets, sp, ap) * self.gamma ** self.nstep * (1.0 - d)
-        q_loss = self.critic_step(s, a, y)
+        q_loss = self.critic_step(s, a, y, weights, idx)
         p_loss = 0.0
         if self.train_steps % self.lag == 0:
             for p in self.critics[0].parameters():

@@ -51,7 +51,8 @@ SYSTEMS = {
     "td3_parameter_adaptive_2d": ({
         "algorithm": _algorithm("td3", num_critics=3, policy_lag=1, nstep=2, nstep_reward_reduction="mean_no_skip"),
         "actor": _actor("parameter_noise", clip=0.2, sigma_train=0.1, sigma_explore=0.2, adaptive="true"),
-        "replay_buffer": {"type": "uniform", "parameters": {"max_size": 90, "min_size": 9, "n_envs": 3}},
+        "replay_buffer": {"type": "prioritized", "parameters": {"max_size": 90, "min_size": 9, "n_envs": 3,
+                                                                "alpha": 0.7, "beta0": 0.3, "beta_steps": 5}},
         "optimizer": {"type": "adam", "parameters": {"learning_rate": "5e-3"},
                       "general": {"grad_accumulation_steps": 2}},
     }, (3, (2, 3), 2, 20, 8)),
@@ -60,7 +61,7 @@ SYSTEMS = {
                                 normalize_rewards="true"),
         "actor": _actor("space_noise_ou", clip=0.5, sigma_train=0.2, sigma_explore=0.3, dt=0.05, xi=0.3,
                         adaptive="true"),
-        "replay_buffer": {"type": "uniform", "parameters": {"max_size": 50, "min_size": 12}},
+        "replay_buffer": {"type": "prioritized", "parameters": {"max_size": 25, "min_size": 12, "beta_steps": 0}},
         "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2", "weight_decay": "1e-3"}},
     }, (1, (3, 1), 2, 30, 6)),
     "sac_tuned": ({
@@ -68,7 +69,7 @@ SYSTEMS = {
                                                     "nstep_reward_reduction": "weighted_mean", "alpha": 0.2,
                                                     "normalize_states": "true"}},
         "actor": {"type": "parameter_noise", "parameters": {"a_low": -2.0, "a_high": 0.5}},
-        "replay_buffer": {"type": "uniform", "parameters": {"max_size": 60, "min_size": 10, "n_envs": 2}},
+        "replay_buffer": {"type": "prioritized", "parameters": {"max_size": 60, "min_size": 10, "n_envs": 2}},
         "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2"}},
         "alpha_optimizer": {"type": "adam", "parameters": {"learning_rate": "5e-2"}},
     }, (2, (3, 1), 2, 20, 6)),
@@ -321,3 +322,36 @@ def test_c_and_cpp_programs_through_torchfort_rl_h(installed, rl_dir, tmp_path, 
     proc = run([tmp_path / "main", rl_dir])
     p_loss, q_loss = (float(v) for v in proc.stdout.split()[-2:])
     assert q_loss > 0 and p_loss != 0
+
+
+def test_prioritized_sampling_follows_priorities():
+    """The prioritized rule (drawn identically by the package, as the parity test shows): starts are
+    drawn in proportion to priority^alpha (chi-square bound), starts ending their episode early
+    never, and the importance weights are (P_min / P_i)^beta with beta annealed per sampling."""
+    from rl_reference import ReplayBuffer
+
+    buf = ReplayBuffer({"type": "prioritized", "parameters": {"max_size": 40, "n_envs": 2, "alpha": 0.5,
+                                                               "beta0": 0.4, "beta_max": 1.0, "beta_steps": 4}},
+                       0.9, 2, "sum")
+    for t in range(20):
+        d = torch.tensor([1.0 if t % 6 == 5 else 0.0, 0.0])
+        buf.push(torch.full((2, 1), float(t)), torch.tensor([[0.0], [1.0]]), torch.zeros(2, 1), torch.ones(2), d)
+    for t in range(20):
+        buf.priorities[t] = [1.0 + (t % 4), 0.5 + 0.25 * (t % 3)]
+    counts = torch.zeros(20, 2)
+    betas = []
+    for _ in range(40):
+        s, a, *_, w, idx = buf.sample(400)
+        betas.append(buf.beta)
+        for st, env in zip(s.reshape(-1).long().tolist(), a.reshape(-1).long().tolist()):
+            counts[st, env] += 1
+    assert betas[:5] == pytest.approx([0.55, 0.7, 0.85, 1.0, 1.0])
+    valid = torch.tensor([[t < 19 and not (env == 0 and t % 6 == 5) for env in range(2)] for t in range(20)])
+    p = torch.tensor(buf.priorities, dtype=torch.float64) ** 0.5 * valid
+    assert counts[~valid].sum() == 0
+    expected = p[valid] / p[valid].sum() * counts.sum()
+    chi2 = float(((counts[valid].double() - expected) ** 2 / expected).sum())
+    assert chi2 < 90, chi2  # 36 degrees of freedom: P(chi2 > 90) < 1e-6
+    # the last batch's weights: (P_min / P_i)^beta, the largest 1 for the rarest start drawn
+    drawn = p.reshape(-1)[idx]
+    torch.testing.assert_close(w.double(), (p[valid].min() / drawn) ** 1.0, rtol=1e-6, atol=0)  # (w in the data dtype)

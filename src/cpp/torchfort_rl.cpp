@@ -326,11 +326,14 @@ class RunningNormalizer {
 // ---------------------------------------------------------------------------- replay buffer
 
 // Transitions of n_envs environments, max_size/n_envs steps each (the oldest step dropped when
-// full), sampled uniformly with N-step returns from the system's own generator.
+// full), sampled with N-step returns from the system's own generator: uniformly, or (prioritized)
+// in proportion to priority^alpha with importance weights.
 class ReplayBuffer {
  public:
   struct Batch {
     at::Tensor s, a, sp, r, d;
+    at::Tensor w;      // importance weights (prioritized buffers; undefined otherwise)
+    at::Tensor where;  // the samples' storage positions (step * n_envs + env), for new priorities
   };
 
   ReplayBuffer(const RLConfig &c, const torch::Device &device, c10::ScalarType dtype)
@@ -345,7 +348,15 @@ class ReplayBuffer {
     skip_ = m.find("_no_skip") == std::string::npos;
     mean_ = m.rfind("mean", 0) == 0;
     weighted_ = m.rfind("weighted_mean", 0) == 0;
+    const ReplayBufferConfig &rb = c.replay_buffer;
+    prioritized_ = rb.type == "prioritized";
+    alpha_ = rb.alpha;
+    beta_ = rb.beta0;
+    beta_max_ = rb.beta_max;
+    beta_step_ = rb.beta_steps > 0 ? (rb.beta_max - rb.beta0) / static_cast<double>(rb.beta_steps) : 0.0;
   }
+
+  bool prioritized() const { return prioritized_; }
 
   int64_t n_envs() const { return n_envs_; }
   int64_t size() const { return size_; }
@@ -363,6 +374,7 @@ class ReplayBuffer {
       r_ = storage(r);
       d_ = storage(d);
       d_cpu_ = at::zeros({capacity_, n_envs_}, at::TensorOptions().dtype(at::kFloat));
+      priority_ = at::zeros({capacity_, n_envs_}, at::TensorOptions().dtype(at::kDouble));
     }
     check(s_, s, "state");
     check(a_, a, "action");
@@ -374,6 +386,7 @@ class ReplayBuffer {
     r_[pos].copy_(r.reshape({n_envs_}));
     d_[pos].copy_(d.reshape({n_envs_}));
     d_cpu_[pos].copy_(d.reshape({n_envs_}));
+    priority_[pos].fill_(max_priority_);  // new transitions: the largest priority seen
     if (size_ < capacity_) {
       ++size_;
     } else {
@@ -385,8 +398,9 @@ class ReplayBuffer {
   // stored after them; with a skipping reduction, a start whose episode ends before its nstep-th
   // step is drawn again. The return sums gamma^k r_k up to the episode's end (then d = 1), divided
   // by the number of steps (mean) or by the sum of their weights (weighted_mean).
-  Batch sample(int64_t batch, at::Generator &gen) const {
+  Batch sample(int64_t batch, at::Generator &gen) {
     torch::NoGradGuard no_grad;
+    if (prioritized_) return sample_prioritized(batch, gen);
     const int64_t high = (size_ - nstep_ + 1) * n_envs_;
     const auto longs = at::TensorOptions().dtype(at::kLong);
     at::Tensor idx = at::randint(high, {batch}, gen, longs);
@@ -401,10 +415,67 @@ class ReplayBuffer {
         idx.index_put_({bad}, at::randint(high, {bad.numel()}, gen, longs));
       }
     }
-    const at::Tensor step = idx.div(n_envs_, "floor").to(device_);
+    return gather(idx);
+  }
+
+  // batch samples drawn in proportion to p^alpha among the valid starts (nstep steps stored after
+  // them and, with a skipping reduction, no episode end before the last), one in each of batch
+  // equal strata of the total (Schaul et al.'s proportional variant), with importance weights
+  // (P_min / P_i)^beta; beta grows by (beta_max - beta0) / beta_steps at each sampling first.
+  Batch sample_prioritized(int64_t batch, at::Generator &gen) {
+    beta_ = std::min(beta_max_, beta_ + beta_step_);
+    const auto longs = at::TensorOptions().dtype(at::kLong);
+    const auto doubles = at::TensorOptions().dtype(at::kDouble);
+    const at::Tensor order = (at::arange(size_, longs) + head_).remainder(capacity_);
+    at::Tensor valid = at::zeros({size_, n_envs_}, at::TensorOptions().dtype(at::kBool));
+    valid.slice(0, 0, size_ - nstep_ + 1).fill_(true);
+    if (skip_ && nstep_ > 1) {
+      const at::Tensor all = at::arange(size_ * n_envs_, longs);
+      valid = valid.logical_and(ends_early(all).logical_not().reshape({size_, n_envs_}));
+    }
+    const at::Tensor weight =
+        at::where(valid, priority_.index_select(0, order).pow(alpha_), at::zeros({}, doubles)).reshape({-1});
+    const at::Tensor positive = weight.gt(0).nonzero().reshape({-1});
+    if (positive.numel() == 0)
+      usage("the prioritized replay buffer has no start to sample: " +
+            std::string(skip_ && nstep_ > 1 ? "episodes are shorter than nstep (use a *_no_skip "
+                                              "nstep_reward_reduction)"
+                                            : "every priority is 0"));
+    const at::Tensor cumulative = weight.cumsum(0);
+    const double total = cumulative[-1].item<double>();
+    const at::Tensor u = (at::arange(batch, doubles) + at::rand({batch}, gen, doubles)) * (total / batch);
+    const at::Tensor idx = at::searchsorted(cumulative, u, /*out_int32=*/false, /*right=*/true)
+                               .clamp_max(positive[-1].item<int64_t>());
+    const at::Tensor chosen = weight.index_select(0, idx);
+    const double smallest = weight.index_select(0, positive).min().item<double>();
+    Batch b = gather(idx);
+    b.w = (smallest / chosen).pow(beta_).to(device_, dtype_);
+    return b;
+  }
+
+  // New priorities |td error| + 1e-6 of the samples at positions `where` (in order: a start
+  // drawn twice keeps its last).
+  void update_priorities(const at::Tensor &where, const at::Tensor &td) {
+    if (!prioritized_) return;
+    const at::Tensor p = td.detach().abs().to(at::kCPU, at::kDouble) + 1e-6;
+    const auto w = where.accessor<int64_t, 1>();
+    const auto v = p.accessor<double, 1>();
+    auto prio = priority_.accessor<double, 2>();
+    for (int64_t i = 0; i < w.size(0); ++i) {
+      prio[w[i] / n_envs_][w[i] % n_envs_] = v[i];
+      max_priority_ = std::max(max_priority_, v[i]);
+    }
+  }
+
+  // The samples of start indices idx (step * n_envs + env over the stored steps, oldest first).
+  Batch gather(const at::Tensor &idx) const {
+    const int64_t batch = idx.size(0);
+    const at::Tensor step_cpu = idx.div(n_envs_, "floor");
+    const at::Tensor step = step_cpu.to(device_);
     const at::Tensor env = idx.remainder(n_envs_).to(device_);
     const at::Tensor p0 = (step + head_).remainder(capacity_);
     Batch b;
+    b.where = (step_cpu + head_).remainder(capacity_) * n_envs_ + idx.remainder(n_envs_);
     b.s = s_.index({p0, env});
     b.a = a_.index({p0, env});
     b.sp = sp_.index({p0, env});
@@ -447,6 +518,11 @@ class ReplayBuffer {
       archive.write("sp", sp_.index_select(0, o).cpu());
       archive.write("r", r_.index_select(0, o).cpu());
       archive.write("d", d_.index_select(0, o).cpu());
+      if (prioritized_) archive.write("priority", priority_.index_select(0, order));
+    }
+    if (prioritized_) {
+      archive.write("max_priority", c10::IValue(max_priority_));
+      archive.write("beta", c10::IValue(beta_));
     }
     archive.save_to(file);
   }
@@ -469,10 +545,20 @@ class ReplayBuffer {
       if (t[i].dim() < 2 || t[i].size(0) != n || t[i].size(1) != n_envs_)
         usage(file + " holds transitions of " + shape_text(t[i]) + " for " + std::to_string(n_envs_) +
               " environments: it belongs to another system");
+    at::Tensor priority;
+    c10::IValue max_priority, beta;
+    if (prioritized_ && ((n > 0 && !archive.try_read("priority", priority)) ||
+                         !archive.try_read("max_priority", max_priority) || !archive.try_read("beta", beta)))
+      usage(file + " holds a uniform replay buffer; this system's is prioritized");
     head_ = 0;
     size_ = 0;
-    s_ = a_ = sp_ = r_ = d_ = d_cpu_ = at::Tensor();
+    s_ = a_ = sp_ = r_ = d_ = d_cpu_ = priority_ = at::Tensor();
     for (int64_t i = 0; i < n; ++i) push(t[0][i], t[1][i], t[2][i], t[3][i], t[4][i]);
+    if (prioritized_) {
+      if (n > 0) priority_.slice(0, 0, n).copy_(priority);
+      max_priority_ = max_priority.toDouble();
+      beta_ = beta.toDouble();
+    }
   }
 
  private:
@@ -500,8 +586,11 @@ class ReplayBuffer {
   torch::Device device_;
   c10::ScalarType dtype_;
   bool skip_ = true, mean_ = false, weighted_ = false;
+  bool prioritized_ = false;
+  double alpha_ = 0, beta_ = 0, beta_max_ = 0, beta_step_ = 0, max_priority_ = 1.0;
   int64_t head_ = 0, size_ = 0;
   at::Tensor s_, a_, sp_, r_, d_, d_cpu_;
+  at::Tensor priority_;  // [capacity, n_envs], CPU double
 };
 
 // ---------------------------------------------------------------------------- systems
@@ -676,15 +765,20 @@ struct FrozenCritics {
   }
 };
 
-// The critics' step towards targets y: the sum of their mean squared errors (the mean reported).
-float train_critics(System &sys, const at::Tensor &s, const at::Tensor &a, const at::Tensor &y) {
+// The critics' step towards targets y: the sum of their mean squared errors (weighted by the
+// importance weights of a prioritized buffer; the mean over the critics reported). The first
+// critic's errors become the samples' new priorities.
+float train_critics(System &sys, const ReplayBuffer::Batch &b, const at::Tensor &y) {
+  const at::Tensor &s = b.s, &a = b.a;
   at::Tensor loss;
   for (Net &q : sys.critics) {
     q.module.train();
     zero_grad_if_starting(sys, q);
   }
   for (Net &q : sys.critics) {
-    const at::Tensor l = at::mean(at::square(q_value(q, s, a) - y));
+    const at::Tensor error = q_value(q, s, a) - y;
+    if (&q == &sys.critics[0]) sys.buffer->update_priorities(b.where, error);
+    const at::Tensor l = b.w.defined() ? at::mean(b.w * at::square(error)) : at::mean(at::square(error));
     loss = loss.defined() ? loss + l : l;
   }
   loss.backward();
@@ -716,7 +810,7 @@ void train_deterministic(System &sys, const ReplayBuffer::Batch &b, float &p_los
     const at::Tensor q_next = min_q(sys.critic_targets, sp, ap);
     y = r + q_next * std::pow(c.gamma, static_cast<double>(c.nstep)) * (1.0 - d);
   }
-  q_loss = train_critics(sys, s, a, y);
+  q_loss = train_critics(sys, b, y);
 
   // Policy: maximise the first critic's value of its actions.
   p_loss = 0;
@@ -772,7 +866,7 @@ void train_sac(System &sys, const ReplayBuffer::Batch &b, float &p_loss, float &
     const at::Tensor q_next = min_q(sys.critic_targets, sp, next.action) - sys.entropy_term(next.log_prob);
     y = r + q_next * std::pow(c.gamma, static_cast<double>(c.nstep)) * (1.0 - d);
   }
-  q_loss = train_critics(sys, s, a, y);
+  q_loss = train_critics(sys, b, y);
 
   bool stepped;
   {

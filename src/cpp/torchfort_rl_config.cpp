@@ -141,13 +141,18 @@ RLConfig read_rl_config(const std::string &filename) {
     Block rb = required(top, "replay_buffer", "a block with type: uniform and its max_size and min_size");
     ReplayBufferConfig &r = c.replay_buffer;
     r.type = rb.choice("type", {"uniform", "prioritized"}, "", true);
-    if (r.type == "prioritized")
-      throw ConfigError(filename + ": replay_buffer.type prioritized is not implemented yet by FTorch's TorchFort "
-                        "layer (use uniform)");
     Block p = rb.block("parameters");
     r.max_size = p.integer("max_size", 0, true, 1);
     r.min_size = p.integer("min_size", 0, true, 1);
     r.n_envs = p.integer("n_envs", 1, false, 1);
+    if (r.type == "prioritized") {
+      r.alpha = p.real("alpha", r.alpha);
+      r.beta0 = p.real("beta0", r.beta0);
+      r.beta_max = p.real("beta_max", r.beta_max);
+      r.beta_steps = p.integer("beta_steps", r.beta_steps, false, 0);
+      if (r.alpha < 0 || r.beta0 < 0 || r.beta_max < 0)
+        throw ConfigError(filename + ": replay_buffer.parameters alpha, beta0 and beta_max must be >= 0");
+    }
     if (r.max_size < r.n_envs || r.min_size < r.n_envs)
       throw ConfigError(filename + ": replay_buffer.parameters max_size and min_size must be at least n_envs (" +
                         std::to_string(r.n_envs) + "): each environment keeps max_size/n_envs steps");

@@ -35,8 +35,12 @@ struct ActorConfig {
 };
 
 struct ReplayBufferConfig {
-  std::string type;  // "uniform"
+  std::string type;  // "uniform" or "prioritized"
   int64_t max_size = 0, min_size = 0, n_envs = 1;
+  // prioritized (Schaul et al. 2016): P(i) ~ p_i^alpha, importance weights (P_min / P_i)^beta with
+  // beta annealed from beta0 to beta_max over beta_steps samplings
+  double alpha = 0.6, beta0 = 0.4, beta_max = 1.0;
+  int64_t beta_steps = 100000;
 };
 
 struct RLConfig {
