@@ -415,3 +415,154 @@ class OffPolicy:
         with torch.no_grad():
             self.critics[0].eval()
             return self.q(self.critics[0], s, self.scale(a) if self.sac else a)
+
+
+class PPO:
+    """PPO with the clipped objective (Schulman et al. 2017) and GAE (Schulman et al. 2016) from a
+    configuration, starting from the actor-critic network of a checkpoint directory
+    (actor_critic/model.pt, returning means, log standard deviations and values). The rollout's
+    epochs are drawn with the system's generator (randperm, seed 5489)."""
+
+    def __init__(self, cfg: dict, start: Path):
+        a = cfg["algorithm"]["parameters"]
+        flag = lambda key, default: a.get(key, default) in (True, 1, "true")  # noqa: E731
+        self.batch = int(a["batch_size"])
+        self.gamma, self.lam = float(a["gamma"]), float(a["gae_lambda"])
+        self.epsilon, self.clip_q = float(a.get("epsilon", 0.2)), float(a.get("clip_q", 0.0))
+        self.target_kl = float(a["target_kl_divergence"])
+        self.ent_coef, self.vf_coef = float(a.get("entropy_loss_coefficient", 0.0)), float(a.get("value_loss_coefficient", 0.5))
+        self.normalize_advantage = flag("normalize_advantage", True)
+        self.state_norm = RunningNormalizer(False) if flag("normalize_states", False) else None
+        self.return_norm = RunningNormalizer(True) if flag("normalize_returns", False) else None
+        self.squashed = cfg["actor"]["type"] == "squashed_gaussian_ac"
+        self.low, self.high = float(cfg["actor"]["parameters"]["a_low"]), float(cfg["actor"]["parameters"]["a_high"])
+        rb = cfg["rollout_buffer"]["parameters"]
+        self.n_envs = int(rb.get("n_envs", 1))
+        self.steps = int(rb["size"]) // self.n_envs
+        self.net = torch.jit.load(str(start / "actor_critic" / "model.pt"))
+        general = cfg["optimizer"].get("general") or {}
+        self.accumulate = int(general.get("grad_accumulation_steps", 1))
+        self.max_norm = float(general.get("max_grad_norm", 0.0))
+        self.opt = _optimizer(cfg, list(self.net.parameters()))
+        self.generator = torch.Generator().manual_seed(SAMPLER_SEED)
+        self.rollout: list = []
+        self.ready = False
+        self.calls = 0
+
+    def state_in(self, s):
+        return self.state_norm(s) if self.state_norm and self.state_norm.count > 0 else s
+
+    def run(self, s):
+        mu, log_sigma, value = self.net(s)[:3]
+        sigma = torch.exp(torch.clamp(log_sigma, -20.0, 2.0)).expand_as(mu)
+        return mu, sigma, value.reshape(s.shape[0])
+
+    def policy_scale(self, a):
+        a = a.clamp(self.low, self.high)
+        return 2.0 * ((a - self.low) / (self.high - self.low)) - 1.0 if self.squashed else a
+
+    def action_scale(self, a):
+        return 0.5 * (self.high - self.low) * (a + 1.0) + self.low if self.squashed else a.clamp(self.low, self.high)
+
+    def evaluate_actions(self, s, a):
+        mu, sigma, value = self.run(s)
+        def total(t):
+            return torch.sum(torch.flatten(t, 1), 1)
+        def normal(x):
+            return -torch.square(x - mu) / (2 * torch.square(sigma)) - sigma.log() - math.log(math.sqrt(2.0 * math.pi))
+        if not self.squashed:
+            return total(normal(a)), total(sigma.log() + 0.5 * (1.0 + math.log(2.0 * math.pi))), value
+        eps = torch.finfo(torch.float32).eps
+        y = torch.clamp(a, -1.0 + eps, 1.0 - eps)
+        u = 0.5 * (y.log1p() - (-y).log1p())
+        log_prob = total(normal(u)) - total(torch.log(1.0 - torch.square(a) + 1e-6))
+        return log_prob, -log_prob, value
+
+    def push(self, s, a, r, d):
+        """One step of every environment; the one after a full rollout closes it."""
+        a = self.policy_scale(a)
+        if self.state_norm:
+            self.state_norm.update(s)
+        with torch.no_grad():
+            self.net.eval()
+            log_prob, _, value = self.evaluate_actions(self.state_in(s), a)
+        if len(self.rollout) == self.steps:
+            if not self.ready:
+                self.finalize(value)
+            return
+        self.rollout.append((s.clone(), a.clone(), r.clone(), value, log_prob, d.clone()))
+
+    def finalize(self, last_value):
+        s, a, r, v, logp, d = (torch.stack(x) for x in zip(*self.rollout))
+        adv, ret = torch.zeros_like(r), torch.zeros_like(r)
+        gae = torch.zeros(self.n_envs, dtype=r.dtype)
+        next_value = last_value
+        for t in reversed(range(self.steps)):
+            nnt = 1.0 - d[t]
+            delta = r[t] + self.gamma * next_value * nnt - v[t]
+            gae = delta + self.gamma * self.lam * nnt * gae
+            adv[t], ret[t] = gae, gae + v[t]
+            next_value = v[t]
+        if self.return_norm:
+            self.return_norm.update(ret.reshape(-1, 1))
+            scaled = lambda t: self.return_norm(t.reshape(-1, 1)).reshape(t.shape)  # noqa: E731
+            ret, adv, v = scaled(ret), scaled(adv), scaled(v)
+        if self.normalize_advantage:
+            flat = adv.flatten()
+            n = flat.numel()
+            mean = torch.sum(flat) / n
+            adv = (adv - mean) / torch.sqrt(torch.sum(torch.square(flat - mean)) / (n - 1.0) + 1e-8)
+        self.data = (s, a, v, logp, adv, ret)
+        self.ready = True
+        self.order, self.pos = torch.randperm(self.steps * self.n_envs, generator=self.generator), 0
+
+    def reset(self):
+        self.rollout, self.ready = [], False
+
+    def train_step(self):
+        total = self.steps * self.n_envs
+        if self.pos >= total:
+            self.order, self.pos = torch.randperm(total, generator=self.generator), 0
+        idx = self.order[self.pos:min(self.pos + self.batch, total)]
+        self.pos = min(self.pos + self.batch, total)
+        step, env = idx // self.n_envs, idx % self.n_envs
+        s, a, v_old, logp_old, adv, ret = (x[step, env] for x in self.data)
+        s = self.state_norm(s) if self.state_norm else s
+        self.net.train()
+        log_prob, entropy, value = self.evaluate_actions(s, a)
+        log_ratio = log_prob - logp_old
+        ratio = torch.exp(log_ratio)
+        pl = -torch.mean(torch.minimum(adv * ratio, adv * torch.clamp(ratio, 1.0 - self.epsilon, 1.0 + self.epsilon)))
+        v_pred = v_old + torch.clamp(value - v_old, -self.clip_q, self.clip_q) if self.clip_q > 0 else value
+        ql = torch.nn.functional.mse_loss(v_pred, ret)
+        loss = pl + self.vf_coef * ql + self.ent_coef * -torch.mean(entropy)
+        with torch.no_grad():
+            kl = torch.mean((ratio - 1.0) - log_ratio).item()
+        if not (self.target_kl > 0 and kl > 1.5 * self.target_kl):
+            if self.calls % self.accumulate == 0:
+                self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if (self.calls + 1) % self.accumulate == 0:
+                if self.max_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(list(self.net.parameters()), self.max_norm)
+                self.opt.step()
+            self.calls += 1
+        return pl.item(), ql.item()
+
+    def predict(self, s):
+        with torch.no_grad():
+            self.net.eval()
+            mu = self.run(self.state_in(s))[0]
+            return self.action_scale(torch.tanh(mu) if self.squashed else mu)
+
+    def predict_explore(self, s):
+        with torch.no_grad():
+            self.net.eval()
+            mu, sigma, _ = self.run(self.state_in(s))
+            u = (mu + sigma * torch.empty_like(mu).normal_(0.0, 1.0)).clone()
+            return self.action_scale(torch.tanh(u) if self.squashed else u)
+
+    def evaluate(self, s, a):
+        with torch.no_grad():
+            self.net.eval()
+            return self.run(self.state_in(s))[2]

@@ -8,7 +8,7 @@
 // for TD3, Haarnoja et al. 2018 for SAC) and TorchFort's configuration; where TorchFort's own implementation departs from the
 // algorithm it documents (DDPG smoothing its targets, N-step returns running past the end of an
 // episode, SAC storing unscaled actions), the algorithm is followed. docs/guide/reinforcement-learning.md states each rule.
-#include "torchfort_common.hpp"
+#include "torchfort_rl_common.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -25,46 +25,7 @@ namespace rl {
 
 // ---------------------------------------------------------------------------- networks
 
-// A network of the system with what trains it (targets have no optimizer).
-struct Net {
-  torch::jit::Module module;
-  std::vector<at::Tensor> params;
-  std::shared_ptr<ftc::Optim> optim;
-  std::unique_ptr<Schedule> schedule;
-  int64_t step_train = 0, step_current = 0;  // optimizer steps, and calls within the accumulation
 
-  void set(torch::jit::Module m) {
-    module = std::move(m);
-    params = parameters_of(module);
-  }
-};
-
-// The tensors a network returns (a tensor, or the items of a tuple or list).
-std::vector<at::Tensor> forward_all(Net &net, std::vector<c10::IValue> args) {
-  ftc::apply_jit_optimize();
-  c10::IValue r;
-  try {
-    r = net.module.forward(args);
-  } catch (const std::exception &e) {
-    ftc::forward_failed(e, args);
-  }
-  std::vector<at::Tensor> out;
-  if (r.isTensor()) {
-    out.push_back(r.toTensor());
-  } else if (r.isTuple()) {
-    for (const auto &x : r.toTupleRef().elements()) {
-      if (!x.isTensor()) usage("a network returns a tuple with an item that is not a tensor");
-      out.push_back(x.toTensor());
-    }
-  } else if (r.isTensorList()) {
-    out = r.toTensorVector();
-  }
-  if (out.empty()) usage("a network returns " + r.tagKind() + ", not a tensor or a tuple of tensors");
-  return out;
-}
-
-// The first tensor a network returns.
-at::Tensor forward(Net &net, std::vector<c10::IValue> args) { return forward_all(net, std::move(args))[0]; }
 
 // A critic's value of each (state, action) pair: one number per sample.
 at::Tensor q_value(Net &critic, const at::Tensor &s, const at::Tensor &a) {
@@ -75,9 +36,6 @@ at::Tensor q_value(Net &critic, const at::Tensor &s, const at::Tensor &a) {
   return q.reshape({s.size(0)});
 }
 
-void set_requires_grad(Net &net, bool flag) {
-  for (auto &p : net.params) p.requires_grad_(flag);
-}
 
 // TorchFort's initialization of critics (each of several gets its own draw): weights of rank >= 2
 // orthogonal with gain sqrt(2), other weights 1, biases named "bias" 0.
@@ -177,10 +135,7 @@ Draw squashed_gaussian(Net &policy, const at::Tensor &state) {
   const at::Tensor &mu = out[0];
   const at::Tensor sigma = at::exp(at::clamp(out[1], -20.0, 2.0));
   const at::Tensor u = (mu + sigma * at::empty_like(mu).normal_(0.0, 1.0)).clone();
-  const at::Tensor var = at::square(sigma);
-  const at::Tensor lp = -at::square(u - mu) / (2 * var) - sigma.log() - std::log(std::sqrt(2.0 * M_PI));
-  const at::Tensor correction = at::sum(at::flatten(2.0 * (std::log(2.0) - u - at::softplus(-2.0 * u)), 1), 1);
-  return {at::tanh(u), at::sum(at::flatten(lp, 1), 1) - correction};
+  return {at::tanh(u), per_sample_sum(normal_log_prob(u, mu, sigma)) - tanh_log_det(u)};
 }
 
 // ---------------------------------------------------------------------------- noise
@@ -259,69 +214,6 @@ class Noise {
   std::vector<at::Tensor> state_;
 };
 
-// ---------------------------------------------------------------------------- normalization
-
-// Per-feature running mean and spread of what the buffer receives (Chan et al.'s parallel update
-// of Welford's sums), and values scaled by them: (x - mean) / sqrt(var + eps), or x / sqrt(var + eps)
-// (scale only, for rewards), var the unbiased variance; unchanged before two samples are seen.
-class RunningNormalizer {
- public:
-  explicit RunningNormalizer(bool scale_only) : scale_only_(scale_only) {}
-
-  void update(const at::Tensor &x) {
-    torch::NoGradGuard no_grad;
-    const int64_t n = x.size(0);
-    const at::Tensor flat = x.reshape({n, -1}).cpu();
-    const at::Tensor mean = flat.mean(0);
-    const at::Tensor m2 = at::sum(at::square(flat - mean.unsqueeze(0)), 0);
-    if (count_ == 0) {
-      mean_ = mean;
-      m2_ = m2;
-      count_ = n;
-      return;
-    }
-    const int64_t total = count_ + n;
-    const at::Tensor delta = mean - mean_;
-    mean_ = mean_ + delta * (static_cast<double>(n) / static_cast<double>(total));
-    m2_ = m2_ + m2 + at::square(delta) * (static_cast<double>(count_) * static_cast<double>(n) / static_cast<double>(total));
-    count_ = total;
-  }
-
-  at::Tensor operator()(const at::Tensor &x) const {
-    if (count_ < 2) return x;
-    torch::NoGradGuard no_grad;
-    const at::Tensor flat = x.reshape({x.size(0), -1});
-    const at::Tensor spread = at::sqrt(m2_ / static_cast<double>(count_ - 1) + kEps).to(x.device());
-    if (flat.size(1) != spread.size(0))
-      usage("the normalizer has seen " + std::to_string(spread.size(0)) + " features per sample, this input has " +
-            std::to_string(flat.size(1)));
-    const at::Tensor y = scale_only_ ? flat / spread : (flat - mean_.to(x.device())) / spread;
-    return y.reshape(x.sizes());
-  }
-
-  bool initialized() const { return count_ > 0; }
-
-  void write(torch::serialize::OutputArchive &archive, const std::string &key) const {
-    archive.write(key + "_count", c10::IValue(count_));
-    if (count_ > 0) {
-      archive.write(key + "_mean", mean_);
-      archive.write(key + "_m2", m2_);
-    }
-  }
-  void read(torch::serialize::InputArchive &archive, const std::string &key, const std::string &file) {
-    c10::IValue count;
-    if (!archive.try_read(key + "_count", count)) usage(file + " has no " + key + " statistics");
-    count_ = count.toInt();
-    if (count_ > 0 && (!archive.try_read(key + "_mean", mean_) || !archive.try_read(key + "_m2", m2_)))
-      usage(file + " has no " + key + " statistics");
-  }
-
- private:
-  static constexpr double kEps = 1e-8;
-  bool scale_only_;
-  int64_t count_ = 0;
-  at::Tensor mean_, m2_;
-};
 
 // ---------------------------------------------------------------------------- replay buffer
 
@@ -908,12 +800,6 @@ void train_step(System &sys, float &p_loss, float &q_loss) {
 
 // ---------------------------------------------------------------------------- checkpoints
 
-void save_net(const Net &net, const fs::path &dir) {
-  fs::create_directories(dir);
-  write_atomically(dir / "model.pt", [&](const std::string &f) { net.module.save(f); });
-  if (net.optim) write_atomically(dir / "optimizer.pt", [&](const std::string &f) { torch::save(*net.optim->opt, f); });
-  if (net.schedule) write_atomically(dir / "lr.pt", [&](const std::string &f) { net.schedule->save(f); });
-}
 
 std::vector<std::pair<std::string, Net *>> nets(System &sys) {
   std::vector<std::pair<std::string, Net *>> out{{"policy", &sys.policy}};
@@ -963,6 +849,7 @@ void save_checkpoint(System &sys, const fs::path &dir) {
     write_noise(archive, "noise_train", sys.noise_train.get());
     write_noise(archive, "noise_explore", sys.noise_explore.get());
     if (sys.sac()) archive.write("log_alpha", sys.log_alpha.detach().cpu());
+    if (sys.sac() && sys.log_alpha.grad().defined()) archive.write("log_alpha_grad", sys.log_alpha.grad().cpu());
     if (sys.state_norm) sys.state_norm->write(archive, "state_normalizer");
     if (sys.reward_norm) sys.reward_norm->write(archive, "reward_normalizer");
     archive.save_to(f);
@@ -1019,6 +906,7 @@ void load_checkpoint(System &sys, const fs::path &dir) {
   for (auto &[sub, net] : nets(sys)) {
     copy_state(net->module, modules[i++], (dir / sub / "model.pt").string());
     if (net->optim) torch::load(*net->optim->opt, (dir / sub / "optimizer.pt").string(), sys.model_device);
+    if (net->optim) load_grads(*net, dir / sub / "grads.pt");
     if (net->schedule) net->schedule->load((dir / sub / "lr.pt").string());
     c10::IValue st, sc;
     if (archive.try_read(sub + "_step_train", st)) net->step_train = st.toInt();
@@ -1035,6 +923,10 @@ void load_checkpoint(System &sys, const fs::path &dir) {
   if (sys.sac()) {
     torch::NoGradGuard no_grad;
     sys.log_alpha.copy_(log_alpha.reshape(sys.log_alpha.sizes()));
+    at::Tensor grad;
+    sys.log_alpha.mutable_grad() = archive.try_read("log_alpha_grad", grad)
+                                       ? grad.to(sys.log_alpha.device(), sys.log_alpha.scalar_type())
+                                       : at::Tensor();
   }
   if (sys.state_norm) *sys.state_norm = state_norm;
   if (sys.reward_norm) *sys.reward_norm = reward_norm;
@@ -1094,20 +986,7 @@ torchfort_result_t with_system(const char *fn, const char *name, Body &&body) {
 
 // ---------------------------------------------------------------------------- arrays
 
-// A state array as a batch: a state of rank 1 is one sample, and so is a state of any rank whose
-// action (an action array of rank 1) is one sample (a 2-D field as the state of one environment).
-at::Tensor batch_of(const at::Tensor &state, const at::Tensor &action) {
-  return state.dim() == 1 || action.dim() == 1 ? state.unsqueeze(0) : state;
-}
 
-// result into the caller's array out (same number of elements).
-void deliver(const at::Tensor &result, at::Tensor &out, const char *what) {
-  if (result.numel() != out.numel())
-    usage(std::string("the ") + what + " array is " + shape_text(out) + " (" + std::to_string(out.numel()) +
-          " elements); the system computes " + shape_text(result) + " (" + std::to_string(result.numel()) +
-          " elements)");
-  out.copy_(result.reshape(out.sizes()));
-}
 
 torchfort_result_t predict_arrays(const char *fn, const char *name, void *state, size_t state_dim,
                                   int64_t *state_shape, void *action, size_t action_dim, int64_t *action_shape,

@@ -62,8 +62,8 @@ RLConfig read_rl_config(const std::string &filename) {
   Block algorithm = required(top, "algorithm", "a block with type: ddpg, td3 or sac, and its parameters");
   const std::string type = algorithm.choice("type", {"ddpg", "td3", "sac", "ppo"}, "", true);
   if (type == "ppo")
-    throw ConfigError(filename + ": algorithm.type ppo is not implemented yet by FTorch's TorchFort layer "
-                      "(the off-policy ddpg, td3 and sac are; see docs/guide/reinforcement-learning.md)");
+    throw ConfigError(filename + ": algorithm.type ppo is an on-policy algorithm: create the system with "
+                      "torchfort_rl_on_policy_create_system");
   c.algorithm = type;
   const bool td3 = type == "td3", sac = type == "sac";
   {
@@ -211,6 +211,120 @@ RLConfig read_rl_config(const std::string &filename) {
     top.find("alpha_lr_scheduler");
   }
   top.find("identifier");  // written by TorchFort into the copy it keeps for the wandb hook
+  top.done();
+  return c;
+}
+
+PPOConfig read_ppo_config(const std::string &filename) {
+  PPOConfig c;
+  c.filename = filename;
+  Node root = parse_file(filename, c.text);
+  if (root.kind == Node::kNull) throw ConfigError(filename + ": the configuration file is empty");
+  Block top(&root, "", filename);
+
+  Block general = top.block("general");
+  c.report_frequency = general.integer("report_frequency", 0, false, 0);
+  c.enable_wandb_hook = general.boolean("enable_wandb_hook", false);
+  c.verbose = general.boolean("verbose", false);
+  c.enable_cuda_graphs = general.boolean("enable_cuda_graphs", false);
+  general.done();
+
+  {
+    Block algorithm = required(top, "algorithm", "a block with type: ppo and its parameters");
+    const std::string type = algorithm.choice("type", {"ppo", "ddpg", "td3", "sac"}, "", true);
+    if (type != "ppo")
+      throw ConfigError(filename + ": algorithm.type " + type + " is an off-policy algorithm: create the system with "
+                        "torchfort_rl_off_policy_create_system");
+    Block p = algorithm.block("parameters");
+    c.batch_size = p.integer("batch_size", 0, true, 1);
+    if (!p.has("gamma")) p.missing("gamma");
+    c.gamma = p.real("gamma", 0);
+    if (!p.has("gae_lambda")) p.missing("gae_lambda");
+    c.gae_lambda = p.real("gae_lambda", 0);
+    if (!p.has("target_kl_divergence")) p.missing("target_kl_divergence", " (0 turns the early stop off)");
+    c.target_kl_divergence = p.real("target_kl_divergence", 0);
+    c.epsilon = p.real("epsilon", c.epsilon);
+    c.clip_q = p.real("clip_q", c.clip_q);
+    c.entropy_loss_coefficient = p.real("entropy_loss_coefficient", c.entropy_loss_coefficient);
+    c.value_loss_coefficient = p.real("value_loss_coefficient", c.value_loss_coefficient);
+    c.normalize_advantage = p.boolean("normalize_advantage", true);
+    c.normalize_returns = p.boolean("normalize_returns", false);
+    c.normalize_states = p.boolean("normalize_states", false);
+    if (c.gamma < 0 || c.gamma > 1 || c.gae_lambda < 0 || c.gae_lambda > 1)
+      throw ConfigError(filename + ": algorithm.parameters gamma and gae_lambda must be in [0, 1]");
+    if (c.epsilon < 0 || c.clip_q < 0)
+      throw ConfigError(filename + ": algorithm.parameters epsilon and clip_q must be >= 0");
+    p.done();
+    algorithm.done();
+  }
+  {
+    Block actor = required(top, "actor", "a block with type: gaussian_ac or squashed_gaussian_ac");
+    c.actor = actor.choice("type", {"gaussian_ac", "squashed_gaussian_ac"}, "", true);
+    Block p = actor.block("parameters");
+    if (!p.has("a_low")) p.missing("a_low");
+    if (!p.has("a_high")) p.missing("a_high");
+    c.a_low = p.real("a_low", 0);
+    c.a_high = p.real("a_high", 0);
+    if (!(c.a_low < c.a_high)) throw ConfigError(filename + ": actor.parameters.a_low must be below a_high");
+    p.done();
+    actor.done();
+  }
+  {
+    Block rb = required(top, "rollout_buffer", "a block with type: gae_lambda and its size");
+    rb.choice("type", {"gae_lambda"}, "", true);
+    Block p = rb.block("parameters");
+    c.size = p.integer("size", 0, true, 1);
+    c.n_envs = p.integer("n_envs", 1, false, 1);
+    if (c.size < c.n_envs)
+      throw ConfigError(filename + ": rollout_buffer.parameters.size must be at least n_envs (" +
+                        std::to_string(c.n_envs) + "): each environment keeps size/n_envs steps");
+    p.done();
+    rb.done();
+  }
+  {
+    Block b = required(top, "actor_critic_model", "a block with type: actorcriticmlp or torchscript");
+    ActorCriticConfig &m = c.model;
+    m.type = b.choice("type", {"actorcriticmlp", "torchscript"}, "", true);
+    Block p = b.block("parameters");
+    if (m.type == "torchscript") {
+      m.filename = p.string("filename", "", true);
+    } else {
+      m.encoder_layer_sizes = p.integers("encoder_layer_sizes", true);
+      m.actor_layer_sizes = p.integers("actor_layer_sizes", true);
+      m.value_layer_sizes = p.integers("value_layer_sizes", true);
+      const auto positive = [&](const std::vector<int64_t> &v, const char *key, size_t least) {
+        if (v.size() < least)
+          throw ConfigError(filename + ": actor_critic_model.parameters." + key + " needs at least " +
+                            std::to_string(least) + " sizes");
+        for (int64_t x : v)
+          if (x < 1) throw ConfigError(filename + ": actor_critic_model.parameters." + key + " must be >= 1");
+      };
+      positive(m.encoder_layer_sizes, "encoder_layer_sizes", 2);
+      positive(m.actor_layer_sizes, "actor_layer_sizes", 2);
+      positive(m.value_layer_sizes, "value_layer_sizes", 2);
+      if (m.value_layer_sizes.back() != 1)
+        throw ConfigError(filename + ": actor_critic_model.parameters.value_layer_sizes must end with 1");
+      m.dropout = p.real("dropout", 0);
+      if (m.dropout < 0 || m.dropout > 1)
+        throw ConfigError(filename + ": actor_critic_model.parameters.dropout must be in [0, 1]");
+      m.state_dependent_sigma = p.boolean("state_dependent_sigma", true);
+      m.log_sigma_init = p.real("log_sigma_init", 0);
+    }
+    p.done();
+    b.done();
+  }
+  {
+    Block b = required(top, "optimizer", "a block with type: adam or sgd, and its parameters");
+    read_optimizer(b, c.optimizer, c.grad_accumulation_steps, c.max_grad_norm);
+  }
+  if (top.has("lr_scheduler")) {
+    Block b = top.block("lr_scheduler");
+    c.has_scheduler = true;
+    read_scheduler(b, c.scheduler, filename, "lr_scheduler");
+  } else {
+    top.find("lr_scheduler");
+  }
+  top.find("identifier");
   top.done();
   return c;
 }

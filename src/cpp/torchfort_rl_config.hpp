@@ -72,8 +72,41 @@ struct RLConfig {
   SchedulerConfig alpha_scheduler;
 };
 
-// Reads and checks an off-policy system's configuration file; throws ConfigError. Algorithms of
-// TorchFort this package does not implement yet are named in the error.
+// Reads and checks an off-policy system's configuration file; throws ConfigError.
 RLConfig read_rl_config(const std::string &filename);
+
+// TorchFort's ActorCriticMLP: a shared encoder, then the action means and log standard deviations,
+// and the value.
+struct ActorCriticConfig {
+  std::string type;  // "actorcriticmlp" or "torchscript"
+  std::string filename;
+  std::vector<int64_t> encoder_layer_sizes, actor_layer_sizes, value_layer_sizes;
+  double dropout = 0;
+  bool state_dependent_sigma = true;
+  double log_sigma_init = 0;
+};
+
+// An on-policy (PPO) system's configuration.
+struct PPOConfig {
+  std::string filename;
+  std::string text;
+  int64_t report_frequency = 0;
+  bool enable_wandb_hook = false, verbose = false, enable_cuda_graphs = false;
+  int64_t batch_size = 0;
+  double gamma = 0, gae_lambda = 0, epsilon = 0.2, clip_q = 0, target_kl_divergence = 0;
+  double entropy_loss_coefficient = 0, value_loss_coefficient = 0.5;
+  bool normalize_advantage = true, normalize_returns = false, normalize_states = false;
+  std::string actor;  // "gaussian_ac" or "squashed_gaussian_ac"
+  double a_low = 0, a_high = 0;
+  int64_t size = 0, n_envs = 1;  // rollout_buffer (gae_lambda)
+  ActorCriticConfig model;
+  OptimizerConfig optimizer;
+  int64_t grad_accumulation_steps = 1;
+  double max_grad_norm = 0;
+  bool has_scheduler = false;
+  SchedulerConfig scheduler;
+};
+
+PPOConfig read_ppo_config(const std::string &filename);
 
 }  // namespace tf

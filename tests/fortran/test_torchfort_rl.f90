@@ -26,6 +26,13 @@ program test_torchfort_rl
     call run_system(trim(name))
   end do
   close (u)
+  open (newunit=u, file=trim(dir)//"/ppo_configs.txt", status="old", action="read")
+  do
+    read (u, '(a)', iostat=ios) name
+    if (ios /= 0) exit
+    call run_ppo(trim(name))
+  end do
+  close (u)
   call errors()
   call summary()
 
@@ -205,6 +212,110 @@ contains
       call check(all(resumed(:, ksteps / 2 + 1:ksteps) == losses(:, ksteps / 2 + 1:ksteps)), "resumed losses equal "//name)
     end if
   end subroutine run_system
+
+  !> An on-policy (PPO) system: DIR/<name>.params holds n_envs, the state size, the action size,
+  !> the rollout steps per environment and the training steps. The program gives the steps of one
+  !> rollout (and one more, which closes it), trains, predicts and evaluates; every value goes to
+  !> DIR/<name>.transitions, .losses and .outputs for tests/test_torchfort_rl.py to replay.
+  subroutine run_ppo(name)
+    character(len=*), intent(in) :: name
+    integer :: n_envs, ns, na, steps, ksteps, pu, tu, lu, ou, t, e, i, j, k, res
+    real(real64), allocatable :: s(:, :), a(:, :), r(:), d(:), probe(:, :), act(:, :), q(:)
+    real(real32), allocatable :: s32(:, :), a32(:, :), probe32(:, :), act32(:, :), q32(:)
+    real(real64) :: losses(2, 200), resumed(2, 200), pl, ql
+    logical :: ready, float32
+    character(len=:), allocatable :: name2
+
+    open (newunit=pu, file=path(name, ".params"), status="old", action="read")
+    read (pu, *) n_envs, ns, na, steps, ksteps
+    close (pu)
+    float32 = index(name, "f4") == 1
+    allocate (s(ns, n_envs), a(na, n_envs), r(n_envs), d(n_envs), probe(ns, nprobe), act(na, nprobe), q(nprobe))
+    res = torchfort_rl_on_policy_create_system(name, path(name, ".yaml"), TORCHFORT_DEVICE_CPU, TORCHFORT_DEVICE_CPU)
+    call check(res == TORCHFORT_RESULT_SUCCESS, "create "//name)
+    call check(torchfort_rl_on_policy_save_checkpoint(name, path(name, "_init")) == 0, "save initial "//name)
+    open (newunit=tu, file=path(name, ".transitions"), status="replace", action="write")
+    do t = 1, steps + 1
+      call check(torchfort_rl_on_policy_is_ready(name, ready) == 0 .and. .not. ready, "not ready yet "//name)
+      do e = 1, n_envs
+        s(:, e) = [(state_value(t, e, i), i = 1, ns)]
+        a(:, e) = [(1.3d0 * cos(0.5d0 * t + 0.9d0 * j + 0.4d0 * e), j = 1, na)]
+        r(e) = 0.5d0 * sin(0.2d0 * t * e) + 0.1d0 * e
+        d(e) = merge(1d0, 0d0, mod(t + 2 * e, 5) == 0)
+        write (tu, '(*(es26.17e3))') s(:, e), a(:, e), r(e), d(e)
+      end do
+      if (float32) then
+        s32 = real(s, real32)
+        a32 = real(a, real32)
+        res = torchfort_rl_on_policy_update_rollout_buffer(name, s32, a32, real(r, real32), real(d, real32))
+      else if (n_envs == 1) then
+        res = torchfort_rl_on_policy_update_rollout_buffer(name, s(:, 1), a(:, 1), r(1), d(1) > 0.5d0)
+      else
+        res = torchfort_rl_on_policy_update_rollout_buffer(name, s, a, r, d)
+      end if
+      if (res /= 0) exit
+    end do
+    close (tu)
+    call check(res == 0, "update_rollout_buffer "//name)
+    call check(torchfort_rl_on_policy_is_ready(name, ready) == 0 .and. ready, "rollout closed "//name)
+
+    call check(torchfort_set_manual_seed(seed) == 0, "seed")
+    do k = 1, ksteps
+      if (k == ksteps / 2 + 1) then
+        call check(torchfort_rl_on_policy_save_checkpoint(name, path(name, "_mid")) == 0, "save midway "//name)
+        call check(torchfort_set_manual_seed(seed2) == 0, "seed 2")
+      end if
+      res = torchfort_rl_on_policy_train_step(name, pl, ql)
+      if (res /= 0) exit
+      losses(:, k) = [pl, ql]
+    end do
+    call check(res == 0, "train_step "//name)
+    open (newunit=lu, file=path(name, ".losses"), status="replace", action="write")
+    write (lu, '(2es26.17e3)') losses(:, :ksteps)
+    close (lu)
+
+    do k = 1, nprobe
+      probe(:, k) = [(0.9d0 * cos(1.3d0 * k + 0.5d0 * i), i = 1, ns)]
+    end do
+    open (newunit=ou, file=path(name, ".outputs"), status="replace", action="write")
+    write (ou, '(*(es26.17e3))') probe
+    if (float32) then
+      probe32 = real(probe, real32)
+      allocate (act32(na, nprobe), q32(nprobe))
+      call check(torchfort_rl_on_policy_predict(name, probe32, act32) == 0, "predict "//name)
+      write (ou, '(*(es26.17e3))') real(act32, real64)
+      call check(torchfort_rl_on_policy_predict_explore(name, probe32, act32) == 0, "predict_explore "//name)
+      write (ou, '(*(es26.17e3))') real(act32, real64)
+      call check(torchfort_rl_on_policy_evaluate(name, probe32, act32, q32) == 0, "evaluate "//name)
+      write (ou, '(*(es26.17e3))') real(act32, real64)
+      write (ou, '(*(es26.17e3))') real(q32, real64)
+    else
+      call check(torchfort_rl_on_policy_predict(name, probe, act) == 0, "predict "//name)
+      write (ou, '(*(es26.17e3))') act
+      call check(torchfort_rl_on_policy_predict_explore(name, probe, act) == 0, "predict_explore "//name)
+      write (ou, '(*(es26.17e3))') act
+      call check(torchfort_rl_on_policy_evaluate(name, probe, act, q) == 0, "evaluate "//name)
+      write (ou, '(*(es26.17e3))') act
+      write (ou, '(*(es26.17e3))') q
+    end if
+    close (ou)
+    call check(torchfort_rl_on_policy_save_checkpoint(name, path(name, "_final")) == 0, "save final "//name)
+    call check(torchfort_rl_on_policy_reset_rollout_buffer(name) == 0, "reset "//name)
+    call check(torchfort_rl_on_policy_is_ready(name, ready) == 0 .and. .not. ready, "not ready after reset "//name)
+    res = torchfort_rl_on_policy_train_step(name, pl, ql)
+    call check(res == TORCHFORT_RESULT_INVALID_USAGE, "no training after reset "//name)
+
+    name2 = name//"_resumed"
+    call check(torchfort_rl_on_policy_create_system(name2, path(name, ".yaml"), TORCHFORT_DEVICE_CPU, &
+                                                     TORCHFORT_DEVICE_CPU) == 0, "create "//name2)
+    call check(torchfort_rl_on_policy_load_checkpoint(name2, path(name, "_mid")) == 0, "load_checkpoint "//name2)
+    call check(torchfort_set_manual_seed(seed2) == 0, "seed 2")
+    do k = ksteps / 2 + 1, ksteps
+      res = torchfort_rl_on_policy_train_step(name2, pl, ql)
+      resumed(:, k) = [pl, ql]
+    end do
+    call check(all(resumed(:, ksteps / 2 + 1:ksteps) == losses(:, ksteps / 2 + 1:ksteps)), "resumed losses equal "//name)
+  end subroutine run_ppo
 
   subroutine errors()
     real(real64) :: s(3), a(2), s2(3, 4), a2(2, 4), r4(4), d4(4), pl, ql

@@ -1,0 +1,188 @@
+// torchfort_rl_common.hpp - what TorchFort's off-policy (torchfort_rl.cpp) and on-policy
+// (torchfort_rl_on_policy.cpp) systems share: a trained network, running normalization, the
+// caller's state and action arrays as batches.
+#pragma once
+
+#include "torchfort_common.hpp"
+
+namespace tf {
+namespace rl {
+
+// A network of the system with what trains it (targets have no optimizer).
+struct Net {
+  torch::jit::Module module;
+  std::vector<at::Tensor> params;
+  std::shared_ptr<ftc::Optim> optim;
+  std::unique_ptr<Schedule> schedule;
+  int64_t step_train = 0, step_current = 0;  // optimizer steps, and calls within the accumulation
+
+  void set(torch::jit::Module m) {
+    module = std::move(m);
+    params = parameters_of(module);
+  }
+};
+
+// The tensors a network returns (a tensor, or the items of a tuple or list).
+inline std::vector<at::Tensor> forward_all(Net &net, std::vector<c10::IValue> args) {
+  ftc::apply_jit_optimize();
+  c10::IValue r;
+  try {
+    r = net.module.forward(args);
+  } catch (const std::exception &e) {
+    ftc::forward_failed(e, args);
+  }
+  std::vector<at::Tensor> out;
+  if (r.isTensor()) {
+    out.push_back(r.toTensor());
+  } else if (r.isTuple()) {
+    for (const auto &x : r.toTupleRef().elements()) {
+      if (!x.isTensor()) usage("a network returns a tuple with an item that is not a tensor");
+      out.push_back(x.toTensor());
+    }
+  } else if (r.isTensorList()) {
+    out = r.toTensorVector();
+  }
+  if (out.empty()) usage("a network returns " + r.tagKind() + ", not a tensor or a tuple of tensors");
+  return out;
+}
+
+// The first tensor a network returns.
+inline at::Tensor forward(Net &net, std::vector<c10::IValue> args) { return forward_all(net, std::move(args))[0]; }
+
+inline void set_requires_grad(Net &net, bool flag) {
+  for (auto &p : net.params) p.requires_grad_(flag);
+}
+
+// Per-feature running mean and spread of what the buffer receives (Chan et al.'s parallel update
+// of Welford's sums), and values scaled by them: (x - mean) / sqrt(var + eps), or x / sqrt(var + eps)
+// (scale only, for rewards), var the unbiased variance; unchanged before two samples are seen.
+class RunningNormalizer {
+ public:
+  explicit RunningNormalizer(bool scale_only) : scale_only_(scale_only) {}
+
+  void update(const at::Tensor &x) {
+    torch::NoGradGuard no_grad;
+    const int64_t n = x.size(0);
+    const at::Tensor flat = x.reshape({n, -1}).cpu();
+    const at::Tensor mean = flat.mean(0);
+    const at::Tensor m2 = at::sum(at::square(flat - mean.unsqueeze(0)), 0);
+    if (count_ == 0) {
+      mean_ = mean;
+      m2_ = m2;
+      count_ = n;
+      return;
+    }
+    const int64_t total = count_ + n;
+    const at::Tensor delta = mean - mean_;
+    mean_ = mean_ + delta * (static_cast<double>(n) / static_cast<double>(total));
+    m2_ = m2_ + m2 + at::square(delta) * (static_cast<double>(count_) * static_cast<double>(n) / static_cast<double>(total));
+    count_ = total;
+  }
+
+  at::Tensor operator()(const at::Tensor &x) const {
+    if (count_ < 2) return x;
+    torch::NoGradGuard no_grad;
+    const at::Tensor flat = x.reshape({x.size(0), -1});
+    const at::Tensor spread = at::sqrt(m2_ / static_cast<double>(count_ - 1) + kEps).to(x.device());
+    if (flat.size(1) != spread.size(0))
+      usage("the normalizer has seen " + std::to_string(spread.size(0)) + " features per sample, this input has " +
+            std::to_string(flat.size(1)));
+    const at::Tensor y = scale_only_ ? flat / spread : (flat - mean_.to(x.device())) / spread;
+    return y.reshape(x.sizes());
+  }
+
+  bool initialized() const { return count_ > 0; }
+
+  void write(torch::serialize::OutputArchive &archive, const std::string &key) const {
+    archive.write(key + "_count", c10::IValue(count_));
+    if (count_ > 0) {
+      archive.write(key + "_mean", mean_);
+      archive.write(key + "_m2", m2_);
+    }
+  }
+  void read(torch::serialize::InputArchive &archive, const std::string &key, const std::string &file) {
+    c10::IValue count;
+    if (!archive.try_read(key + "_count", count)) usage(file + " has no " + key + " statistics");
+    count_ = count.toInt();
+    if (count_ > 0 && (!archive.try_read(key + "_mean", mean_) || !archive.try_read(key + "_m2", m2_)))
+      usage(file + " has no " + key + " statistics");
+  }
+
+ private:
+  static constexpr double kEps = 1e-8;
+  bool scale_only_;
+  int64_t count_ = 0;
+  at::Tensor mean_, m2_;
+};
+
+// A state array as a batch: a state of rank 1 is one sample, and so is a state of any rank whose
+// action (an action array of rank 1) is one sample (a 2-D field as the state of one environment).
+inline at::Tensor batch_of(const at::Tensor &state, const at::Tensor &action) {
+  return state.dim() == 1 || action.dim() == 1 ? state.unsqueeze(0) : state;
+}
+
+// result into the caller's array out (same number of elements).
+inline void deliver(const at::Tensor &result, at::Tensor &out, const char *what) {
+  if (result.numel() != out.numel())
+    usage(std::string("the ") + what + " array is " + shape_text(out) + " (" + std::to_string(out.numel()) +
+          " elements); the system computes " + shape_text(result) + " (" + std::to_string(result.numel()) +
+          " elements)");
+  out.copy_(result.reshape(out.sizes()));
+}
+
+// log N(value; mu, sigma) elementwise.
+inline at::Tensor normal_log_prob(const at::Tensor &value, const at::Tensor &mu, const at::Tensor &sigma) {
+  return -at::square(value - mu) / (2 * at::square(sigma)) - sigma.log() - std::log(std::sqrt(2.0 * M_PI));
+}
+
+// Summed over each sample's elements: [batch, ...] -> [batch].
+inline at::Tensor per_sample_sum(const at::Tensor &t) { return at::sum(at::flatten(t, 1), 1); }
+
+// log(1 - tanh(u)^2) written stably, 2 (log 2 - u - softplus(-2 u)), summed per sample.
+inline at::Tensor tanh_log_det(const at::Tensor &u) {
+  return per_sample_sum(2.0 * (std::log(2.0) - u - at::softplus(-2.0 * u)));
+}
+
+// The step counters of a checkpoint's state.pt (the key's value, or none).
+inline void read_counter(torch::serialize::InputArchive &archive, const std::string &key, int64_t &value) {
+  c10::IValue v;
+  if (archive.try_read(key, v)) value = v.toInt();
+}
+
+// A network's gradients (those accumulated but not yet applied, with grad_accumulation_steps > 1):
+// grads.pt in its checkpoint directory, so that a checkpoint taken within an accumulation cycle
+// resumes it exactly.
+inline void save_grads(const Net &net, const std::string &file) {
+  torch::serialize::OutputArchive archive;
+  for (size_t i = 0; i < net.params.size(); ++i)
+    if (net.params[i].grad().defined()) archive.write("g" + std::to_string(i), net.params[i].grad());
+  archive.save_to(file);
+}
+
+inline void load_grads(Net &net, const fs::path &file) {
+  if (!fs::exists(file)) return;
+  torch::serialize::InputArchive archive;
+  archive.load_from(file.string());
+  for (size_t i = 0; i < net.params.size(); ++i) {
+    at::Tensor g;
+    if (archive.try_read("g" + std::to_string(i), g)) {
+      if (g.sizes() != net.params[i].sizes()) usage(file.string() + " holds gradients of another network");
+      net.params[i].mutable_grad() = g.to(net.params[i].device(), net.params[i].scalar_type());
+    } else {
+      net.params[i].mutable_grad() = at::Tensor();
+    }
+  }
+}
+
+// A network's files in a checkpoint directory: model.pt, and optimizer.pt, lr.pt and grads.pt when
+// trained.
+inline void save_net(const Net &net, const fs::path &dir) {
+  fs::create_directories(dir);
+  write_atomically(dir / "model.pt", [&](const std::string &f) { net.module.save(f); });
+  if (net.optim) write_atomically(dir / "optimizer.pt", [&](const std::string &f) { torch::save(*net.optim->opt, f); });
+  if (net.schedule) write_atomically(dir / "lr.pt", [&](const std::string &f) { net.schedule->save(f); });
+  if (net.optim) write_atomically(dir / "grads.pt", [&](const std::string &f) { save_grads(net, f); });
+}
+
+}  // namespace rl
+}  // namespace tf
