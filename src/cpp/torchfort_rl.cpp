@@ -673,8 +673,9 @@ float train_critics(System &sys, const ReplayBuffer::Batch &b, const at::Tensor 
     const at::Tensor l = b.w.defined() ? at::mean(b.w * at::square(error)) : at::mean(at::square(error));
     loss = loss.defined() ? loss + l : l;
   }
+  const double total = finite_loss(loss, "critic loss", sys.train_steps);
   loss.backward();
-  const float q_loss = static_cast<float>(loss.item<double>() / static_cast<double>(sys.critics.size()));
+  const float q_loss = static_cast<float>(total / static_cast<double>(sys.critics.size()));
   for (Net &q : sys.critics) update(sys, q);
   report(sys, "critic", sys.critics[0], q_loss);
   return q_loss;
@@ -714,8 +715,8 @@ void train_deterministic(System &sys, const ReplayBuffer::Batch &b, float &p_los
       pi.module.train();
       zero_grad_if_starting(sys, pi);
       const at::Tensor pl = -at::mean(q_value(sys.critics[0], s, forward(pi, {s})));
+      p_loss = static_cast<float>(finite_loss(pl, "policy loss", sys.train_steps));
       pl.backward();
-      p_loss = static_cast<float>(pl.item<double>());
       stepped = update(sys, pi);
     }
     if (stepped) {
@@ -767,8 +768,8 @@ void train_sac(System &sys, const ReplayBuffer::Batch &b, float &p_loss, float &
     zero_grad_if_starting(sys, pi);
     const Draw now = squashed_gaussian(pi, s);
     const at::Tensor pl = -at::mean(min_q(sys.critics, s, now.action) - sys.entropy_term(now.log_prob));
+    p_loss = static_cast<float>(finite_loss(pl, "policy loss", sys.train_steps));
     pl.backward();
-    p_loss = static_cast<float>(pl.item<double>());
     stepped = update(sys, pi);
   }
   if (stepped)

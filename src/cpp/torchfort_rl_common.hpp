@@ -130,6 +130,18 @@ inline void deliver(const at::Tensor &result, at::Tensor &out, const char *what)
   out.copy_(result.reshape(out.sizes()));
 }
 
+// A loss about to be backpropagated: a value that is not finite stops the step before anything
+// changes (the networks keep their weights), with what to try.
+inline double finite_loss(const at::Tensor &loss, const char *what, int64_t step) {
+  const double value = loss.item<double>();
+  if (!std::isfinite(value))
+    throw Failure(TORCHFORT_RESULT_INTERNAL_ERROR,
+                  std::string("the ") + what + " is " + std::to_string(value) + " at training step " +
+                      std::to_string(step) + "; no network was changed by this step (lower the learning rate, clip "
+                      "gradients with max_grad_norm, or bound the actions: a squashed actor, smaller sigma)");
+  return value;
+}
+
 // log N(value; mu, sigma) elementwise.
 inline at::Tensor normal_log_prob(const at::Tensor &value, const at::Tensor &mu, const at::Tensor &sigma) {
   return -at::square(value - mu) / (2 * at::square(sigma)) - sigma.log() - std::log(std::sqrt(2.0 * M_PI));

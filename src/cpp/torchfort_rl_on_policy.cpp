@@ -454,6 +454,7 @@ void train_step(System &sys, float &p_loss, float &q_loss) {
     kl = at::mean((ratio - 1.0) - log_ratio).item<double>();
     clip_fraction = at::mean((at::abs(ratio - 1.0) > c.epsilon).to(sys.dtype)).item<double>();
   }
+  finite_loss(loss, "PPO loss", sys.train_steps);
   const bool skip = c.target_kl_divergence > 0 && kl > 1.5 * c.target_kl_divergence;
   if (!skip) {
     if (net.step_current % c.grad_accumulation_steps == 0) net.optim->opt->zero_grad(/*set_to_none=*/true);
