@@ -30,6 +30,14 @@ def test_benchmark_smoke_run(installed, tmp_path):
     assert set(results["rss"]) >= {"fortran", "cpp", "python"}
     table = (out / "latest.md").read_text()
     assert "| case | Fortran (FTorch) | C++ (LibTorch) | Python (PyTorch) | Fortran/C++ | Python/Fortran |" in table
+    # bench/rl.py --quick in the same build: TorchFort's TD3 and PPO train steps from Fortran and Python
+    run([sys.executable, REPO / "bench" / "rl.py", "--quick", "--out", out, "--build-dir", tmp_path / "build"],
+        env=tool_env())
+    rl = json.loads((out / "rl.json").read_text())["rows"]
+    assert set(rl) == {"td3", "ppo"}
+    for row in rl.values():
+        assert row["median_seconds"]["fortran"] > 0 and row["median_seconds"]["python"] > 0
+    assert "| td3 |" in (out / "rl.md").read_text()
 
 
 def test_training_package_benchmark_smoke_run(installed, tmp_path):

@@ -630,8 +630,8 @@ void report(System &sys, const char *model, const Net &net, double loss) {
 bool update(System &sys, Net &net) {
   const bool step = (net.step_current + 1) % sys.cfg.grad_accumulation_steps == 0;
   if (step) {
-    if (sys.cfg.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(net.params, sys.cfg.max_grad_norm);
-    net.optim->opt->step();
+    if (sys.cfg.max_grad_norm > 0) clip_grad_norm(net.params, sys.cfg.max_grad_norm);
+    optimizer_step(*net.optim->opt);
     ++net.optim->steps;
     if (net.schedule) net.schedule->step();
   }
@@ -747,7 +747,7 @@ void train_sac(System &sys, const ReplayBuffer::Batch &b, float &p_loss, float &
     const at::Tensor alpha_loss = -at::mean(sys.log_alpha * log_prob);
     alpha_loss.backward();
     if ((pi.step_current + 1) % c.grad_accumulation_steps == 0) {
-      opt.step();
+      optimizer_step(opt);
       ++sys.alpha_optim->steps;
       if (sys.alpha_schedule) sys.alpha_schedule->step();
     }

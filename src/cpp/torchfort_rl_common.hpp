@@ -142,6 +142,90 @@ inline double finite_loss(const at::Tensor &loss, const char *what, int64_t step
   return value;
 }
 
+// An optimizer's step. Adam's runs as multi-tensor (_foreach_) operations over each parameter group
+// (a few kernels instead of a handful per parameter: the small networks of reinforcement learning
+// have many small tensors), with exactly the arithmetic of LibTorch's Adam::step and its state
+// (AdamParamState: checkpoints and torch::optim::Adam read it unchanged). Other optimizers, and a
+// group whose parameters have taken different numbers of steps, use the optimizer's own step.
+inline void optimizer_step(torch::optim::Optimizer &opt) {
+  auto *adam = dynamic_cast<torch::optim::Adam *>(&opt);
+  if (adam == nullptr) {
+    opt.step();
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  auto &states = adam->state();
+  // every group first checked, so that a fallback happens before anything changed
+  for (auto &group : adam->param_groups())
+    for (auto &p : group.params()) {
+      if (!p.grad().defined()) continue;
+      auto it = states.find(p.unsafeGetTensorImpl());
+      const int64_t step = it == states.end() ? 0 : static_cast<torch::optim::AdamParamState &>(*it->second).step();
+      const auto first = group.params().front();
+      auto f = states.find(first.unsafeGetTensorImpl());
+      const int64_t step0 = f == states.end() ? 0 : static_cast<torch::optim::AdamParamState &>(*f->second).step();
+      if (step != step0 || p.grad().is_sparse()) {
+        opt.step();
+        return;
+      }
+    }
+  for (auto &group : adam->param_groups()) {
+    const auto &o = static_cast<const torch::optim::AdamOptions &>(group.options());
+    std::vector<at::Tensor> params, grads, m, v, vmax;
+    int64_t step = 0;
+    for (auto &p : group.params()) {
+      if (!p.grad().defined()) continue;
+      auto &slot = states[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        auto st = std::make_unique<torch::optim::AdamParamState>();
+        st->step(0);
+        st->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        st->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        if (o.amsgrad()) st->max_exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        slot = std::move(st);
+      }
+      auto &st = static_cast<torch::optim::AdamParamState &>(*slot);
+      st.step(st.step() + 1);
+      step = st.step();
+      params.push_back(p);
+      grads.push_back(p.grad());
+      m.push_back(st.exp_avg());
+      v.push_back(st.exp_avg_sq());
+      if (o.amsgrad()) vmax.push_back(st.max_exp_avg_sq());
+    }
+    if (params.empty()) continue;
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    const double correction1 = 1 - std::pow(beta1, step), correction2 = 1 - std::pow(beta2, step);
+    if (o.weight_decay() != 0) grads = at::_foreach_add(grads, params, o.weight_decay());
+    at::_foreach_mul_(m, beta1);
+    at::_foreach_add_(m, grads, 1 - beta1);
+    at::_foreach_mul_(v, beta2);
+    at::_foreach_addcmul_(v, grads, grads, 1 - beta2);
+    std::vector<at::Tensor> denom;
+    if (o.amsgrad()) {
+      at::_foreach_maximum_(vmax, v);
+      denom = at::_foreach_sqrt(vmax);
+    } else {
+      denom = at::_foreach_sqrt(v);
+    }
+    at::_foreach_div_(denom, std::sqrt(correction2));
+    at::_foreach_add_(denom, o.eps());
+    at::_foreach_addcdiv_(params, m, denom, -(o.lr() / correction1));
+  }
+}
+
+// torch.nn.utils.clip_grad_norm_ with multi-tensor (_foreach_) kernels: the same norms and scaling
+// as LibTorch's per-parameter loop, in a few operations for all of a network's gradients.
+inline void clip_grad_norm(const std::vector<at::Tensor> &params, double max_norm) {
+  std::vector<at::Tensor> grads;
+  for (const auto &p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return;
+  const at::Tensor total = at::stack(at::_foreach_norm(grads, 2)).norm(2);
+  const at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
+  at::_foreach_mul_(grads, coef);
+}
+
 // log N(value; mu, sigma) elementwise.
 inline at::Tensor normal_log_prob(const at::Tensor &value, const at::Tensor &mu, const at::Tensor &sigma) {
   return -at::square(value - mu) / (2 * at::square(sigma)) - sigma.log() - std::log(std::sqrt(2.0 * M_PI));

@@ -57,36 +57,36 @@ torch::jit::Module build_actor_critic(const ActorCriticConfig &m) {
   for (size_t i = 0; i + 1 < enc.size(); ++i) {
     const std::string k = std::to_string(i);
     layer("encoder_fc_" + k, "encoder_b_" + k, enc[i], enc[i + 1], 0.0);
-    src << "    x = torch.dropout(torch.relu(self.encoder_fc_" << k << ".forward(x) + self.encoder_b_" << k
+    src << "    x = torch.dropout(torch.relu(torch.linear(x, self.encoder_fc_" << k << ".weight, self.encoder_fc_" << k << ".bias) + self.encoder_b_" << k
         << "), self.dropout, self.training)\n";
   }
   layer("actor_fc_entry", "actor_b_entry", width, act[0], 0.0);
-  src << "    a = torch.dropout(torch.tanh(self.actor_fc_entry.forward(x) + self.actor_b_entry), self.dropout, "
+  src << "    a = torch.dropout(torch.tanh(torch.linear(x, self.actor_fc_entry.weight, self.actor_fc_entry.bias) + self.actor_b_entry), self.dropout, "
          "self.training)\n";
   for (size_t i = 0; i + 2 < act.size(); ++i) {
     const std::string k = std::to_string(i);
     layer("actor_fc_" + k, "actor_b_" + k, act[i], act[i + 1], 0.0);
-    src << "    a = torch.dropout(torch.tanh(self.actor_fc_" << k << ".forward(a) + self.actor_b_" << k
+    src << "    a = torch.dropout(torch.tanh(torch.linear(a, self.actor_fc_" << k << ".weight, self.actor_fc_" << k << ".bias) + self.actor_b_" << k
         << "), self.dropout, self.training)\n";
   }
   const int64_t last = act[act.size() - 2];
   if (m.state_dependent_sigma) {
     layer("actor_fc_mu", "actor_b_mu", last, 2 * na, 0.0);
-    src << "    mu_sigma = self.actor_fc_mu.forward(a) + self.actor_b_mu\n"
+    src << "    mu_sigma = torch.linear(a, self.actor_fc_mu.weight, self.actor_fc_mu.bias) + self.actor_b_mu\n"
         << "    mu = mu_sigma[:, :" << na << "]\n    log_sigma = mu_sigma[:, " << na << ":]\n";
   } else {
     layer("actor_fc_mu", "actor_b_mu", last, na, 0.0);
     root.register_parameter("actor_b_log_sigma", (torch::ones({na}) * m.log_sigma_init).requires_grad_(true), false);
-    src << "    mu = self.actor_fc_mu.forward(a) + self.actor_b_mu\n"
+    src << "    mu = torch.linear(a, self.actor_fc_mu.weight, self.actor_fc_mu.bias) + self.actor_b_mu\n"
         << "    log_sigma = self.actor_b_log_sigma.expand([mu.size(0), " << na << "])\n";
   }
   layer("value_fc_entry", "value_b_entry", width, val[0], 0.0);
-  src << "    q = self.value_fc_entry.forward(x) + self.value_b_entry\n";
+  src << "    q = torch.linear(x, self.value_fc_entry.weight, self.value_fc_entry.bias) + self.value_b_entry\n";
   for (size_t i = 0; i + 1 < val.size(); ++i) {
     const std::string k = std::to_string(i);
     layer("value_fc_" + k, "value_b_" + k, val[i], val[i + 1], 0.0);
-    src << "    q = self.value_fc_" << k << ".forward(torch.dropout(torch.tanh(q), self.dropout, self.training)) + "
-        << "self.value_b_" << k << "\n";
+    src << "    q = torch.linear(torch.dropout(torch.tanh(q), self.dropout, self.training), self.value_fc_" << k
+        << ".weight, self.value_fc_" << k << ".bias) + self.value_b_" << k << "\n";
   }
   src << "    return (mu, log_sigma, q)\n";
   root.define(src.str());
@@ -447,12 +447,14 @@ void train_step(System &sys, float &p_loss, float &q_loss) {
   const at::Tensor pl = -at::mean(at::minimum(adv * ratio, adv * at::clamp(ratio, 1.0 - c.epsilon, 1.0 + c.epsilon)));
   const at::Tensor v_pred = c.clip_q > 0 ? v_old + at::clamp(value - v_old, -c.clip_q, c.clip_q) : value;
   const at::Tensor ql = at::mse_loss(v_pred, ret);
-  const at::Tensor loss = pl + c.value_loss_coefficient * ql + c.entropy_loss_coefficient * -at::mean(entropy);
-  double kl, clip_fraction;
+  at::Tensor loss = pl + c.value_loss_coefficient * ql;
+  if (c.entropy_loss_coefficient != 0) loss = loss + c.entropy_loss_coefficient * -at::mean(entropy);
+  const bool reporting = c.report_frequency > 0 && sys.train_steps % c.report_frequency == 0 && sys.rank == 0;
+  double kl = 0, clip_fraction = 0;
   {
     torch::NoGradGuard no_grad;
-    kl = at::mean((ratio - 1.0) - log_ratio).item<double>();
-    clip_fraction = at::mean((at::abs(ratio - 1.0) > c.epsilon).to(sys.dtype)).item<double>();
+    if (c.target_kl_divergence > 0 || reporting) kl = at::mean((ratio - 1.0) - log_ratio).item<double>();
+    if (reporting) clip_fraction = at::mean((at::abs(ratio - 1.0) > c.epsilon).to(sys.dtype)).item<double>();
   }
   finite_loss(loss, "PPO loss", sys.train_steps);
   const bool skip = c.target_kl_divergence > 0 && kl > 1.5 * c.target_kl_divergence;
@@ -460,8 +462,8 @@ void train_step(System &sys, float &p_loss, float &q_loss) {
     if (net.step_current % c.grad_accumulation_steps == 0) net.optim->opt->zero_grad(/*set_to_none=*/true);
     loss.backward();
     if ((net.step_current + 1) % c.grad_accumulation_steps == 0) {
-      if (c.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(net.params, c.max_grad_norm);
-      net.optim->opt->step();
+      if (c.max_grad_norm > 0) clip_grad_norm(net.params, c.max_grad_norm);
+      optimizer_step(*net.optim->opt);
       ++net.optim->steps;
       if (net.schedule) net.schedule->step();
     }
@@ -470,7 +472,7 @@ void train_step(System &sys, float &p_loss, float &q_loss) {
   }
   p_loss = static_cast<float>(pl.item<double>());
   q_loss = static_cast<float>(ql.item<double>());
-  if (c.report_frequency > 0 && sys.train_steps % c.report_frequency == 0 && sys.rank == 0) {
+  if (reporting) {
     const double lr = net.optim->opt->param_groups().at(0).options().get_lr();
     std::cout << "TORCHFORT::INFO: model: actor_critic, step_train: " << net.step_train << ", p_loss: " << p_loss
               << ", q_loss: " << q_loss << ", lr: " << lr << ", skipped: " << skip << ", kl_divergence: " << kl
