@@ -7,13 +7,14 @@ environment is learned (examples/17_torchfort_rl)."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import COMPILERS, assert_all_passed, helper, run
+from conftest import COMPILERS, assert_all_passed, helper, run, tool_env
 from rl_reference import OffPolicy
 from test_torchfort import _to_yaml
 
@@ -530,3 +531,81 @@ def test_a_loss_that_is_not_finite_stops_before_changing_anything(installed, rl_
     assert lib.torchfort_rl_off_policy_predict(b"nan", ptr(s), ctypes.c_size_t(1), sh, ptr(after), ctypes.c_size_t(1),
                                                ah, -1, None) == 0
     assert torch.equal(before, after)
+
+
+DISTRIBUTED = {
+    "ddpg.yaml": {
+        "algorithm": {"type": "ddpg", "parameters": {"batch_size": 4, "gamma": 0.9, "rho": 0.8}},
+        "actor": _actor("space_noise", sigma_explore=0.3),
+        "replay_buffer": {"type": "uniform", "parameters": {"max_size": 64, "min_size": 8}},
+        "optimizer": {"type": "sgd", "parameters": {"learning_rate": 0.05}},
+    },
+    "ppo.yaml": {
+        "algorithm": {"type": "ppo", "parameters": {"batch_size": 4, "gamma": 0.9, "gae_lambda": 0.95,
+                                                    "target_kl_divergence": 0.5}},
+        "actor": {"type": "gaussian_ac", "parameters": {"a_low": -1.0, "a_high": 1.0}},
+        "rollout_buffer": {"type": "gae_lambda", "parameters": {"size": 8}},
+        "actor_critic_model": {"type": "ActorCriticMLP", "parameters": {
+            "encoder_layer_sizes": [2, 8], "actor_layer_sizes": [8, 1], "value_layer_sizes": [8, 1]}},
+        "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2"}},
+    },
+    "sac.yaml": {
+        "algorithm": {"type": "sac", "parameters": {"batch_size": 4, "gamma": 0.9, "rho": 0.8, "alpha": 0.2}},
+        "actor": {"type": "parameter_noise", "parameters": {"a_low": -1.0, "a_high": 1.0}},
+        "replay_buffer": {"type": "uniform", "parameters": {"max_size": 40, "min_size": 8}},
+        "policy_model": {"type": "SACMLP", "parameters": {"layer_sizes": [2, 16, 1], "state_dependent_sigma": "false"}},
+        "critic_model": {"type": "CriticMLP", "parameters": {"layer_sizes": [3, 16, 1]}},
+        "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2"}},
+        "alpha_optimizer": {"type": "adam", "parameters": {"learning_rate": "5e-2"}},
+    },
+}
+
+
+@pytest.mark.parametrize("compiler", ["gfortran", "flang-new-19"])
+def test_distributed_systems_train_as_one(installed, tmp_path, compiler):
+    """torchfort_rl_{off,on}_policy_create_distributed_system on 2 MPI ranks (torchfort_mpi.c with
+    the program's MPI; mpi_f08 and integer communicators; flang through mpif.h): the averaged
+    gradients (a DDPG critic after one SGD step is the mean of the critics of single-process systems
+    fed each rank's data, 1e-12), equal losses and networks on every rank, rank 0's initial
+    network, per-rank checkpoints resuming bit for bit, failures on one rank reaching every rank;
+    without torchfort_mpi.c the call says how to get it."""
+    from test_distributed import assert_every_rank_passed, configure_mpi_project, mpirun, require_mpi
+
+    require_mpi()
+    fc = shutil.which(compiler)
+    if fc is None:
+        pytest.skip(f"{compiler} is not installed")
+    torch.manual_seed(5)
+    torch.jit.script(Policy(2, 1).double()).save(str(tmp_path / "policy.pt"))
+    torch.jit.script(Critic(2, 1).double()).save(str(tmp_path / "critic.pt"))
+    for name, cfg in DISTRIBUTED.items():
+        full = dict(cfg)
+        if name == "ddpg.yaml":
+            full |= {"policy_model": {"type": "torchscript", "parameters": {"filename": f'"{tmp_path}/policy.pt"'}},
+                     "critic_model": {"type": "torchscript", "parameters": {"filename": f'"{tmp_path}/critic.pt"'}}}
+        (tmp_path / name).write_text(_to_yaml(full))
+    bdir = tmp_path / "build"
+    configure_mpi_project(bdir, installed, fc)
+    run(["cmake", "--build", bdir, "--target", "test_torchfort_rl_distributed", "test_torchfort_rl_distributed_without"],
+        env=tool_env())
+    assert_every_rank_passed(mpirun(2, bdir / "test_torchfort_rl_distributed", tmp_path, timeout=300), 2)
+
+    def state(ckpt: str, net: str) -> dict:
+        return {k: v.detach() for k, v in torch.jit.load(str(tmp_path / ckpt / net / "model.pt")).state_dict().items()}
+
+    d, a, b = (state(c, "critic_0") for c in ("ckpt_d", "ckpt_a", "ckpt_b"))
+    for k in d:
+        # SGD: theta - lr (g0 + g1)/2 against the mean of theta - lr g0 and theta - lr g1
+        assert torch.allclose(d[k], (a[k] + b[k]) / 2, rtol=1e-12, atol=1e-15), (k, d[k] - (a[k] + b[k]) / 2)
+    assert any(not torch.equal(a[k], b[k]) for k in d), "the two ranks' data should give different critics"
+    # SAC: alpha's gradients averaged too (each rank's alpha is in its own state.pt)
+    alphas = [torch.jit.load(str(tmp_path / "ckpt_sac" / sub / "state.pt")).state_dict()["log_alpha"]
+              for sub in (".", "rank_1")]
+    assert torch.equal(alphas[0], alphas[1]), alphas
+    assert abs(alphas[0].item() - math.log(0.2)) > 1e-4, "alpha was tuned"
+    assert (tmp_path / "ckpt_d" / "rank_1" / "replay_buffer" / "buffer.pt").is_file()
+    assert (tmp_path / "ckpt_d" / "rank_1" / "state.pt").is_file()
+
+    proc = mpirun(1, bdir / "test_torchfort_rl_distributed_without", tmp_path, check=False, timeout=300)
+    assert proc.returncode != 0
+    assert "distributed systems need MPI, which FTorch takes from your program" in proc.stderr

@@ -27,6 +27,7 @@ namespace tf {
 torchfort_result_t code_of_status(int status) {
   switch (status) {
     case FTC_ERR_DEVICE: return TORCHFORT_RESULT_NOT_SUPPORTED;
+    case FTC_ERR_DISTRIBUTED: return TORCHFORT_RESULT_MPI_ERROR;  // a collective, or another rank, failed
     case FTC_ERR_TORCH:
     case FTC_ERR_INTERNAL: return TORCHFORT_RESULT_INTERNAL_ERROR;
     default: return TORCHFORT_RESULT_INVALID_USAGE;

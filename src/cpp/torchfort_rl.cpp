@@ -509,6 +509,7 @@ struct System {
   int64_t train_steps = 0;
   fs::path log_file;
   int rank = 0;
+  std::unique_ptr<Ranks> ranks;  // a distributed system's
   std::mutex mutex;
 
   bool td3() const { return cfg.algorithm == "td3"; }
@@ -614,6 +615,23 @@ std::shared_ptr<System> create_system(const char *name, const char *config_fname
   return sys;
 }
 
+// Makes a new system distributed over ranks (see Ranks): rank 0's networks everywhere, the
+// targets restarted from them, each rank's sampler seeded apart.
+void distribute(System &sys, std::unique_ptr<Ranks> ranks) {
+  sys.ranks = std::move(ranks);
+  sys.rank = sys.ranks->rank;
+  sys.sampler.set_current_seed(kSamplerSeed + static_cast<uint64_t>(sys.rank));
+  sys.ranks->attach(sys.policy.module, sys.policy.optim);
+  for (Net &q : sys.critics) sys.ranks->attach(q.module, q.optim);
+  if (sys.alpha_optim) {
+    torch::jit::Module alpha(c10::QualifiedName("__torch__.torchfort.Alpha"));
+    alpha.register_parameter("log_alpha", sys.log_alpha, false);
+    sys.ranks->attach(alpha, sys.alpha_optim);
+  }
+  if (!sys.sac()) make_target(sys.policy_target, sys.policy);
+  for (size_t i = 0; i < sys.critics.size(); ++i) make_target(sys.critic_targets[i], sys.critics[i]);
+}
+
 void report(System &sys, const char *model, const Net &net, double loss) {
   if (sys.cfg.report_frequency <= 0 || net.step_train % sys.cfg.report_frequency != 0 || sys.rank != 0) return;
   const double lr = net.optim->opt->param_groups().at(0).options().get_lr();
@@ -630,8 +648,10 @@ void report(System &sys, const char *model, const Net &net, double loss) {
 bool update(System &sys, Net &net) {
   const bool step = (net.step_current + 1) % sys.cfg.grad_accumulation_steps == 0;
   if (step) {
+    ftc::before_update(*net.optim);  // (distributed: the gradients averaged over the ranks)
     if (sys.cfg.max_grad_norm > 0) clip_grad_norm(net.params, sys.cfg.max_grad_norm);
     optimizer_step(*net.optim->opt);
+    ftc::after_update(*net.optim);
     ++net.optim->steps;
     if (net.schedule) net.schedule->step();
   }
@@ -667,14 +687,19 @@ float train_critics(System &sys, const ReplayBuffer::Batch &b, const at::Tensor 
     q.module.train();
     zero_grad_if_starting(sys, q);
   }
-  for (Net &q : sys.critics) {
-    const at::Tensor error = q_value(q, s, a) - y;
-    if (&q == &sys.critics[0]) sys.buffer->update_priorities(b.where, error);
-    const at::Tensor l = b.w.defined() ? at::mean(b.w * at::square(error)) : at::mean(at::square(error));
-    loss = loss.defined() ? loss + l : l;
-  }
-  const double total = finite_loss(loss, "critic loss", sys.train_steps);
-  loss.backward();
+  std::vector<ftc::Optim *> optims;
+  for (Net &q : sys.critics) optims.push_back(q.optim.get());
+  const double total = averaged(optims, [&] {
+    for (Net &q : sys.critics) {
+      const at::Tensor error = q_value(q, s, a) - y;
+      if (&q == &sys.critics[0]) sys.buffer->update_priorities(b.where, error);
+      const at::Tensor l = b.w.defined() ? at::mean(b.w * at::square(error)) : at::mean(at::square(error));
+      loss = loss.defined() ? loss + l : l;
+    }
+    const double value = finite_loss(loss, "critic loss", sys.train_steps);
+    loss.backward();
+    return value;
+  });
   const float q_loss = static_cast<float>(total / static_cast<double>(sys.critics.size()));
   for (Net &q : sys.critics) update(sys, q);
   report(sys, "critic", sys.critics[0], q_loss);
@@ -714,9 +739,12 @@ void train_deterministic(System &sys, const ReplayBuffer::Batch &b, float &p_los
       FrozenCritics frozen(sys.critics, 1);
       pi.module.train();
       zero_grad_if_starting(sys, pi);
-      const at::Tensor pl = -at::mean(q_value(sys.critics[0], s, forward(pi, {s})));
-      p_loss = static_cast<float>(finite_loss(pl, "policy loss", sys.train_steps));
-      pl.backward();
+      p_loss = static_cast<float>(averaged({pi.optim.get()}, [&] {
+        const at::Tensor pl = -at::mean(q_value(sys.critics[0], s, forward(pi, {s})));
+        const double value = finite_loss(pl, "policy loss", sys.train_steps);
+        pl.backward();
+        return value;
+      }));
       stepped = update(sys, pi);
     }
     if (stepped) {
@@ -744,10 +772,15 @@ void train_sac(System &sys, const ReplayBuffer::Batch &b, float &p_loss, float &
       torch::NoGradGuard no_grad;
       log_prob = squashed_gaussian(pi, s).log_prob + target;
     }
-    const at::Tensor alpha_loss = -at::mean(sys.log_alpha * log_prob);
-    alpha_loss.backward();
+    averaged({sys.alpha_optim.get()}, [&] {
+      const at::Tensor alpha_loss = -at::mean(sys.log_alpha * log_prob);
+      alpha_loss.backward();
+      return 0.0;
+    });
     if ((pi.step_current + 1) % c.grad_accumulation_steps == 0) {
+      ftc::before_update(*sys.alpha_optim);
       optimizer_step(opt);
+      ftc::after_update(*sys.alpha_optim);
       ++sys.alpha_optim->steps;
       if (sys.alpha_schedule) sys.alpha_schedule->step();
     }
@@ -766,10 +799,13 @@ void train_sac(System &sys, const ReplayBuffer::Batch &b, float &p_loss, float &
     FrozenCritics frozen(sys.critics, sys.critics.size());
     pi.module.train();
     zero_grad_if_starting(sys, pi);
-    const Draw now = squashed_gaussian(pi, s);
-    const at::Tensor pl = -at::mean(min_q(sys.critics, s, now.action) - sys.entropy_term(now.log_prob));
-    p_loss = static_cast<float>(finite_loss(pl, "policy loss", sys.train_steps));
-    pl.backward();
+    p_loss = static_cast<float>(averaged({pi.optim.get()}, [&] {
+      const Draw now = squashed_gaussian(pi, s);
+      const at::Tensor pl = -at::mean(min_q(sys.critics, s, now.action) - sys.entropy_term(now.log_prob));
+      const double value = finite_loss(pl, "policy loss", sys.train_steps);
+      pl.backward();
+      return value;
+    }));
     stepped = update(sys, pi);
   }
   if (stepped)
@@ -778,10 +814,12 @@ void train_sac(System &sys, const ReplayBuffer::Batch &b, float &p_loss, float &
 }
 
 void train_step(System &sys, float &p_loss, float &q_loss) {
-  if (!sys.buffer->ready())
-    usage("the replay buffer holds " + std::to_string(sys.buffer->size()) + " steps; training needs " +
-          std::to_string(sys.buffer->needed()) + " (min_size/n_envs, and nstep): call "
-          "torchfort_rl_off_policy_is_ready before training");
+  together(sys.ranks.get(), "to start the train step", [&] {
+    if (!sys.buffer->ready())
+      usage("the replay buffer holds " + std::to_string(sys.buffer->size()) + " steps; training needs " +
+            std::to_string(sys.buffer->needed()) + " (min_size/n_envs, and nstep): call "
+            "torchfort_rl_off_policy_is_ready before training");
+  });
   ++sys.train_steps;
   ReplayBuffer::Batch b = sys.buffer->sample(sys.cfg.batch_size, sys.sampler);
   // On the model's device, states and rewards normalized with the statistics of everything the
@@ -863,7 +901,7 @@ void save_checkpoint(System &sys, const fs::path &dir) {
   }
 }
 
-void load_checkpoint(System &sys, const fs::path &dir) {
+void load_checkpoint(System &sys, const fs::path &dir, const std::function<void()> &checked) {
   if (!fs::is_directory(dir)) usage("the checkpoint directory " + dir.string() + " does not exist");
   const fs::path state_file = dir / "state.pt";
   require_file(state_file);
@@ -902,6 +940,7 @@ void load_checkpoint(System &sys, const fs::path &dir) {
     require_file(dir / "alpha" / "optimizer.pt");
     if (sys.alpha_schedule) require_file(dir / "alpha" / "lr.pt");
   }
+  checked();
 
   size_t i = 0;
   for (auto &[sub, net] : nets(sys)) {
@@ -937,7 +976,7 @@ void load_checkpoint(System &sys, const fs::path &dir) {
   }
 }
 
-void load_model(System &sys, const fs::path &dir) {
+void load_model(System &sys, const fs::path &dir, const std::function<void()> &checked) {
   std::vector<std::pair<Net *, torch::jit::Module>> loaded;
   auto read = [&](Net &net, const fs::path &sub) {
     require_file(dir / sub / "model.pt");
@@ -949,6 +988,7 @@ void load_model(System &sys, const fs::path &dir) {
   };
   read(sys.policy, "policy");
   for (size_t i = 0; i < sys.critics.size(); ++i) read(sys.critics[i], "critic_" + std::to_string(i));
+  checked();
   for (auto &[net, m] : loaded) copy_state(net->module, m, dir.string());
   torch::NoGradGuard no_grad;
   auto copy = [](Net &to, const Net &from) {
@@ -1094,19 +1134,45 @@ torchfort_result_t wandb_log(const char *fn, const char *name, const char *metri
 using namespace tf;
 using namespace tf::rl;
 
+namespace {
+std::shared_ptr<System> new_system(const char *name, const char *config_fname, int model_device, int rb_device) {
+  if (name != nullptr) {
+    std::lock_guard<std::mutex> lock(rl::registry_mutex);
+    if (rl::registry.count(name))
+      usage(std::string("a system named '") + name + "' exists already (each system needs its own name)");
+  }
+  return create_system(name, config_fname, model_device, rb_device);
+}
+
+void register_system(const std::shared_ptr<System> &sys) {
+  std::lock_guard<std::mutex> lock(rl::registry_mutex);
+  if (!rl::registry.emplace(sys->name, sys).second)
+    usage("a system named '" + sys->name + "' exists already (each system needs its own name)");
+}
+}  // namespace
+
 torchfort_result_t torchfort_rl_off_policy_create_system(const char *name, const char *config_fname, int model_device,
                                                          int rb_device) {
-  return boundary(__func__, [&] {
-    if (name != nullptr) {
-      std::lock_guard<std::mutex> lock(rl::registry_mutex);
-      if (rl::registry.count(name))
-        usage(std::string("a system named '") + name + "' exists already (each system needs its own name)");
-    }
-    std::shared_ptr<System> sys = create_system(name, config_fname, model_device, rb_device);
-    std::lock_guard<std::mutex> lock(rl::registry_mutex);
-    if (!rl::registry.emplace(sys->name, sys).second)
-      usage("a system named '" + sys->name + "' exists already (each system needs its own name)");
+  return boundary(__func__, [&] { register_system(new_system(name, config_fname, model_device, rb_device)); });
+}
+
+torchfort_result_t ftc_torchfort_rl_off_policy_create_distributed(const char *name, const char *config_fname,
+                                                                  ftc_comm comm, int model_device, int rb_device) {
+  return boundary("torchfort_rl_off_policy_create_distributed_system", [&] {
+    auto ranks = std::make_unique<Ranks>(comm);
+    std::shared_ptr<System> sys;
+    ranks->together("to create the system", [&] { sys = new_system(name, config_fname, model_device, rb_device); });
+    distribute(*sys, std::move(ranks));
+    register_system(sys);
   });
+}
+
+// Without torchfort_mpi.c in the program (which defines it with the program's MPI).
+torchfort_result_t torchfort_rl_off_policy_create_distributed_system_F(const char *name, const char *config_fname,
+                                                                       int mpi_comm_f, int model_device,
+                                                                       int rb_device) {
+  (void)name, (void)config_fname, (void)mpi_comm_f, (void)model_device, (void)rb_device;
+  return boundary("torchfort_rl_off_policy_create_distributed_system", [] { mpi_missing(); });
 }
 
 torchfort_result_t torchfort_rl_off_policy_train_step(const char *name, float *p_loss_val, float *q_loss_val,
@@ -1201,20 +1267,26 @@ torchfort_result_t torchfort_rl_off_policy_update_replay_buffer_multi_F(
 
 torchfort_result_t torchfort_rl_off_policy_save_checkpoint(const char *name, const char *checkpoint_dir) {
   return with_system(__func__, name, [&](System &sys) {
-    if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
-    save_checkpoint(sys, checkpoint_dir);
+    together(sys.ranks.get(), "to write the checkpoint", [&] {
+      if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
+      save_checkpoint(sys, rank_dir(checkpoint_dir, sys.ranks.get()));
+    });
   });
 }
 torchfort_result_t torchfort_rl_off_policy_load_checkpoint(const char *name, const char *checkpoint_dir) {
   return with_system(__func__, name, [&](System &sys) {
-    if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
-    load_checkpoint(sys, checkpoint_dir);
+    load_together(sys.ranks.get(), "the checkpoint", [&](const std::function<void()> &checked) {
+      if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
+      load_checkpoint(sys, rank_dir(checkpoint_dir, sys.ranks.get()), checked);
+    });
   });
 }
 torchfort_result_t torchfort_rl_off_policy_load_model(const char *name, const char *checkpoint_dir) {
   return with_system(__func__, name, [&](System &sys) {
-    if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
-    load_model(sys, checkpoint_dir);
+    load_together(sys.ranks.get(), "the model", [&](const std::function<void()> &checked) {
+      if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
+      load_model(sys, checkpoint_dir, checked);
+    });
   });
 }
 

@@ -5,6 +5,8 @@
 
 #include "torchfort_common.hpp"
 
+#include <exception>
+
 namespace tf {
 namespace rl {
 
@@ -278,6 +280,147 @@ inline void save_net(const Net &net, const fs::path &dir) {
   if (net.optim) write_atomically(dir / "optimizer.pt", [&](const std::string &f) { torch::save(*net.optim->opt, f); });
   if (net.schedule) write_atomically(dir / "lr.pt", [&](const std::string &f) { net.schedule->save(f); });
   if (net.optim) write_atomically(dir / "grads.pt", [&](const std::string &f) { save_grads(net, f); });
+}
+
+
+// ---------------------------------------------------------------------------- distributed systems
+
+// The ranks of a distributed system (torchfort_rl_*_create_distributed_system). Each rank keeps its
+// own buffer, fed by its own environments, and samples it with its own generator; the networks
+// train as one: each trained network has FTorch's data-parallel wrapper (as
+// torchfort_create_distributed_model: rank 0's parameters broadcast when the system is made, the
+// gradients and the losses averaged over the ranks at every update). Every collective of a step
+// runs on every rank in the same order; a rank that fails takes part in the next one with a
+// failure flag, so that the others fail too instead of waiting.
+struct Ranks {
+  ftc_comm comm = nullptr;
+  int rank = 0, size = 1;
+  std::vector<ftc_ddp> ddps;
+
+  explicit Ranks(ftc_comm c) {
+    if (c == nullptr) usage("the communicator is null");
+    call(ftc_comm_share(c, &comm));
+    call(ftc_comm_rank(comm, &rank));
+    call(ftc_comm_size(comm, &size));
+  }
+  Ranks(const Ranks &) = delete;
+  Ranks &operator=(const Ranks &) = delete;
+  ~Ranks() {
+    for (ftc_ddp &d : ddps) ftc_ddp_delete(&d);
+    ftc_comm_delete(&comm);
+  }
+
+  // The parameters of module (trained by optim) become rank 0's; from now on its gradients are
+  // averaged over the ranks before each update (ftc::before_update) or where averaged() says.
+  void attach(const torch::jit::Module &module, const std::shared_ptr<ftc::Optim> &optim) {
+    auto model = std::make_shared<ftc::Model>();
+    model->module = module;  // (the same module: a jit::Module is a reference)
+    ftc_model m = nullptr;
+    ftc_optim o = nullptr;
+    ftc::replace_handle<ftc::ModelTable>(&m, model);
+    ftc::replace_handle<ftc::OptimTable>(&o, optim);
+    ftc_ddp d = nullptr;
+    const int status = ftc_ddp_new(&d, comm, m, o, 25 * 1024 * 1024);  // c10d's default bucket size
+    ftc_model_delete(&m);
+    ftc_optim_delete(&o);
+    call(status);
+    ddps.push_back(d);
+  }
+
+  // The sum over the ranks of a few values (one small all-reduce).
+  std::vector<double> sum(std::vector<double> values) {
+    ftc_tensor t = ftc::new_tensor_handle(at::from_blob(values.data(), {static_cast<int64_t>(values.size())},
+                                                         at::TensorOptions().dtype(at::kDouble)));
+    const int status = ftc_allreduce(comm, t, FTC_OP_SUM);
+    ftc_tensor_delete(&t);
+    call(status);
+    return values;
+  }
+
+  // Runs body on every rank; then every rank learns whether any failed. A rank whose body failed
+  // rethrows its own error; the others fail with TORCHFORT_RESULT_MPI_ERROR.
+  template <class Body>
+  void together(const std::string &what, Body &&body) {
+    std::exception_ptr error;
+    try {
+      body();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const double failed = sum({error ? 1.0 : 0.0})[0];
+    if (error) std::rethrow_exception(error);
+    if (failed > 0)
+      throw Failure(TORCHFORT_RESULT_MPI_ERROR, std::to_string(static_cast<int64_t>(failed)) + " of " +
+                                                    std::to_string(size) + " ranks failed " + what +
+                                                    " (see their errors); this rank stopped too");
+  }
+};
+
+// A distributed system's creation in a program built without torchfort_mpi.c.
+[[noreturn]] inline void mpi_missing() {
+  throw Failure(TORCHFORT_RESULT_NOT_SUPPORTED,
+                "distributed systems need MPI, which FTorch takes from your program: compile torchfort_mpi.c with "
+                "your MPI into it (CMake: target_link_libraries(... FTorch::torchfort_mpi); otherwise mpicc -c "
+                "$(python -m ftorch --torchfort-mpi-source) $(pkg-config --cflags ftorch))");
+}
+
+// Runs body on every rank, or as it is without ranks.
+template <class Body>
+void together(Ranks *ranks, const std::string &what, Body &&body) {
+  if (ranks == nullptr) {
+    body();
+  } else {
+    ranks->together(what, std::forward<Body>(body));
+  }
+}
+
+// body computes the losses of networks trained by optims and their gradients (returning the loss
+// reported); in a distributed system, the gradients of each are then averaged over the ranks, and
+// the loss returned is the mean over the ranks. A failure in body reaches the other ranks, which
+// are waiting in the first average.
+template <class Body>
+double averaged(const std::vector<ftc::Optim *> &optims, Body &&body) {
+  if (optims.empty() || !optims[0]->sync) return body();
+  const double loss = ftc::reduced_step(*optims[0], std::forward<Body>(body));
+  for (size_t i = 1; i < optims.size(); ++i) optims[i]->sync->reduce(0.0);
+  return loss;
+}
+
+// A load on every rank: load(checked) reads and checks everything and calls checked() before it
+// changes anything. On ranks, checked() waits until every rank has checked its files: a rank that
+// failed before tells the others, and then no rank changes anything.
+template <class Load>
+void load_together(Ranks *ranks, const std::string &what, Load &&load) {
+  if (ranks == nullptr) {
+    load([] {});
+    return;
+  }
+  bool reached = false;
+  try {
+    load([&] {
+      reached = true;
+      const double failed = ranks->sum({0.0})[0];
+      if (failed > 0)
+        throw Failure(TORCHFORT_RESULT_MPI_ERROR, std::to_string(static_cast<int64_t>(failed)) + " of " +
+                                                      std::to_string(ranks->size) + " ranks failed to read " + what +
+                                                      " (see their errors); nothing changed on any rank");
+    });
+  } catch (...) {
+    if (!reached) {
+      try {
+        ranks->sum({1.0});
+      } catch (...) {
+        // the error being reported is the one that propagates
+      }
+    }
+    throw;
+  }
+}
+
+// The directory of this rank's checkpoint: dir on rank 0 (a complete checkpoint, which a single
+// process can load too), dir/rank_<r> on the others (each rank has its own buffer and generators).
+inline fs::path rank_dir(const fs::path &dir, const Ranks *ranks) {
+  return ranks == nullptr || ranks->rank == 0 ? dir : dir / ("rank_" + std::to_string(ranks->rank));
 }
 
 }  // namespace rl

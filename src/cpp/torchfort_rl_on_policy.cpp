@@ -319,6 +319,7 @@ struct System {
   int64_t train_steps = 0;
   fs::path log_file;
   int rank = 0;
+  std::unique_ptr<Ranks> ranks;  // a distributed system's
   std::mutex mutex;
 
   bool squashed() const { return cfg.actor == "squashed_gaussian_ac"; }
@@ -393,6 +394,15 @@ std::shared_ptr<System> create_system(const char *name, const char *config_fname
   return sys;
 }
 
+// Makes a new system distributed over ranks (see Ranks): rank 0's network everywhere, each rank's
+// sampler seeded apart.
+void distribute(System &sys, std::unique_ptr<Ranks> ranks) {
+  sys.ranks = std::move(ranks);
+  sys.rank = sys.ranks->rank;
+  sys.sampler.set_current_seed(kSamplerSeed + static_cast<uint64_t>(sys.rank));
+  sys.ranks->attach(sys.net.module, sys.net.optim);
+}
+
 // One transition per environment (s, a with the environment first).
 void push(System &sys, const at::Tensor &s, const at::Tensor &a, const at::Tensor &r, const at::Tensor &d) {
   const int64_t n = sys.buffer->n_envs();
@@ -429,49 +439,82 @@ void push(System &sys, const at::Tensor &s, const at::Tensor &a, const at::Tenso
 // bonus; skipped (no update) when the approximate KL divergence exceeds 1.5 target_kl_divergence.
 void train_step(System &sys, float &p_loss, float &q_loss) {
   const PPOConfig &c = sys.cfg;
-  if (!sys.buffer->ready())
-    usage("the rollout buffer is not complete (" + std::to_string(sys.buffer->count()) + " of " +
-          std::to_string(sys.buffer->steps()) + " steps, then one more transition to close it): call "
-          "torchfort_rl_on_policy_is_ready before training");
+  together(sys.ranks.get(), "to start the train step", [&] {
+    if (!sys.buffer->ready())
+      usage("the rollout buffer is not complete (" + std::to_string(sys.buffer->count()) + " of " +
+            std::to_string(sys.buffer->steps()) + " steps, then one more transition to close it): call "
+            "torchfort_rl_on_policy_is_ready before training");
+  });
   ++sys.train_steps;
-  RolloutBuffer::Batch b = sys.buffer->sample(c.batch_size, sys.sampler);
-  const at::Tensor s = sys.state_in(b.s);
-  const auto on = [&](const at::Tensor &t) { return t.to(sys.model_device, sys.dtype); };
-  const at::Tensor a = on(b.a), v_old = on(b.value), logp_old = on(b.log_prob), adv = on(b.advantage),
-                   ret = on(b.ret);
   Net &net = sys.net;
-  net.module.train();
-  const auto [log_prob, entropy, value] = evaluate_actions(sys, s, a);
-  const at::Tensor log_ratio = log_prob - logp_old;
-  const at::Tensor ratio = at::exp(log_ratio);
-  const at::Tensor pl = -at::mean(at::minimum(adv * ratio, adv * at::clamp(ratio, 1.0 - c.epsilon, 1.0 + c.epsilon)));
-  const at::Tensor v_pred = c.clip_q > 0 ? v_old + at::clamp(value - v_old, -c.clip_q, c.clip_q) : value;
-  const at::Tensor ql = at::mse_loss(v_pred, ret);
-  at::Tensor loss = pl + c.value_loss_coefficient * ql;
-  if (c.entropy_loss_coefficient != 0) loss = loss + c.entropy_loss_coefficient * -at::mean(entropy);
   const bool reporting = c.report_frequency > 0 && sys.train_steps % c.report_frequency == 0 && sys.rank == 0;
+  at::Tensor loss, pl, ql;
   double kl = 0, clip_fraction = 0;
-  {
-    torch::NoGradGuard no_grad;
-    if (c.target_kl_divergence > 0 || reporting) kl = at::mean((ratio - 1.0) - log_ratio).item<double>();
-    if (reporting) clip_fraction = at::mean((at::abs(ratio - 1.0) > c.epsilon).to(sys.dtype)).item<double>();
+  auto losses = [&] {
+    RolloutBuffer::Batch b = sys.buffer->sample(c.batch_size, sys.sampler);
+    const at::Tensor s = sys.state_in(b.s);
+    const auto on = [&](const at::Tensor &t) { return t.to(sys.model_device, sys.dtype); };
+    const at::Tensor a = on(b.a), v_old = on(b.value), logp_old = on(b.log_prob), adv = on(b.advantage),
+                     ret = on(b.ret);
+    net.module.train();
+    const auto [log_prob, entropy, value] = evaluate_actions(sys, s, a);
+    const at::Tensor log_ratio = log_prob - logp_old;
+    const at::Tensor ratio = at::exp(log_ratio);
+    pl = -at::mean(at::minimum(adv * ratio, adv * at::clamp(ratio, 1.0 - c.epsilon, 1.0 + c.epsilon)));
+    const at::Tensor v_pred = c.clip_q > 0 ? v_old + at::clamp(value - v_old, -c.clip_q, c.clip_q) : value;
+    ql = at::mse_loss(v_pred, ret);
+    loss = pl + c.value_loss_coefficient * ql;
+    if (c.entropy_loss_coefficient != 0) loss = loss + c.entropy_loss_coefficient * -at::mean(entropy);
+    {
+      torch::NoGradGuard no_grad;
+      if (c.target_kl_divergence > 0 || reporting || sys.ranks)
+        kl = at::mean((ratio - 1.0) - log_ratio).item<double>();
+      if (reporting) clip_fraction = at::mean((at::abs(ratio - 1.0) > c.epsilon).to(sys.dtype)).item<double>();
+    }
+    finite_loss(loss, "PPO loss", sys.train_steps);
+    p_loss = static_cast<float>(pl.item<double>());
+    q_loss = static_cast<float>(ql.item<double>());
+  };
+  if (!sys.ranks) {
+    losses();
+  } else {
+    // Every rank's losses first: the KL divergence that decides the step and the losses reported
+    // are the means over the ranks (one small all-reduce, which also tells every rank of a failure).
+    std::exception_ptr error;
+    try {
+      losses();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const std::vector<double> total =
+        sys.ranks->sum({error ? 1.0 : 0.0, error ? 0.0 : kl, error ? 0.0 : p_loss, error ? 0.0 : q_loss});
+    if (error) std::rethrow_exception(error);
+    if (total[0] > 0)
+      throw Failure(TORCHFORT_RESULT_MPI_ERROR, std::to_string(static_cast<int64_t>(total[0])) +
+                                                    " rank(s) failed to compute the PPO loss (see their errors); "
+                                                    "the network was left unchanged");
+    kl = total[1] / sys.ranks->size;
+    p_loss = static_cast<float>(total[2] / sys.ranks->size);
+    q_loss = static_cast<float>(total[3] / sys.ranks->size);
   }
-  finite_loss(loss, "PPO loss", sys.train_steps);
   const bool skip = c.target_kl_divergence > 0 && kl > 1.5 * c.target_kl_divergence;
   if (!skip) {
     if (net.step_current % c.grad_accumulation_steps == 0) net.optim->opt->zero_grad(/*set_to_none=*/true);
-    loss.backward();
+    averaged({net.optim.get()}, [&] {
+      loss.backward();
+      return 0.0;
+    });
     if ((net.step_current + 1) % c.grad_accumulation_steps == 0) {
+      ftc::before_update(*net.optim);
       if (c.max_grad_norm > 0) clip_grad_norm(net.params, c.max_grad_norm);
       optimizer_step(*net.optim->opt);
+      ftc::after_update(*net.optim);
       ++net.optim->steps;
       if (net.schedule) net.schedule->step();
     }
     ++net.step_train;
     ++net.step_current;
   }
-  p_loss = static_cast<float>(pl.item<double>());
-  q_loss = static_cast<float>(ql.item<double>());
   if (reporting) {
     const double lr = net.optim->opt->param_groups().at(0).options().get_lr();
     std::cout << "TORCHFORT::INFO: model: actor_critic, step_train: " << net.step_train << ", p_loss: " << p_loss
@@ -512,7 +555,7 @@ void save_checkpoint(System &sys, const fs::path &dir) {
   });
 }
 
-void load_checkpoint(System &sys, const fs::path &dir) {
+void load_checkpoint(System &sys, const fs::path &dir, const std::function<void()> &checked) {
   if (!fs::is_directory(dir)) usage("the checkpoint directory " + dir.string() + " does not exist");
   const fs::path state_file = dir / "state.pt", model = dir / "actor_critic" / "model.pt";
   for (const fs::path &f : {state_file, model, dir / "actor_critic" / "optimizer.pt",
@@ -538,6 +581,7 @@ void load_checkpoint(System &sys, const fs::path &dir) {
   RunningNormalizer state_norm(false), return_norm(true);
   if (sys.state_norm) state_norm.read(archive, "state_normalizer", state_file.string());
   if (sys.return_norm) return_norm.read(archive, "return_normalizer", state_file.string());
+  checked();
 
   copy_state(sys.net.module, loaded, model.string());
   torch::load(*sys.net.optim->opt, (dir / "actor_critic" / "optimizer.pt").string(), sys.model_device);
@@ -555,10 +599,16 @@ void load_checkpoint(System &sys, const fs::path &dir) {
   sys.sampler.set_state(sampler.toTensor());
 }
 
-void load_model(System &sys, const fs::path &dir) {
+void load_model(System &sys, const fs::path &dir, const std::function<void()> &checked) {
   const fs::path model = dir / "actor_critic" / "model.pt";
   require_file(model);
   torch::jit::Module loaded = load_script(model.string(), sys.model_device, "the network");
+  {
+    torch::NoGradGuard no_grad;
+    torch::jit::Module probe = sys.net.module.clone();
+    copy_state(probe, loaded, model.string());
+  }
+  checked();
   copy_state(sys.net.module, loaded, model.string());
 }
 
@@ -675,19 +725,45 @@ torchfort_result_t wandb_log(const char *fn, const char *name, const char *metri
 using namespace tf;
 namespace on = tf::rl::on_policy;
 
+namespace {
+std::shared_ptr<on::System> new_system(const char *name, const char *config_fname, int model_device, int rb_device) {
+  if (name != nullptr) {
+    std::lock_guard<std::mutex> lock(on::registry_mutex);
+    if (on::registry.count(name))
+      usage(std::string("a system named '") + name + "' exists already (each system needs its own name)");
+  }
+  return on::create_system(name, config_fname, model_device, rb_device);
+}
+
+void register_system(const std::shared_ptr<on::System> &sys) {
+  std::lock_guard<std::mutex> lock(on::registry_mutex);
+  if (!on::registry.emplace(sys->name, sys).second)
+    usage("a system named '" + sys->name + "' exists already (each system needs its own name)");
+}
+}  // namespace
+
 torchfort_result_t torchfort_rl_on_policy_create_system(const char *name, const char *config_fname, int model_device,
                                                         int rb_device) {
-  return boundary(__func__, [&] {
-    if (name != nullptr) {
-      std::lock_guard<std::mutex> lock(on::registry_mutex);
-      if (on::registry.count(name))
-        usage(std::string("a system named '") + name + "' exists already (each system needs its own name)");
-    }
-    std::shared_ptr<on::System> sys = on::create_system(name, config_fname, model_device, rb_device);
-    std::lock_guard<std::mutex> lock(on::registry_mutex);
-    if (!on::registry.emplace(sys->name, sys).second)
-      usage("a system named '" + sys->name + "' exists already (each system needs its own name)");
+  return boundary(__func__, [&] { register_system(new_system(name, config_fname, model_device, rb_device)); });
+}
+
+torchfort_result_t ftc_torchfort_rl_on_policy_create_distributed(const char *name, const char *config_fname,
+                                                                 ftc_comm comm, int model_device, int rb_device) {
+  return boundary("torchfort_rl_on_policy_create_distributed_system", [&] {
+    auto ranks = std::make_unique<tf::rl::Ranks>(comm);
+    std::shared_ptr<on::System> sys;
+    ranks->together("to create the system", [&] { sys = new_system(name, config_fname, model_device, rb_device); });
+    on::distribute(*sys, std::move(ranks));
+    register_system(sys);
   });
+}
+
+// Without torchfort_mpi.c in the program (which defines it with the program's MPI).
+torchfort_result_t torchfort_rl_on_policy_create_distributed_system_F(const char *name, const char *config_fname,
+                                                                      int mpi_comm_f, int model_device,
+                                                                      int rb_device) {
+  (void)name, (void)config_fname, (void)mpi_comm_f, (void)model_device, (void)rb_device;
+  return boundary("torchfort_rl_on_policy_create_distributed_system", [] { tf::rl::mpi_missing(); });
 }
 
 torchfort_result_t torchfort_rl_on_policy_train_step(const char *name, float *p_loss_val, float *q_loss_val,
@@ -787,20 +863,26 @@ torchfort_result_t torchfort_rl_on_policy_reset_rollout_buffer(const char *name)
 
 torchfort_result_t torchfort_rl_on_policy_save_checkpoint(const char *name, const char *checkpoint_dir) {
   return on::with_system(__func__, name, [&](on::System &sys) {
-    if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
-    on::save_checkpoint(sys, checkpoint_dir);
+    together(sys.ranks.get(), "to write the checkpoint", [&] {
+      if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
+      on::save_checkpoint(sys, rank_dir(checkpoint_dir, sys.ranks.get()));
+    });
   });
 }
 torchfort_result_t torchfort_rl_on_policy_load_checkpoint(const char *name, const char *checkpoint_dir) {
   return on::with_system(__func__, name, [&](on::System &sys) {
-    if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
-    on::load_checkpoint(sys, checkpoint_dir);
+    load_together(sys.ranks.get(), "the checkpoint", [&](const std::function<void()> &checked) {
+      if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
+      on::load_checkpoint(sys, rank_dir(checkpoint_dir, sys.ranks.get()), checked);
+    });
   });
 }
 torchfort_result_t torchfort_rl_on_policy_load_model(const char *name, const char *checkpoint_dir) {
   return on::with_system(__func__, name, [&](on::System &sys) {
-    if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
-    on::load_model(sys, checkpoint_dir);
+    load_together(sys.ranks.get(), "the model", [&](const std::function<void()> &checked) {
+      if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
+      on::load_model(sys, checkpoint_dir, checked);
+    });
   });
 }
 

@@ -1,6 +1,7 @@
-/* torchfort_mpi.c - TorchFort's distributed models (torchfort_create_distributed_model and its
- * Fortran form) over the caller's MPI. Shipped as source and compiled in the consumer's build with
- * the consumer's MPI (CMake: link FTorch::torchfort_mpi; otherwise compile
+/* torchfort_mpi.c - TorchFort's distributed models (torchfort_create_distributed_model) and
+ * reinforcement-learning systems (torchfort_rl_*_create_distributed_system), and their Fortran
+ * forms, over the caller's MPI. Shipped as source and compiled in the consumer's build with the
+ * consumer's MPI (CMake: link FTorch::torchfort_mpi; otherwise compile
  * `python -m ftorch --torchfort-mpi-source` with mpicc and link it into the program): the library
  * itself links no MPI. It duplicates the caller's communicator and hands FTorch its collectives
  * (ftc_comm_new); FTorch does the rest (parameters broadcast from rank 0, gradients and losses
@@ -12,6 +13,7 @@
 
 #include "ftorch_c.h"
 #include "torchfort.h"
+#include "torchfort_rl.h"
 
 typedef struct {
   MPI_Comm comm;
@@ -100,26 +102,33 @@ static void tf_free(int64_t ctx) {
   free(c);
 }
 
-torchfort_result_t torchfort_create_distributed_model(const char *name, const char *config_fname, MPI_Comm mpi_comm,
-                                                      int device) {
+/* FTorch's communicator over a duplicate of mpi_comm; NULL (after printing why, for fn) if MPI or
+ * FTorch refuses. */
+static ftc_comm new_comm(MPI_Comm mpi_comm, const char *fn) {
   tf_mpi_context *c = (tf_mpi_context *)malloc(sizeof *c);
   ftc_comm comm = NULL;
-  int rank = 0, size = 0, status;
-  torchfort_result_t result;
-  if (c == NULL) return TORCHFORT_RESULT_INTERNAL_ERROR;
+  int rank = 0, size = 0;
+  if (c == NULL) return NULL;
   if (MPI_Comm_dup(mpi_comm, &c->comm) != MPI_SUCCESS || MPI_Comm_rank(c->comm, &rank) != MPI_SUCCESS ||
       MPI_Comm_size(c->comm, &size) != MPI_SUCCESS) {
-    fprintf(stderr, "TORCHFORT::ERROR: torchfort_create_distributed_model: the MPI communicator is not usable\n");
+    fprintf(stderr, "TORCHFORT::ERROR: %s: the MPI communicator is not usable\n", fn);
     free(c);
-    return TORCHFORT_RESULT_MPI_ERROR;
+    return NULL;
   }
-  status = ftc_comm_new(&comm, (int64_t)(intptr_t)c, rank, size, 0, tf_allreduce, tf_broadcast, tf_allgather,
-                        tf_barrier, tf_free);
-  if (status != FTC_OK) {
-    fprintf(stderr, "TORCHFORT::ERROR: torchfort_create_distributed_model: %s\n", ftc_last_error());
+  if (ftc_comm_new(&comm, (int64_t)(intptr_t)c, rank, size, 0, tf_allreduce, tf_broadcast, tf_allgather, tf_barrier,
+                   tf_free) != FTC_OK) {
+    fprintf(stderr, "TORCHFORT::ERROR: %s: %s\n", fn, ftc_last_error());
     tf_free((int64_t)(intptr_t)c);
-    return TORCHFORT_RESULT_INTERNAL_ERROR;
+    return NULL;
   }
+  return comm;
+}
+
+torchfort_result_t torchfort_create_distributed_model(const char *name, const char *config_fname, MPI_Comm mpi_comm,
+                                                      int device) {
+  ftc_comm comm = new_comm(mpi_comm, "torchfort_create_distributed_model");
+  torchfort_result_t result;
+  if (comm == NULL) return TORCHFORT_RESULT_MPI_ERROR;
   result = ftc_torchfort_create_distributed(name, config_fname, comm, device);
   ftc_comm_delete(&comm); /* the model keeps its own reference */
   return result;
@@ -128,4 +137,40 @@ torchfort_result_t torchfort_create_distributed_model(const char *name, const ch
 torchfort_result_t torchfort_create_distributed_model_F(const char *name, const char *config_fname, int mpi_comm_f,
                                                         int device) {
   return torchfort_create_distributed_model(name, config_fname, MPI_Comm_f2c((MPI_Fint)mpi_comm_f), device);
+}
+
+torchfort_result_t torchfort_rl_off_policy_create_distributed_system(const char *name, const char *config_fname,
+                                                                     MPI_Comm mpi_comm, int model_device,
+                                                                     int rb_device) {
+  ftc_comm comm = new_comm(mpi_comm, "torchfort_rl_off_policy_create_distributed_system");
+  torchfort_result_t result;
+  if (comm == NULL) return TORCHFORT_RESULT_MPI_ERROR;
+  result = ftc_torchfort_rl_off_policy_create_distributed(name, config_fname, comm, model_device, rb_device);
+  ftc_comm_delete(&comm); /* the system keeps its own reference */
+  return result;
+}
+
+torchfort_result_t torchfort_rl_off_policy_create_distributed_system_F(const char *name, const char *config_fname,
+                                                                       int mpi_comm_f, int model_device,
+                                                                       int rb_device) {
+  return torchfort_rl_off_policy_create_distributed_system(name, config_fname, MPI_Comm_f2c((MPI_Fint)mpi_comm_f),
+                                                           model_device, rb_device);
+}
+
+torchfort_result_t torchfort_rl_on_policy_create_distributed_system(const char *name, const char *config_fname,
+                                                                    MPI_Comm mpi_comm, int model_device,
+                                                                    int rb_device) {
+  ftc_comm comm = new_comm(mpi_comm, "torchfort_rl_on_policy_create_distributed_system");
+  torchfort_result_t result;
+  if (comm == NULL) return TORCHFORT_RESULT_MPI_ERROR;
+  result = ftc_torchfort_rl_on_policy_create_distributed(name, config_fname, comm, model_device, rb_device);
+  ftc_comm_delete(&comm); /* the system keeps its own reference */
+  return result;
+}
+
+torchfort_result_t torchfort_rl_on_policy_create_distributed_system_F(const char *name, const char *config_fname,
+                                                                      int mpi_comm_f, int model_device,
+                                                                      int rb_device) {
+  return torchfort_rl_on_policy_create_distributed_system(name, config_fname, MPI_Comm_f2c((MPI_Fint)mpi_comm_f),
+                                                          model_device, rb_device);
 }
