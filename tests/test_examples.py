@@ -67,6 +67,8 @@ def test_example_runs(examples, compiler, example):
     env = None
     if example == "cuda_graph" and not torch.cuda.is_available():
         env = dict(os.environ, FTORCH_CUDA_GRAPHS="eager")
+    if example == "torchfort_rl_control":  # its wandb hook: the learning curve
+        env = dict(os.environ, TORCHFORT_LOGDIR=str(work / f"rl_logs_{compiler}"))
     proc = run([bdir / example, work, *args], env=env)
     number = {"tensors": 1, "inference": 2, "errors": 3, "autograd": 4, "model_gradients": 5,
               "online_training": 6, "time_stepping": 7, "custom_function": 8, "hybrid_physics": 9,
@@ -93,6 +95,17 @@ def test_example_runs(examples, compiler, example):
         torch.testing.assert_close(saved(wave), torch.roll(wave, 1, dims=1), atol=1e-4, rtol=0)
     if example == "torchfort_rl_control":
         assert_tracking_learned(proc.stdout)
+        # the learning curve: one mean reward per episode in the wandb log, drawn by the helper
+        log = work / f"rl_logs_{compiler}" / "torchfort.log"
+        from ftorch.plot import read_metrics
+
+        steps, rewards = read_metrics(log)["tracker/episode_reward"]
+        assert steps == list(range(1, 201)), steps
+        assert sum(rewards[-20:]) / 20 > sum(rewards[:20]) / 20 + 0.2, rewards
+        png = work / f"rl_curve_{compiler}.png"
+        out = run([sys.executable, "-m", "ftorch", "plot-metrics", log, "-m", "episode_reward", "-o", png])
+        assert out.stdout.strip() == str(png)
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if example == "training_package":
         # The state_dict the program saved loads into the Python model, which predicts as it does.
         sys.path.insert(0, str(REPO / "examples" / "15_training_package"))

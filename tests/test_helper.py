@@ -196,6 +196,30 @@ def test_plot_loss_turns_a_training_log_into_a_png(wheel, tmp_path):
     assert steps == [100 * i for i in range(1, 11)] and losses[1] == 0.5 and rates[0] == 1e-3
 
 
+def test_plot_metrics_draws_a_wandb_hook_log(wheel, tmp_path):
+    """plot-metrics: the TorchFort wandb-hook lines (model, step, metric, value), all metrics or the
+    named ones; an unknown metric or a log without metric lines is an error naming what exists."""
+    pytest.importorskip("matplotlib")
+    log = tmp_path / "torchfort.log"
+    log.write_text("TORCHFORT::INFO: other output\n" + "".join(
+        f"TORCHFORT::WANDB: model: tracker, step: {i}, episode_reward: {-1.0 / i:.6e}\n"
+        f"TORCHFORT::WANDB: model: critic_0, step: {10 * i}, train_loss: {0.5 ** i:.6e}\n" for i in range(1, 6)))
+    from ftorch.plot import read_metrics
+
+    metrics = read_metrics(log)
+    assert metrics["tracker/episode_reward"] == ([1, 2, 3, 4, 5], [float(f"{-1.0 / i:.6e}") for i in range(1, 6)])
+    assert metrics["critic_0/train_loss"][0] == [10, 20, 30, 40, 50]
+    for args in ([], ["-m", "episode_reward"], ["-m", "critic_0/train_loss", "-m", "episode_reward"]):
+        png = tmp_path / f"m{len(args)}.png"
+        proc = run([sys.executable, "-m", "ftorch", "plot-metrics", log, *args, "-o", png])
+        assert proc.stdout.strip() == str(png) and png.read_bytes()[:4] == b"\x89PNG"
+    proc = run([sys.executable, "-m", "ftorch", "plot-metrics", log, "-m", "reward"], check=False)
+    assert proc.returncode == 1 and "no metric reward" in proc.stderr and "tracker/episode_reward" in proc.stderr
+    (tmp_path / "empty.log").write_text("nothing here\n")
+    proc = run([sys.executable, "-m", "ftorch", "plot-metrics", tmp_path / "empty.log"], check=False)
+    assert proc.returncode == 1 and "no metric lines" in proc.stderr
+
+
 def test_plot_loss_rejects_a_log_without_progress_lines(wheel, tmp_path):
     log = tmp_path / "empty.log"
     log.write_text("nothing here\n")

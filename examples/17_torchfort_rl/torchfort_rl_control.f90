@@ -4,6 +4,9 @@
 !> reward is -(x - t)**2 after the move. A TD3 system learns the policy online from the
 !> transitions the simulation hands it; the trained networks are saved, loaded into a second
 !> system (as a deployed policy would be), and both policies are compared with doing nothing.
+!> Each episode's mean reward goes to the wandb hook (config.yaml enables it): with TORCHFORT_LOGDIR
+!> set, `python -m ftorch plot-metrics $TORCHFORT_LOGDIR/torchfort.log -m episode_reward` draws the
+!> learning curve.
 program torchfort_rl_control
   use, intrinsic :: iso_fortran_env, only: real32, int64
   use torchfort
@@ -11,7 +14,7 @@ program torchfort_rl_control
 
   integer, parameter :: n_envs = 4, episode_steps = 20, episodes = 200, test_episodes = 50
   real(real32) :: state(2, n_envs), state_new(2, n_envs), action(1, n_envs), reward(n_envs), done(n_envs)
-  real(real32) :: p_loss, q_loss, trained, deployed, nothing
+  real(real32) :: p_loss, q_loss, trained, deployed, nothing, episode_reward
   character(len=512) :: work, exe, config
   integer :: episode, step, istat, cut
   integer(int64) :: seed = 12345
@@ -34,11 +37,13 @@ program torchfort_rl_control
 
   do episode = 1, episodes
     call reset(state)
+    episode_reward = 0
     do step = 1, episode_steps
       ! explore, step the environments, hand the transitions over, train once the buffer is ready
       istat = torchfort_rl_off_policy_predict_explore("tracker", state, action)
       if (istat /= TORCHFORT_RESULT_SUCCESS) stop "torchfort_rl_off_policy_predict_explore failed"
       call advance(state, action(1, :), state_new, reward)
+      episode_reward = episode_reward + sum(reward) / (n_envs * episode_steps)
       done = merge(1.0, 0.0, step == episode_steps)
       istat = torchfort_rl_off_policy_update_replay_buffer("tracker", state, action, state_new, reward, done)
       if (istat /= TORCHFORT_RESULT_SUCCESS) stop "torchfort_rl_off_policy_update_replay_buffer failed"
@@ -49,6 +54,9 @@ program torchfort_rl_control
       end if
       state = state_new
     end do
+    ! the learning curve: the mean reward per step while exploring
+    istat = torchfort_rl_off_policy_wandb_log("tracker", "episode_reward", int(episode, int64), episode_reward)
+    if (istat /= TORCHFORT_RESULT_SUCCESS) stop "torchfort_rl_off_policy_wandb_log failed"
     if (mod(episode, 25) == 0) print '(a, i4, a, f9.4)', "episode ", episode, &
                                       ": mean reward of the trained policy ", mean_reward("tracker")
   end do

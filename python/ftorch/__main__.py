@@ -197,6 +197,12 @@ def _add_doctor_and_plot(subparsers) -> None:
     plot.add_argument("log", help="training log (the lines torch_train_step writes)")
     plot.add_argument("-o", "--output", help="PNG to write (default: LOG with .png)")
     plot.set_defaults(run=_run_plot_loss)
+    metrics = subparsers.add_parser("plot-metrics", help="metrics of a TorchFort wandb-hook log (e.g. rewards)")
+    metrics.add_argument("log", help="the log enable_wandb_hook writes ($TORCHFORT_LOGDIR/torchfort.log)")
+    metrics.add_argument("-m", "--metric", action="append", help="a metric to draw (METRIC or MODEL/METRIC; "
+                         "repeatable; default: all)")
+    metrics.add_argument("-o", "--output", help="PNG to write (default: LOG with .png)")
+    metrics.set_defaults(run=_run_plot_metrics)
 
 
 def _run_doctor(args, parser) -> int:
@@ -212,6 +218,20 @@ def _run_plot_loss(args, parser) -> int:
 
     try:
         out = plot_loss(args.log, args.output or Path(args.log).with_suffix(".png"))
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
+def _run_plot_metrics(args, parser) -> int:
+    from pathlib import Path
+
+    from .plot import plot_metrics
+
+    try:
+        out = plot_metrics(args.log, args.output or Path(args.log).with_suffix(".png"), args.metric)
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 1
@@ -243,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     paths.add_argument("--fortran-mpi-mpifh-source", action="store_true",
                        help="the same module over mpif.h, for a compiler that cannot read your MPI's mpi_f08 module")
     paths.add_argument("--torchfort-mpi-source", action="store_true",
-                       help="C source of TorchFort's distributed models, to compile with mpicc into the program")
+                       help="C source of TorchFort's distributed models and RL systems, to compile with mpicc "
+                            "into the program")
     paths.add_argument("--fpm-flags", action="store_true", help="value for FPM_LDFLAGS")
     paths.add_argument("--link-flags", action="store_true", help="linker flags for plain builds")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
