@@ -416,15 +416,17 @@ int main(int argc, char **argv) {
 """
 
 
+@pytest.mark.parametrize("header", ["torchfort_rl.h", "torchfort.h"])
 @pytest.mark.parametrize("language", ["c", "c++"])
-def test_c_and_cpp_programs_through_torchfort_rl_h(installed, rl_dir, tmp_path, language):
+def test_c_and_cpp_programs_through_torchfort_rl_h(installed, rl_dir, tmp_path, language, header):
     """torchfort_rl.h compiles as strict C99 and as C++17 (where torchfort_rl_off_policy_is_ready
-    takes a bool by reference, as TorchFort declares it) and reaches the same systems."""
+    takes a bool by reference, as TorchFort declares it) and reaches the same systems; torchfort.h
+    alone declares the RL API too, as TorchFort's does (its cart_pole example includes only it)."""
     compiler = shutil.which("gcc" if language == "c" else "g++")
     if compiler is None:
         pytest.skip(f"no {language} compiler")
     source = tmp_path / ("main.c" if language == "c" else "main.cpp")
-    source.write_text(RL_C_PROGRAM)
+    source.write_text(RL_C_PROGRAM.replace('#include "torchfort_rl.h"', f'#include "{header}"'))
     std = "-std=c99" if language == "c" else "-std=c++17"
     libdir = helper("--libdir")
     run([compiler, std, "-Wall", "-Wextra", "-Werror", source, f"-I{helper('--includedir')}", f"-L{libdir}",

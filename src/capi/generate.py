@@ -12,7 +12,9 @@ Each ``src/capi/<concern>.capi`` file defines the C entry points of one concern 
 A ``.capi`` file is C text:
 
 * the leading comment, ``#include`` and conditional (``#if``...) lines (its prologue) open the header, before
-  ``extern "C"``; the rest is copied inside it, comments included;
+  ``extern "C"``; ``#include`` lines at its very end (its epilogue) close it, after ``extern "C"``
+  (torchfort.h ends by including torchfort_rl.h, as TorchFort's does); the rest is copied inside it,
+  comments included;
 * an entry point is a declaration that starts with ``FTC_API`` and ends with ``;``;
 * a parameter written ``T name[]`` is an array (Fortran: ``name(*)``); ``T *name`` is one value
   the function reads (``const``) or writes; ``FTC_NULLABLE T *name`` may be null (Fortran passes a
@@ -92,6 +94,7 @@ class Concern:
     name: str          # optim
     prologue: str      # leading comment and #include lines
     body: str          # the rest, declarations included
+    epilogue: str      # trailing #include lines
     functions: list
     options: dict      # structure name -> [Option]
 
@@ -148,6 +151,14 @@ def _split_prologue(text: str) -> tuple[str, str]:
     return "".join(lines[:end]).rstrip() + "\n", "".join(lines[end:]).strip("\n") + "\n"
 
 
+def _split_epilogue(body: str) -> tuple[str, str]:
+    lines = body.rstrip("\n").splitlines(keepends=True)
+    start = len(lines)
+    while start > 0 and (lines[start - 1].strip() == "" or re.match(r"#\s*include\b", lines[start - 1].strip())):
+        start -= 1
+    return "".join(lines[:start]).rstrip("\n") + "\n", "".join(lines[start:]).strip("\n")
+
+
 def _param(text: str, where: str) -> Param:
     words = text.replace("*", " * ").split()
     nullable = "FTC_NULLABLE" in words
@@ -186,6 +197,7 @@ def _options(name: str, fields: str, where: str) -> list:
 def parse(path: pathlib.Path) -> Concern:
     text = path.read_text()
     prologue, body = _split_prologue(text)
+    body, epilogue = _split_epilogue(body)
     options = {m.group("name"): _options(m.group("name"), m.group("fields"), path.name)
                for m in _OPTIONS.finditer(body)}
     functions = []
@@ -197,7 +209,7 @@ def parse(path: pathlib.Path) -> Concern:
         params = m.group("params").strip()
         plist = [] if params in ("", "void") else [_param(p, where) for p in params.split(",")]
         functions.append(Function(name, result, plist, path.stem))
-    return Concern(path.stem, prologue, body, functions, options)
+    return Concern(path.stem, prologue, body, epilogue, functions, options)
 
 
 def load(capi_dir: pathlib.Path) -> list:
@@ -278,7 +290,9 @@ def header(concern: Concern) -> str:
             "#ifndef FTC_NULLABLE\n#define FTC_NULLABLE /* the pointer may be null */\n#endif\n\n"
             "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n"
             f"{body.rstrip()}\n\n"
-            "#ifdef __cplusplus\n}\n#endif\n#endif\n")
+            "#ifdef __cplusplus\n}\n#endif\n"
+            + (f"\n{concern.epilogue}\n" if concern.epilogue else "")
+            + "#endif\n")
 
 
 def umbrella(concerns) -> str:
