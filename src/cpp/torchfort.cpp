@@ -290,28 +290,7 @@ std::shared_ptr<ftc::Optim> make_optim(const OptimizerConfig &o, const std::vect
 }
 
 std::vector<at::Tensor> run_forward(Pack &p, const std::vector<at::Tensor> &inputs) {
-  ftc::apply_jit_optimize();
-  std::vector<c10::IValue> args(inputs.begin(), inputs.end());
-  c10::IValue r;
-  try {
-    r = p.module.forward(args);
-  } catch (const std::exception &e) {
-    ftc::forward_failed(e, args);
-  }
-  std::vector<at::Tensor> out;
-  if (r.isTensor()) {
-    out.push_back(r.toTensor());
-  } else if (r.isTuple()) {
-    for (const auto &x : r.toTupleRef().elements()) {
-      if (!x.isTensor()) usage("the model returns a tuple with an item that is not a tensor");
-      out.push_back(x.toTensor());
-    }
-  } else if (r.isTensorList()) {
-    for (const auto &t : r.toTensorVector()) out.push_back(t);
-  } else {
-    usage("the model returns " + r.tagKind() + ", not a tensor or a tuple of tensors");
-  }
-  return out;
+  return forward_tensors(p.module, std::vector<c10::IValue>(inputs.begin(), inputs.end()), "the model");
 }
 
 std::vector<at::Tensor> on_device(const std::vector<at::Tensor> &ts, const torch::Device &d) {
@@ -423,6 +402,29 @@ void inference_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, std::vec
 }
 
 // ---------------------------------------------------------------------------- files
+
+std::vector<at::Tensor> forward_tensors(torch::jit::Module &module, std::vector<c10::IValue> args, const char *what) {
+  ftc::apply_jit_optimize();
+  c10::IValue r;
+  try {
+    r = module.forward(args);
+  } catch (const std::exception &e) {
+    ftc::forward_failed(e, args);
+  }
+  std::vector<at::Tensor> out;
+  if (r.isTensor()) {
+    out.push_back(r.toTensor());
+  } else if (r.isTuple()) {
+    for (const auto &x : r.toTupleRef().elements()) {
+      if (!x.isTensor()) usage(std::string(what) + " returns a tuple with an item that is not a tensor");
+      out.push_back(x.toTensor());
+    }
+  } else if (r.isTensorList()) {
+    out = r.toTensorVector();
+  }
+  if (out.empty()) usage(std::string(what) + " returns " + r.tagKind() + ", not a tensor or a tuple of tensors");
+  return out;
+}
 
 void copy_state(torch::jit::Module &to, const torch::jit::Module &from, const std::string &file) {
   std::unordered_map<std::string, at::Tensor> source;

@@ -224,6 +224,9 @@ std::vector<at::Tensor> parameters_of(const torch::jit::Module &m);
 
 // The parameters and buffers of `from` into the same-named ones of `to`, after checking that every
 // name and shape agrees (nothing changes otherwise).
+// What a TorchScript module returns for args (a tensor, or the items of a tuple or list of
+// tensors); what names the module in errors ("the model").
+std::vector<at::Tensor> forward_tensors(torch::jit::Module &module, std::vector<c10::IValue> args, const char *what);
 void copy_state(torch::jit::Module &to, const torch::jit::Module &from, const std::string &file);
 // path written by write(temporary name), then renamed into place: readers and other writers
 // never see a partly written file.

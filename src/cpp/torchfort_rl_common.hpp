@@ -26,26 +26,7 @@ struct Net {
 
 // The tensors a network returns (a tensor, or the items of a tuple or list).
 inline std::vector<at::Tensor> forward_all(Net &net, std::vector<c10::IValue> args) {
-  ftc::apply_jit_optimize();
-  c10::IValue r;
-  try {
-    r = net.module.forward(args);
-  } catch (const std::exception &e) {
-    ftc::forward_failed(e, args);
-  }
-  std::vector<at::Tensor> out;
-  if (r.isTensor()) {
-    out.push_back(r.toTensor());
-  } else if (r.isTuple()) {
-    for (const auto &x : r.toTupleRef().elements()) {
-      if (!x.isTensor()) usage("a network returns a tuple with an item that is not a tensor");
-      out.push_back(x.toTensor());
-    }
-  } else if (r.isTensorList()) {
-    out = r.toTensorVector();
-  }
-  if (out.empty()) usage("a network returns " + r.tagKind() + ", not a tensor or a tuple of tensors");
-  return out;
+  return forward_tensors(net.module, std::move(args), "a network");
 }
 
 // The first tensor a network returns.
