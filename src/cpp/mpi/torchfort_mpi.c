@@ -139,15 +139,25 @@ torchfort_result_t torchfort_create_distributed_model_F(const char *name, const 
   return torchfort_create_distributed_model(name, config_fname, MPI_Comm_f2c((MPI_Fint)mpi_comm_f), device);
 }
 
+/* A distributed RL system made by create (ftc_torchfort_rl_*_create_distributed) over mpi_comm. */
+typedef torchfort_result_t (*rl_create_fn)(const char *, const char *, ftc_comm, int, int);
+static torchfort_result_t create_rl_system(rl_create_fn create, const char *fn, const char *name,
+                                           const char *config_fname, MPI_Comm mpi_comm, int model_device,
+                                           int rb_device) {
+  ftc_comm comm = new_comm(mpi_comm, fn);
+  torchfort_result_t result;
+  if (comm == NULL) return TORCHFORT_RESULT_MPI_ERROR;
+  result = create(name, config_fname, comm, model_device, rb_device);
+  ftc_comm_delete(&comm); /* the system keeps its own reference */
+  return result;
+}
+
 torchfort_result_t torchfort_rl_off_policy_create_distributed_system(const char *name, const char *config_fname,
                                                                      MPI_Comm mpi_comm, int model_device,
                                                                      int rb_device) {
-  ftc_comm comm = new_comm(mpi_comm, "torchfort_rl_off_policy_create_distributed_system");
-  torchfort_result_t result;
-  if (comm == NULL) return TORCHFORT_RESULT_MPI_ERROR;
-  result = ftc_torchfort_rl_off_policy_create_distributed(name, config_fname, comm, model_device, rb_device);
-  ftc_comm_delete(&comm); /* the system keeps its own reference */
-  return result;
+  return create_rl_system(ftc_torchfort_rl_off_policy_create_distributed,
+                          "torchfort_rl_off_policy_create_distributed_system", name, config_fname, mpi_comm,
+                          model_device, rb_device);
 }
 
 torchfort_result_t torchfort_rl_off_policy_create_distributed_system_F(const char *name, const char *config_fname,
@@ -160,12 +170,9 @@ torchfort_result_t torchfort_rl_off_policy_create_distributed_system_F(const cha
 torchfort_result_t torchfort_rl_on_policy_create_distributed_system(const char *name, const char *config_fname,
                                                                     MPI_Comm mpi_comm, int model_device,
                                                                     int rb_device) {
-  ftc_comm comm = new_comm(mpi_comm, "torchfort_rl_on_policy_create_distributed_system");
-  torchfort_result_t result;
-  if (comm == NULL) return TORCHFORT_RESULT_MPI_ERROR;
-  result = ftc_torchfort_rl_on_policy_create_distributed(name, config_fname, comm, model_device, rb_device);
-  ftc_comm_delete(&comm); /* the system keeps its own reference */
-  return result;
+  return create_rl_system(ftc_torchfort_rl_on_policy_create_distributed,
+                          "torchfort_rl_on_policy_create_distributed_system", name, config_fname, mpi_comm,
+                          model_device, rb_device);
 }
 
 torchfort_result_t torchfort_rl_on_policy_create_distributed_system_F(const char *name, const char *config_fname,
