@@ -194,6 +194,15 @@ def test_collectives(mpi_program, mpi_data, np_):
     assert_every_rank_passed(mpirun(np_, mpi_program, mpi_data, "collectives"), np_)
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_node_shared_models(mpi_program, mpi_data, np_):
+    """One model for the ranks of a node (torch_model_load_shared): forward and torch_train_step on
+    uneven batches (a rank with none on 3 ranks) equal single-process runs on the concatenated batch
+    (1e-12); a failing rank, a disagreeing rank and a failing leader end the call on every rank with
+    their reasons; groups of ranks per node."""
+    assert_every_rank_passed(mpirun(np_, mpi_program, mpi_data, "shared"), np_)
+
+
 def test_errors_reach_every_rank(mpi_program, mpi_data):
     assert_every_rank_passed(mpirun(2, mpi_program, mpi_data, "errors"), 2)
 
@@ -244,6 +253,7 @@ def test_other_compilers_parity_collectives_and_checkpoints(mpi_program_other_co
     assert_every_rank_passed(mpirun(3, program, mpi_data, "subcomm"), 3)
     assert_every_rank_passed(mpirun(2, program, mpi_data, "collectives"), 2)
     assert_every_rank_passed(mpirun(2, program, mpi_data, "errors"), 2)
+    assert_every_rank_passed(mpirun(3, program, mpi_data, "shared"), 3)
     ckpt = tmp_path / "ddp.ckpt"
     for phase in ("full", "first", "second"):
         assert_every_rank_passed(mpirun(2, program, mpi_data, "resume", phase, ckpt), 2)

@@ -12,118 +12,12 @@
 #include <functional>
 #include <sstream>
 
-#include "internal.hpp"
-#include "ftorch_c_distributed.h"
+#include "comm.hpp"
 #include "ftorch_c_train.h"
 
 namespace ftc {
 
-struct Comm {
-  int64_t ctx = 0;
-  int rank = 0;
-  int size = 1;
-  bool device_aware = false;
-  ftc_allreduce_fn allreduce_fn = nullptr;
-  ftc_broadcast_fn broadcast_fn = nullptr;
-  ftc_allgather_fn allgather_fn = nullptr;
-  ftc_barrier_fn barrier_fn = nullptr;
-  ftc_comm_free_fn free_fn = nullptr;
-  std::atomic<int64_t> calls{0};
-
-  Comm() = default;
-  Comm(const Comm &) = delete;
-  Comm &operator=(const Comm &) = delete;
-  ~Comm() {
-    if (free_fn != nullptr) free_fn(ctx);
-  }
-
-  // Every call of a caller's function goes through here: counted, its failure an Error.
-  template <class Call>
-  void call(const char *what, Call &&fn) {
-    char msg[1024] = {0};
-    ++calls;
-    const int status = fn(msg, static_cast<int64_t>(sizeof(msg) - 1));
-    if (status != 0) {
-      msg[sizeof(msg) - 1] = '\0';
-      fail(FTC_ERR_DISTRIBUTED, std::string(what) + " failed on rank " + std::to_string(rank) + ": " +
-                                    (msg[0] != '\0' ? msg : "error " + std::to_string(status)));
-    }
-  }
-
-  // Raw collectives on contiguous buffers; counts above INT32_MAX go in several calls.
-  void allreduce(void *buf, int64_t count, int dtype, size_t elsize, int op) {
-    for_chunks(buf, count, elsize, [&](char *p, int64_t n) {
-      call("allreduce", [&](char *msg, int64_t len) { return allreduce_fn(ctx, p, n, dtype, op, msg, len); });
-    });
-  }
-  void broadcast(void *buf, int64_t count, int dtype, size_t elsize, int root) {
-    for_chunks(buf, count, elsize, [&](char *p, int64_t n) {
-      call("broadcast", [&](char *msg, int64_t len) { return broadcast_fn(ctx, p, n, dtype, root, msg, len); });
-    });
-  }
-  void allgather(const void *send, void *recv, int64_t count, int dtype, size_t elsize) {
-    if (count > INT_MAX) fail(FTC_ERR_INVALID_ARGUMENT, "allgather of more than 2^31-1 elements per rank");
-    if (count == 0) return;
-    call("allgather", [&](char *msg, int64_t len) { return allgather_fn(ctx, send, recv, count, dtype, msg, len); });
-  }
-  void barrier() {
-    call("barrier", [&](char *msg, int64_t len) { return barrier_fn(ctx, msg, len); });
-  }
-
-  // Every rank's values of a few integers (for agreement checks): result[r * n + i].
-  std::vector<int64_t> gather_values(const std::vector<int64_t> &mine) {
-    std::vector<int64_t> all(mine.size() * static_cast<size_t>(size));
-    allgather(mine.data(), all.data(), static_cast<int64_t>(mine.size()), FTC_INT64, sizeof(int64_t));
-    return all;
-  }
-
- private:
-  template <class Fn>
-  static void for_chunks(void *buf, int64_t count, size_t elsize, Fn &&fn) {
-    auto *p = static_cast<char *>(buf);
-    while (count > 0) {
-      const int64_t n = std::min<int64_t>(count, INT_MAX);
-      fn(p, n);
-      p += n * static_cast<int64_t>(elsize);
-      count -= n;
-    }
-  }
-};
-
 namespace {
-
-using CommTable = HandleTable<std::shared_ptr<Comm>>;
-
-std::shared_ptr<Comm> &comm_of(ftc_comm h) {
-  auto *s = CommTable::instance().find(h);
-  if (s == nullptr || !s->value) bad_handle(h, "communicator", "communicator");
-  return s->value;
-}
-
-// The caller's dtype code for a tensor's elements (bool travels as its bytes, uint8).
-int wire_dtype(c10::ScalarType t) {
-  if (t == c10::ScalarType::Bool) return FTC_UINT8;
-  if (!c10::isIntegralType(t, false) && t != c10::ScalarType::Float && t != c10::ScalarType::Double) {
-    fail(FTC_ERR_DTYPE, std::string("collectives support int8/16/32/64, uint8, bool, float32 and float64 tensors, "
-                                    "not ") + c10::toString(t));
-  }
-  return dtype_code(t);  // (an integer type FTorch has no code for, uint16 say, fails here)
-}
-
-// Device work that wrote t must be finished before the caller's library reads its memory.
-void settle(const at::Tensor &t) {
-  if (!t.is_cpu()) at::accelerator::synchronizeDevice(t.device().index());
-}
-
-// Where the collectives of a tensor's values happen: its own memory when it is contiguous and
-// reachable by the caller's collectives, else a contiguous copy (in host memory unless the
-// communicator is device-aware).
-at::Tensor wire_buffer(const Comm &c, const at::Tensor &t) {
-  const bool reachable = t.is_cpu() || c.device_aware;
-  if (reachable && t.is_contiguous()) return t;
-  const auto device = reachable ? t.device() : c10::Device(c10::kCPU);
-  return t.to(device, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true, c10::MemoryFormat::Contiguous);
-}
 
 // buf summed over the ranks, in place (buf: a wire_buffer).
 void sum_across(Comm &c, const at::Tensor &buf) {
@@ -390,16 +284,6 @@ DataParallel &ddp_of(ftc_ddp h) {
 }
 
 
-// "1, 3": the ranks of comm for which pred(rank) holds.
-template <class Pred>
-std::string ranks_where(const Comm &comm, Pred &&pred) {
-  std::string list;
-  for (int r = 0; r < comm.size; ++r) {
-    if (pred(r)) list += (list.empty() ? "" : ", ") + std::to_string(r);
-  }
-  return list;
-}
-
 }  // namespace
 }  // namespace ftc
 
@@ -407,7 +291,7 @@ extern "C" {
 
 int ftc_comm_new(ftc_comm *out, int64_t ctx, int rank, int size, int device_aware, ftc_allreduce_fn allreduce,
                  ftc_broadcast_fn broadcast, ftc_allgather_fn allgather, ftc_barrier_fn barrier,
-                 ftc_comm_free_fn free_fn) {
+                 ftc_gatherv_fn gatherv, ftc_scatterv_fn scatterv, ftc_comm_free_fn free_fn) {
   return ftc::guard([&] {
     ftc::out_arg(out, "out");
     auto c = std::make_shared<ftc::Comm>();
@@ -427,6 +311,11 @@ int ftc_comm_new(ftc_comm *out, int64_t ctx, int rank, int size, int device_awar
     c->broadcast_fn = broadcast;
     c->allgather_fn = allgather;
     c->barrier_fn = barrier;
+    if ((gatherv == nullptr) != (scatterv == nullptr)) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "gatherv and scatterv come together: pass both or neither");
+    }
+    c->gatherv_fn = gatherv;
+    c->scatterv_fn = scatterv;
     ftc::replace_handle<ftc::CommTable>(out, std::move(c));
   });
 }

@@ -224,8 +224,10 @@ Model &any_model_of(ftc_model h) {
   return *s->value;
 }
 
-torch::jit::Module &model_of(ftc_model h) {
-  auto &model = any_model_of(h);
+torch::jit::Module &model_of(ftc_model h) { return module_of(any_model_of(h)); }
+
+torch::jit::Module &module_of(Model &model) {
+  require_model_here(model);
   if (model.compiled) {
     fail(FTC_ERR_INVALID_ARGUMENT,
          "the model is a compiled AOTInductor package (.pt2), which can only run forward (no gradients, training, "

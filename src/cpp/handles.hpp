@@ -251,10 +251,15 @@ class CompiledModel;  // compiled.hpp
 // A model handle holds a TorchScript module, or an AOTInductor package (compiled is set).
 struct TrainingPackage;  // train_package.cpp
 
+struct NodeShared;       // node_shared.cpp
+
 struct Model {
   torch::jit::Module module;
   std::shared_ptr<CompiledModel> compiled;
   std::shared_ptr<TrainingPackage> package;  // set for a training package (module calls its code)
+  // Set for a node-shared model (ftc_model_load_shared): its communicator; on ranks other than
+  // the leader the handle holds no module (module, compiled and package are empty).
+  std::shared_ptr<NodeShared> shared;
 };
 
 using TensorTable = HandleTable<at::Tensor>;
@@ -337,6 +342,9 @@ bool delete_tensor(ftc_tensor h) noexcept;
 
 // The model of a handle, either kind.
 Model &any_model_of(ftc_model h);
+// The TorchScript module of a model held by this process (an error for AOTInductor packages and on
+// the ranks that do not hold a node-shared model).
+torch::jit::Module &module_of(Model &model);
 // The TorchScript module of a handle; a compiled model fails: it can only run forward.
 torch::jit::Module &model_of(ftc_model h);
 std::shared_ptr<torch::jit::Module> module_ptr(ftc_model h);

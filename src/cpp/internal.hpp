@@ -264,6 +264,16 @@ void store_result(ftc_tensor out, int index, const at::Tensor &result, const cha
 // eager step and its CUDA-graph form (graph_step.cpp).
 struct TrainingPackage;  // train_package.cpp
 
+// A model loaded from a file (TorchScript, training package or AOTInductor package): ftc_model_load.
+std::shared_ptr<Model> load_model(const char *filename, int device_type, int device_index, int requires_grad,
+                                  int is_training);
+// forward(args...) of a model held by this process (graph recorded when requires_grad).
+c10::IValue forward_here(Model &model, std::vector<c10::IValue> args, int requires_grad);
+// Node-shared models (node_shared.cpp): forward, collective over the model's communicator (this
+// rank's rows of the results); fails on a rank that does not hold the model (model_of).
+c10::IValue shared_forward(Model &model, std::vector<c10::IValue> args, int requires_grad);
+void require_model_here(const Model &model);
+
 struct TrainStep {
   std::vector<at::Tensor> inputs;
   torch::jit::Module *module = nullptr;
@@ -276,6 +286,16 @@ struct TrainStep {
 };
 TrainStep train_step_of(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *inputs, int n_inputs,
                         ftc_tensor target, int loss_kind, int reduction, double max_grad_norm);
+// The same for a model and tensors already resolved.
+TrainStep train_step_for(Model &model, ftc_optim o, ftc_scheduler s, std::vector<at::Tensor> inputs,
+                         at::Tensor target, int loss_kind, int reduction, double max_grad_norm);
+// The step's update: a training package's compiled step where it applies, else eager_train_step;
+// the (global) loss value.
+double run_train_step(TrainStep &step);
+// ftc_train_step of a node-shared model (collective): the leader steps on every rank's batch;
+// the loss value on every rank.
+double shared_train_step(Model &model, ftc_optim o, ftc_scheduler s, std::vector<at::Tensor> inputs, at::Tensor target,
+                         int loss_kind, int reduction, double max_grad_norm);
 // Forward (autograd on), the loss against the target, backward; the loss value (detached).
 at::Tensor step_loss(TrainStep &step);
 // zero_grad, step_loss (averaged across ranks for a data-parallel optimizer), clipping, the

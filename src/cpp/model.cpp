@@ -70,8 +70,17 @@ std::vector<at::Tensor> package_results(ftc::Model &model, const std::vector<c10
 // A forward's result tensors written into its output tensors (as many as it returned).
 void store_results(const std::vector<at::Tensor> &results, const ftc_tensor *outputs, int n_outputs);
 
-// forward(args...) of a model (graph recorded when requires_grad).
+// forward(args...) of a model (graph recorded when requires_grad); collective for a node-shared one.
 c10::IValue call_forward(ftc::Model &model, std::vector<c10::IValue> args, int requires_grad) {
+  if (model.shared) return ftc::shared_forward(model, std::move(args), requires_grad);
+  return ftc::forward_here(model, std::move(args), requires_grad);
+}
+
+}  // namespace
+
+namespace ftc {
+
+c10::IValue forward_here(Model &model, std::vector<c10::IValue> args, int requires_grad) {
   if (model.compiled) return call_compiled(*model.compiled, args, requires_grad);
   if (model.package) {
     const auto results = package_results(model, args, requires_grad);
@@ -87,6 +96,10 @@ c10::IValue call_forward(ftc::Model &model, std::vector<c10::IValue> args, int r
     ftc::forward_failed(e, args);
   }
 }
+
+}  // namespace ftc
+
+namespace {
 
 // The tensors a forward returned: one Tensor, or the items of a tuple or list.
 std::vector<c10::IValue> result_items(const c10::IValue &result) {
@@ -246,51 +259,61 @@ void ftc_set_jit_optimize(int enabled) { ftc::jit_optimize() = enabled != 0; }
 
 int ftc_jit_optimize(void) { return ftc::jit_optimize() ? 1 : 0; }
 
+}  // extern "C"
+
+namespace ftc {
+
+std::shared_ptr<Model> load_model(const char *filename, int device_type, int device_index, int requires_grad,
+                                  int is_training) {
+  const std::string file = checked_filename(filename);
+  const auto dev = ftc::device(device_type, device_index);
+  if (!std::ifstream(file).good()) {
+    ftc::fail(FTC_ERR_IO, "cannot open model file '" + file + "' (missing or unreadable)");
+  }
+  if (ftc::is_training_package(file)) return ftc::load_training_package(file, dev, requires_grad != 0, is_training);
+  if (ftc::is_pt2_archive(file)) {
+    if (requires_grad != 0 || is_training > 0) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "'" + file + "' is a compiled AOTInductor package (.pt2), which runs "
+                "forward only: it cannot be loaded for training or with parameters requiring grad: export a training package "
+                "(`python -m ftorch export MODEL --train FILE.pt2`) to train it");
+    }
+    auto model = std::make_shared<ftc::Model>();
+    model->compiled = ftc::load_compiled(file, dev);
+    return model;
+  }
+  torch::AutoGradMode grad_mode(requires_grad != 0);
+  torch::jit::Module module;
+  try {
+    module = torch::jit::load(file, dev);
+  } catch (const c10::Error &e) {
+    ftc::fail(FTC_ERR_IO, "'" + file + "' is not a loadable TorchScript model: " + e.what_without_backtrace());
+  }
+  // A checkpoint is an archive LibTorch loads as a module too (with no forward): say what it is.
+  if (module.hasattr("format") && module.attr("format").isString() &&
+      module.attr("format").toStringRef() == ftc::kCheckpointFormat) {
+    ftc::fail(FTC_ERR_IO, "'" + file + "' is an FTorch checkpoint (torch_checkpoint_save), not a model: load the "
+                          "model from its TorchScript file, then the checkpoint into it with torch_checkpoint_load");
+  }
+  if (is_training > 0) {
+    module.train();
+  } else if (is_training == 0) {
+    module.eval();
+  }  // < 0: the mode the model was saved in
+  auto model = std::make_shared<ftc::Model>();
+  model->module = std::move(module);
+  return model;
+}
+
+}  // namespace ftc
+
+extern "C" {
+
 int ftc_model_load(ftc_model *out, const char *filename, int device_type, int device_index, int requires_grad,
                    int is_training) {
   return ftc::guard([&] {
     ftc::out_arg(out, "out");
-    const std::string file = checked_filename(filename);
-    const auto dev = ftc::device(device_type, device_index);
-    if (!std::ifstream(file).good()) {
-      ftc::fail(FTC_ERR_IO, "cannot open model file '" + file + "' (missing or unreadable)");
-    }
-    if (ftc::is_training_package(file)) {
-      ftc::replace_handle<ftc::ModelTable>(out, ftc::load_training_package(file, dev, requires_grad != 0, is_training));
-      return;
-    }
-    if (ftc::is_pt2_archive(file)) {
-      if (requires_grad != 0 || is_training > 0) {
-        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "'" + file + "' is a compiled AOTInductor package (.pt2), which runs "
-                  "forward only: it cannot be loaded for training or with parameters requiring grad: export a training package "
-                  "(`python -m ftorch export MODEL --train FILE.pt2`) to train it");
-      }
-      auto model = std::make_shared<ftc::Model>();
-      model->compiled = ftc::load_compiled(file, dev);
-      ftc::replace_handle<ftc::ModelTable>(out, std::move(model));
-      return;
-    }
-    torch::AutoGradMode grad_mode(requires_grad != 0);
-    torch::jit::Module module;
-    try {
-      module = torch::jit::load(file, dev);
-    } catch (const c10::Error &e) {
-      ftc::fail(FTC_ERR_IO, "'" + file + "' is not a loadable TorchScript model: " + e.what_without_backtrace());
-    }
-    // A checkpoint is an archive LibTorch loads as a module too (with no forward): say what it is.
-    if (module.hasattr("format") && module.attr("format").isString() &&
-        module.attr("format").toStringRef() == ftc::kCheckpointFormat) {
-      ftc::fail(FTC_ERR_IO, "'" + file + "' is an FTorch checkpoint (torch_checkpoint_save), not a model: load the "
-                            "model from its TorchScript file, then the checkpoint into it with torch_checkpoint_load");
-    }
-    if (is_training > 0) {
-      module.train();
-    } else if (is_training == 0) {
-      module.eval();
-    }  // < 0: the mode the model was saved in
-    auto model = std::make_shared<ftc::Model>();
-    model->module = std::move(module);
-    ftc::replace_handle<ftc::ModelTable>(out, std::move(model));
+    ftc::replace_handle<ftc::ModelTable>(out, ftc::load_model(filename, device_type, device_index, requires_grad,
+                                                              is_training));
   });
 }
 

@@ -245,18 +245,34 @@ std::shared_ptr<CheckpointUndo> apply_checkpoint(StagedCheckpoint &st) {
 TrainStep train_step_of(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *inputs, int n_inputs,
                         ftc_tensor target, int loss_kind, int reduction, double max_grad_norm) {
   take_temporaries({target});
+  auto values = tensors_of(inputs, n_inputs, "input tensor");
+  if (any_model_of(m).shared) {
+    fail(FTC_ERR_INVALID_ARGUMENT, "a node-shared model trains with torch_train_step without cuda_graph (the leader "
+                                   "steps on every rank's batch); a CUDA-graph step needs a model of this process");
+  }
+  return train_step_for(any_model_of(m), o, s, std::move(values), tensor_of(target, "target tensor"), loss_kind,
+                        reduction, max_grad_norm);
+}
+
+TrainStep train_step_for(Model &model, ftc_optim o, ftc_scheduler s, std::vector<at::Tensor> inputs,
+                         at::Tensor target, int loss_kind, int reduction, double max_grad_norm) {
   TrainStep step;
-  step.inputs = tensors_of(inputs, n_inputs, "input tensor");
-  step.module = &model_of(m);
-  step.package = any_model_of(m).package.get();
+  step.inputs = std::move(inputs);
+  step.module = &module_of(model);
+  step.package = model.package.get();
   step.opt = &optim_of(o);
   step.sched = s != nullptr ? &scheduler_of(s) : nullptr;
-  step.target = tensor_of(target, "target tensor");
+  step.target = std::move(target);
   if (reduction == 0) fail(FTC_ERR_INVALID_ARGUMENT, "a training step needs a reduced loss (mean or sum)");
   step.loss_kind = loss_kind;
   step.reduction = reduction;
   step.max_grad_norm = max_grad_norm;
   return step;
+}
+
+double run_train_step(TrainStep &step) {
+  const auto compiled = compiled_train_step(step);
+  return compiled ? *compiled : eager_train_step(step);
 }
 
 at::Tensor step_loss(TrainStep &step) {
@@ -320,10 +336,18 @@ int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *
   return ftc::guard([&] {
     ftc::note_step();
     const auto start = std::chrono::steady_clock::now();
+    auto &model = ftc::any_model_of(m);
+    if (model.shared) {
+      ftc::take_temporaries({target});
+      auto values = ftc::tensors_of(inputs, n_inputs, "input tensor");
+      const double value = ftc::shared_train_step(model, o, s, std::move(values), ftc::tensor_of(target, "target tensor"),
+                                                  loss_kind, reduction, max_grad_norm);
+      if (loss != nullptr) *loss = value;
+      if (seconds != nullptr) *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      return;
+    }
     ftc::TrainStep step = ftc::train_step_of(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm);
-    // A training package's compiled step where it applies, else forward, loss, backward and update.
-    const auto compiled = ftc::compiled_train_step(step);
-    ftc::finish_train_step(step, compiled ? *compiled : ftc::eager_train_step(step), start, loss, seconds);
+    ftc::finish_train_step(step, ftc::run_train_step(step), start, loss, seconds);
   });
 }
 

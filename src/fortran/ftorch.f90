@@ -58,6 +58,7 @@ module ftorch
                                 torch_comm_collective_count, torch_allreduce, torch_broadcast, torch_allgather, &
                                 torch_barrier, torch_ddp, torch_ddp_init, torch_ddp_delete, torch_ddp_set_weight, &
                                 torch_ddp_sync_gradients, torch_ddp_bucket_count, torch_ddp_broadcast_parameters, &
+                                torch_model_load_shared, torch_model_is_leader, &
                                 torch_kReduceSum, torch_kReduceMean, torch_kReduceMax, torch_kReduceMin
   use ftorch_train, only: torch_train_step, torch_checkpoint_save, torch_checkpoint_load
   use ftorch_arglist, only: torch_arglist, torch_arglist_add, torch_arglist_get, torch_arglist_size, &
@@ -113,7 +114,8 @@ module ftorch
   public :: torch_comm, torch_comm_rank, torch_comm_size, torch_comm_delete, torch_comm_collective_count, &
             torch_allreduce, torch_broadcast, torch_allgather, torch_barrier, torch_ddp, torch_ddp_init, &
             torch_ddp_delete, torch_ddp_set_weight, torch_ddp_sync_gradients, torch_ddp_bucket_count, &
-            torch_ddp_broadcast_parameters, torch_kReduceSum, torch_kReduceMean, torch_kReduceMax, torch_kReduceMin
+            torch_ddp_broadcast_parameters, torch_model_load_shared, torch_model_is_leader, &
+            torch_kReduceSum, torch_kReduceMean, torch_kReduceMax, torch_kReduceMin
   public :: torch_train_step, torch_checkpoint_save, torch_checkpoint_load
   public :: torch_arglist, torch_arglist_add, torch_arglist_get, torch_arglist_size, torch_arglist_kind, &
             torch_arglist_clear, torch_arglist_delete, torch_kArgTensor, torch_kArgInt, torch_kArgReal, &

@@ -11,7 +11,7 @@ module ftorch_train
   use ftorch_model, only: torch_model
   use ftorch_optim, only: torch_optim, torch_scheduler, torch_optim_get_learning_rate, torch_optim_step_count
   use ftorch_loss, only: torch_kMSELoss
-  use ftorch_distributed, only: torch_comm
+  use ftorch_distributed, only: torch_comm, torch_model_is_leader
   use ftorch_c_api, only: ftc_checkpoint_load, ftc_checkpoint_save, ftc_comm_checkpoint_load, &
                             ftc_comm_checkpoint_save, ftc_train_step, ftc_train_step_cuda_graph, ftc_optim_train_time
   implicit none
@@ -86,6 +86,7 @@ contains
     call ftorch_check(status, "torch_train_step", stat, errmsg)
     if (status /= 0 .or. .not. present(log_every)) return
     if (log_every <= 0) return
+    if (.not. torch_model_is_leader(model)) return  ! (the optimizer of a node-shared model is the leader's)
     associate (steps => torch_optim_step_count(optim))
       if (mod(steps, int(log_every, int64)) /= 0) return
       ! The mean time of the train steps of the optimizer since its last line (kept with it:

@@ -10,6 +10,10 @@
 !>   errors       mismatched models, a failing rank, bad arguments: clear errors on every rank
 !>   resume full|first|second <file>   checkpoint of a data-parallel run, resumed bit for bit
 !>   crash        rank 1 stops with `error stop` in the middle of training (the job must end)
+!>   shared       node-shared models (torch_model_load_shared over torch_comm_init_node): forward and
+!>                torch_train_step on uneven batches (one rank with none when there are 3) equal the
+!>                single-process run on the concatenated batch; a failing rank, a disagreeing rank
+!>                and a failing leader end the call on every rank; groups of ranks per node
 !>   cuda         parity of torch_train_step with the models and batches on the GPU (every rank
 !>                on device 0, gradients staged through host memory) against the CPU
 !> Preprocessed: with FTORCH_TEST_MPIF_H defined, the program uses mpif.h instead of mpi_f08 (a
@@ -330,7 +334,7 @@ program test_distributed
   use mpi_f08
 #endif
   use ftorch
-  use ftorch_mpi, only: torch_comm_init
+  use ftorch_mpi, only: torch_comm_init, torch_comm_init_node
   use testing, only: check, summary, data_path
   use ddp_case
   implicit none
@@ -363,6 +367,8 @@ program test_distributed
     call resume()
   case ("crash")
     call crash()
+  case ("shared")
+    call node_shared()
   case ("cuda")
     if (.not. torch_device_available(torch_kCUDA)) error stop "mode cuda: no CUDA device"
     call parity_case(comm, case_options(name="cuda_sgd_uneven", optimizer=OPT_SGD, train_step=.true., &
@@ -806,6 +812,188 @@ contains
 
   ! Rank 1 stops with error stop in the middle of training while rank 0 waits in a collective:
   ! MPI ends the job (the test checks that mpirun returns, with a failure status).
+  ! This rank's rows of the global batch of a node-shared case: 3, 5, 7, ... rows, none on rank 1
+  ! when there are 3 ranks or more.
+  subroutine shared_rows(first, last, total)
+    integer, intent(out) :: first, last, total
+    integer :: sizes(0:nranks - 1), r
+    do r = 0, nranks - 1
+      sizes(r) = 3 + 2 * r
+      if (r == 1 .and. nranks >= 3) sizes(r) = 0
+    end do
+    first = sum(sizes(0:rank - 1)) + 1
+    last = first + sizes(rank) - 1
+    total = sum(sizes)
+  end subroutine shared_rows
+
+  subroutine node_shared()
+    type(torch_comm) :: node, pair
+    type(torch_model) :: shared, local
+    type(torch_optim) :: optim, local_optim
+    type(torch_tensor), allocatable :: params(:), local_params(:)
+    type(torch_tensor) :: tx(1), ty, tref, tall(1), tyall, tbad(1), tflag
+    real(real64), allocatable, target :: x(:, :), y(:, :), yref(:, :), xall(:, :), yall(:, :), bad(:, :), out(:, :)
+    real(real64) :: loss, local_loss, worst
+    integer :: first, last, total, group, stat, step, peers
+    character(len=512) :: msg
+    logical :: ok
+
+    call torch_comm_init_node(node, MPI_COMM_WORLD, group=group)
+    call check(torch_comm_size(node) == nranks .and. torch_comm_rank(node) == rank .and. group == 0, &
+               "torch_comm_init_node: every rank of this node, in order")
+    call shared_rows(first, last, total)
+    call make_rows(first, last, x, y)
+    allocate(out(size(y, 1), size(y, 2)), yref(size(y, 1), size(y, 2)))
+
+    ! forward: each rank's rows of one run on every rank's batch == its own forward
+    call torch_model_load_shared(shared, node, data_path("ddp_mlp.pt"), torch_kCPU)
+    call check(torch_model_is_leader(shared) .eqv. (rank == 0), "the leader is rank 0 of the communicator")
+    call torch_model_load(local, data_path("ddp_mlp.pt"), torch_kCPU)
+    call torch_tensor_from_array(tx(1), x, torch_kCPU)
+    call torch_tensor_from_array(ty, out, torch_kCPU)
+    call torch_tensor_from_array(tref, yref, torch_kCPU)
+    out = -1
+    call torch_model_forward(shared, tx, [ty])
+    call torch_model_forward(local, tx, [tref])
+    ! (1e-12: the same rows in a batch of another size may take another matrix-product kernel)
+    worst = 0
+    if (size(out) > 0) worst = maxval(abs(out - yref)) / maxval(abs(yref))
+    call check(worst <= 1d-12, "node-shared forward == this rank's own forward (uneven batches)")
+    x = 2 * x
+    call torch_model_forward(shared, tx, [ty])
+    call torch_model_forward(local, tx, [tref])
+    worst = 0
+    if (size(out) > 0) worst = maxval(abs(out - yref)) / maxval(abs(yref))
+    call check(worst <= 1d-12, "a second forward on new values in the same arrays")
+    x = x / 2
+
+    ! a rank that fails before the model runs: its own error there, the others are told
+    if (rank == nranks - 1) then
+      call torch_model_forward(shared, tx, [ty], requires_grad=.true., stat=stat, errmsg=msg)
+      call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "without a graph") > 0, &
+                 "the failing rank gets its own error")
+    else
+      call torch_model_forward(shared, tx, [ty], stat=stat, errmsg=msg)
+      call check(stat == FTORCH_ERR_DISTRIBUTED .and. index(msg, "rank(s) " // achar(iachar("0") + nranks - 1)) > 0, &
+                 "the other ranks are told which rank failed")
+    end if
+    ! a rank whose inputs differ in more than the batch: every rank says so
+    allocate(bad(size(x, 1), 3))
+    bad = 1
+    if (rank == nranks - 1) then
+      call torch_tensor_from_array(tbad(1), bad, torch_kCPU)
+    else
+      call torch_tensor_from_array(tbad(1), x, torch_kCPU)
+    end if
+    call torch_model_forward(shared, tbad, [ty], stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_SHAPE .and. index(msg, "on rank " // achar(iachar("0") + nranks - 1)) > 0, &
+               "inputs that differ in more than the batch: FTORCH_ERR_SHAPE on every rank")
+    ! the leader fails (every rank passes 3 features to a model of 4): every rank gets its reason
+    call torch_tensor_from_array(tbad(1), bad, torch_kCPU)
+    call torch_model_forward(shared, tbad, [ty], stat=stat, errmsg=msg)
+    if (rank == 0) then
+      call check(stat == FTORCH_ERR_SHAPE, "a forward that fails on the leader: its error there")
+    else
+      call check(stat == FTORCH_ERR_DISTRIBUTED .and. index(msg, "failed on its leader") > 0 .and. &
+                 index(msg, "shape") > 0, "... and the leader's reason on the other ranks")
+    end if
+    call torch_model_forward(shared, tx, [ty])
+    call torch_model_forward(local, tx, [tref])
+    worst = 0
+    if (size(out) > 0) worst = maxval(abs(out - yref)) / maxval(abs(yref))
+    call check(worst <= 1d-12, "forward works again after the failures")
+
+    ! what only the leader has
+    peers = torch_model_parameter_count(shared, stat=stat, errmsg=msg)
+    if (rank == 0) then
+      call check(stat == 0 .and. peers == torch_model_parameter_count(local), "the leader holds the parameters")
+    else
+      call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "does not hold the node-shared model") > 0, &
+                 "the other ranks hold none (a clear error)")
+    end if
+    call torch_model_save(shared, data_path("shared_model_copy.pt"), stat=stat)
+    call check((stat == 0) .eqv. (rank == 0), "only the leader saves")
+    call torch_delete(shared)
+    call torch_delete(local)
+
+    ! a load that fails on the leader fails everywhere
+    call torch_model_load_shared(shared, node, data_path("no_such_model.pt"), torch_kCPU, stat=stat, errmsg=msg)
+    if (rank == 0) then
+      call check(stat == FTORCH_ERR_IO, "a missing file: the leader's error")
+    else
+      call check(stat == FTORCH_ERR_DISTRIBUTED .and. index(msg, "could not load") > 0 .and. &
+                 index(msg, "no_such_model.pt") > 0, "... reaches every rank")
+    end if
+
+    ! training: one Adam step per call on every rank's batch == a single process on all of them
+    call torch_model_load_shared(shared, node, data_path("ddp_mlp.pt"), torch_kCPU, is_training=.true.)
+    if (torch_model_is_leader(shared)) then
+      allocate(params(torch_model_parameter_count(shared)))
+      call torch_model_parameters(shared, params)
+      call torch_optim_Adam(optim, params, learning_rate=0.01d0)
+    end if
+    call torch_model_load(local, data_path("ddp_mlp.pt"), torch_kCPU, is_training=.true.)
+    allocate(local_params(torch_model_parameter_count(local)))
+    call torch_model_parameters(local, local_params)
+    call torch_optim_Adam(local_optim, local_params, learning_rate=0.01d0)
+    call make_rows(1, total, xall, yall)
+    call torch_tensor_from_array(tall(1), xall, torch_kCPU)
+    call torch_tensor_from_array(tyall, yall, torch_kCPU)
+    call torch_tensor_from_array(ty, y, torch_kCPU)
+    ok = .true.
+    do step = 1, 10
+      if (step == 5) then
+        ! a target that differs in more than the batch on one rank: no step anywhere
+        call torch_tensor_from_array(tflag, bad, torch_kCPU)
+        if (rank == nranks - 1) then
+          call torch_train_step(shared, optim, tx, tflag, loss=loss, stat=stat, errmsg=msg)
+        else
+          call torch_train_step(shared, optim, tx, ty, loss=loss, stat=stat, errmsg=msg)
+        end if
+        call check(stat == FTORCH_ERR_SHAPE .and. index(msg, "input or target 2") > 0, &
+                   "a training step with a disagreeing target fails on every rank")
+      end if
+      call torch_train_step(shared, optim, tx, ty, loss=loss, log_every=4)
+      call torch_train_step(local, local_optim, tall, tyall, loss=local_loss)
+      ok = ok .and. abs(loss - local_loss) <= 1d-12 * abs(local_loss)
+    end do
+    call check(ok, "node-shared training: the loss of every step on every rank == single-process training")
+    if (rank == 0) then
+      call check(max_relative_difference(parameter_values(params), parameter_values(local_params)) <= 1d-12, &
+                 "... and the leader's parameters after 10 Adam steps")
+    end if
+    if (allocated(params)) call torch_delete(params)
+    call torch_delete(local_params)
+    call torch_delete(optim)
+    call torch_delete(local_optim)
+    call torch_delete(shared)
+    call torch_delete(local)
+
+    ! the ranks of a node dealt into 2 groups (one per GPU, say): each group shares its own model
+    call torch_comm_init_node(pair, MPI_COMM_WORLD, groups=2, group=group)
+    call check(group == mod(rank, 2) .and. torch_comm_size(pair) == (nranks - group + 1) / 2, &
+               "groups=2: ranks dealt by local rank modulo 2")
+    call torch_model_load_shared(shared, pair, data_path("ddp_mlp.pt"), torch_kCPU)
+    call torch_model_load(local, data_path("ddp_mlp.pt"), torch_kCPU)
+    call torch_tensor_from_array(ty, out, torch_kCPU)
+    call torch_model_forward(shared, tx, [ty])
+    call torch_model_forward(local, tx, [tref])
+    worst = 0
+    if (size(out) > 0) worst = maxval(abs(out - yref)) / maxval(abs(yref))
+    call check(worst <= 1d-12, "forward of a model shared by a group")
+    call torch_delete(shared)
+    call torch_delete(local)
+    call torch_delete(tx)
+    call torch_delete(tall)
+    call torch_delete(tbad)
+    call torch_delete(ty)
+    call torch_delete(tref)
+    call torch_delete(tyall)
+    call torch_delete(tflag)
+    call torch_delete(pair)
+    call torch_delete(node)
+  end subroutine node_shared
+
   subroutine crash()
     type(torch_model) :: model
     type(torch_optim) :: optim

@@ -116,7 +116,7 @@ static ftc_comm new_comm(MPI_Comm mpi_comm, const char *fn) {
     return NULL;
   }
   if (ftc_comm_new(&comm, (int64_t)(intptr_t)c, rank, size, 0, tf_allreduce, tf_broadcast, tf_allgather, tf_barrier,
-                   tf_free) != FTC_OK) {
+                   NULL, NULL, tf_free) != FTC_OK) {
     fprintf(stderr, "TORCHFORT::ERROR: %s: %s\n", fn, ftc_last_error());
     tf_free((int64_t)(intptr_t)c);
     return NULL;

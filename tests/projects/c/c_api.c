@@ -193,11 +193,11 @@ int main(void) {
     int64_t three[1] = {3}, count = 0;
     double values[3] = {1, 2, 3}, out[3] = {0, 0, 0};
     int rank = -1, size = -1;
-    check(ftc_comm_new(&bad, 7, 1, 1, 0, one_allreduce, one_broadcast, one_allgather, one_barrier, one_free) ==
+    check(ftc_comm_new(&bad, 7, 1, 1, 0, one_allreduce, one_broadcast, one_allgather, one_barrier, NULL, NULL, one_free) ==
                   FTC_ERR_INVALID_ARGUMENT &&
               freed == 7 && bad == NULL,
           "C: a rank outside the communicator is refused (and the caller's communicator freed)");
-    check(ftc_comm_new(&comm, 1, 0, 1, 0, one_allreduce, one_broadcast, one_allgather, one_barrier, one_free) ==
+    check(ftc_comm_new(&comm, 1, 0, 1, 0, one_allreduce, one_broadcast, one_allgather, one_barrier, NULL, NULL, one_free) ==
               FTC_OK,
           "C: communicator over caller-provided collectives");
     check(ftc_comm_rank(comm, &rank) == FTC_OK && ftc_comm_size(comm, &size) == FTC_OK && rank == 0 && size == 1,
@@ -219,6 +219,12 @@ int main(void) {
               strstr(ftc_last_error(), "unknown reduction 42 (one of: torch_kReduceSum (0), torch_kReduceMean (1), "
                                        "torch_kReduceMax (2), torch_kReduceMin (3))") != NULL,
           "C: an unknown reduction is refused, the accepted names listed from the enumerator table");
+    {
+      ftc_model shared = NULL;
+      check(ftc_model_load_shared(&shared, comm, "no_such_model.pt", FTC_CPU, -1, 0, 0) == FTC_ERR_INVALID_ARGUMENT &&
+                strstr(ftc_last_error(), "without gatherv/scatterv") != NULL && shared == NULL,
+            "C: a node-shared model needs a communicator with gatherv and scatterv");
+    }
     ftc_tensor_delete(&v);
     ftc_tensor_delete(&gathered);
     freed = 0;
