@@ -346,3 +346,18 @@ def test_example_data_parallel_fpm(example10, installed, tmp_path):
     (exe,) = (project / "build").glob("mpif90_*/app/data_parallel")
     proc = mpirun(2, exe, example10, "100")
     assert "trained on 2 ranks; example 10 finished" in proc.stdout
+
+
+def test_example_node_shared(installed, tmp_path):
+    """examples/18_node_shared built by CMake and run on 3 ranks of uneven sizes: one emulator held
+    by rank 0, trained online on every rank's columns and then run in place of the physics."""
+    require_mpi()
+    run([sys.executable, REPO / "examples" / "18_node_shared" / "write_model.py", tmp_path])
+    bdir = tmp_path / "build"
+    run(["cmake", "-S", REPO / "examples" / "18_node_shared", "-B", bdir, "-G", "Ninja",
+         "-DCMAKE_Fortran_COMPILER=gfortran", f"-DCMAKE_PREFIX_PATH={installed['prefix']}"], env=tool_env())
+    run(["cmake", "--build", bdir], env=tool_env())
+    proc = mpirun(3, bdir / "node_shared", tmp_path, "300")
+    assert "one model served 3 ranks; example 18 finished" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stdout.count("node loss") == 3
+
