@@ -173,6 +173,13 @@ def test_data_parallel_on_the_gpu(mpi_program, mpi_data):
     assert_every_rank_passed(mpirun(2, mpi_program, mpi_data, "cuda"), 2)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_node_shared_model_on_the_gpu(mpi_program, mpi_data):
+    """A node-shared model held on the GPU by rank 0 of 3 ranks with host arrays: forward and
+    training against the single-process CPU runs (1e-9: cuBLAS sums in another order)."""
+    assert_every_rank_passed(mpirun(3, mpi_program, mpi_data, "shared_cuda"), 3)
+
+
 def test_sub_communicator(mpi_program, mpi_data):
     assert_every_rank_passed(mpirun(3, mpi_program, mpi_data, "subcomm"), 3)
 

@@ -87,7 +87,8 @@ else
   device_tests=(tests/test_gpu.py tests/test_openacc.py "tests/test_other_consumers.py::test_c_program_device_paths"
                 tests/test_cmake_consumer.py -k "gpu or device or openacc or cuda"
                 "tests/test_examples.py::test_example_runs[cuda_graph-gfortran]"
-                "tests/test_distributed.py::test_data_parallel_on_the_gpu")
+                "tests/test_distributed.py::test_data_parallel_on_the_gpu"
+                "tests/test_distributed.py::test_node_shared_model_on_the_gpu")
 fi
 step device_tests 300 "$py" -m pytest -q -rs -n "$jobs" "${device_tests[@]}"
 step transfer 200 "$py" bench/transfer.py --out "$logs"
