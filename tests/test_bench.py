@@ -108,3 +108,27 @@ def test_documented_instruction_counts_are_the_recorded_measurement():
 
     for name, r in recorded.items():
         assert instructions.table_row(name, r) in table, name
+
+
+def test_node_shared_benchmark_smoke_run(installed, tmp_path):
+    """bench/node_shared.py --quick: 1 and 2 ranks through a node-shared model and with a model of
+    their own; the table and the JSON are written."""
+    import shutil
+
+    import pytest
+
+    from conftest import IN_CI
+
+    if shutil.which("mpirun") is None or shutil.which("mpif90") is None:
+        if IN_CI:
+            pytest.fail("OpenMPI is required in CI")
+        pytest.skip("OpenMPI not installed")
+    out = tmp_path / "results"
+    run([sys.executable, REPO / "bench" / "node_shared.py", "--quick", "--out", out, "--build-dir",
+         tmp_path / "build"], env=tool_env())
+    rows = json.loads((out / "node_shared.json").read_text())["ms_per_forward"]["small"]
+    assert set(rows) == {"1", "2"}
+    for row in rows.values():
+        assert row["node-shared, leader on the CPU"] > 0 and row["local CPU (each rank its own model)"] > 0
+    assert "| model | ranks |" in (out / "node_shared.md").read_text()
+
