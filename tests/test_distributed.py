@@ -157,6 +157,8 @@ def test_data_parallel_training_package(mpi_program, mpi_data, tmp_path):
     shutil.copy(d / "ddp_mlp.pt2", d / "ddp_mlp.pt")
     dump = tmp_path / "parity.txt"
     assert_every_rank_passed(mpirun(2, mpi_program, d, "parity", dump), 2)
+    # the package as a node-shared model (forward, training, the failure cases)
+    assert_every_rank_passed(mpirun(2, mpi_program, d, "shared"), 2)
     got = {line.split()[0]: np.array(line.split()[1:], dtype=float) for line in dump.read_text().splitlines()}
     for name, optimizer, sizes in [("sgd_momentum", "sgd", [4] * 2), ("adam", "adam", [4] * 2),
                                    ("uneven", "adam", [2 + 2 * r for r in range(2)])]:

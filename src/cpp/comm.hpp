@@ -70,12 +70,14 @@ struct Comm {
   // rank order at root); the total must fit MPI's int displacements.
   void gatherv(const void *send, int64_t count, void *recv, const std::vector<int64_t> &counts, int dtype, int root) {
     require_rooted("gatherv");
+    require_int_total(counts, "gatherv");
     call("gatherv", [&](char *msg, int64_t len) {
       return gatherv_fn(ctx, send, count, recv, counts.data(), dtype, root, msg, len);
     });
   }
   void scatterv(const void *send, const std::vector<int64_t> &counts, void *recv, int64_t count, int dtype, int root) {
     require_rooted("scatterv");
+    require_int_total(counts, "scatterv");
     call("scatterv", [&](char *msg, int64_t len) {
       return scatterv_fn(ctx, send, counts.data(), recv, count, dtype, root, msg, len);
     });
@@ -93,6 +95,15 @@ struct Comm {
   }
 
  private:
+  // counts are the same on every rank: so is the verdict.
+  static void require_int_total(const std::vector<int64_t> &counts, const char *what) {
+    int64_t total = 0;
+    for (const int64_t c : counts) total += c;
+    if (total > INT_MAX) {
+      fail(FTC_ERR_INVALID_ARGUMENT, std::string(what) + " of " + std::to_string(total) +
+                                         " elements: at most 2^31-1 in one call (MPI's int counts)");
+    }
+  }
   void require_rooted(const char *what) const {
     if (!rooted()) {
       fail(FTC_ERR_INVALID_ARGUMENT, std::string(what) + ": this communicator was made without gatherv/scatterv functions "

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -271,7 +272,12 @@ std::shared_ptr<Model> load_model(const char *filename, int device_type, int dev
 c10::IValue forward_here(Model &model, std::vector<c10::IValue> args, int requires_grad);
 // Node-shared models (node_shared.cpp): forward, collective over the model's communicator (this
 // rank's rows of the results); fails on a rank that does not hold the model (model_of).
-c10::IValue shared_forward(Model &model, std::vector<c10::IValue> args, int requires_grad);
+// `resolve` gives this rank's arguments within the collective (a rank whose arguments are bad
+// still takes part, with its error).
+c10::IValue shared_forward(Model &model, const std::function<std::vector<c10::IValue>()> &resolve,
+                           int requires_grad);
+// The model of handle m if it is node-shared (else null: the caller's usual path reports a bad handle).
+Model *shared_model(ftc_model m);
 void require_model_here(const Model &model);
 
 struct TrainStep {
@@ -294,8 +300,10 @@ TrainStep train_step_for(Model &model, ftc_optim o, ftc_scheduler s, std::vector
 double run_train_step(TrainStep &step);
 // ftc_train_step of a node-shared model (collective): the leader steps on every rank's batch;
 // the loss value on every rank.
-double shared_train_step(Model &model, ftc_optim o, ftc_scheduler s, std::vector<at::Tensor> inputs, at::Tensor target,
-                         int loss_kind, int reduction, double max_grad_norm);
+// (resolve: this rank's inputs, then its target)
+double shared_train_step(Model &model, ftc_optim o, ftc_scheduler s,
+                         const std::function<std::vector<at::Tensor>()> &resolve, int loss_kind, int reduction,
+                         double max_grad_norm);
 // Forward (autograd on), the loss against the target, backward; the loss value (detached).
 at::Tensor step_loss(TrainStep &step);
 // zero_grad, step_loss (averaged across ranks for a data-parallel optimizer), clipping, the

@@ -2,6 +2,7 @@
 // AOTInductor packages (compiled.cpp) for load and forward.
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <iostream>
 #include <sstream>
@@ -70,9 +71,8 @@ std::vector<at::Tensor> package_results(ftc::Model &model, const std::vector<c10
 // A forward's result tensors written into its output tensors (as many as it returned).
 void store_results(const std::vector<at::Tensor> &results, const ftc_tensor *outputs, int n_outputs);
 
-// forward(args...) of a model (graph recorded when requires_grad); collective for a node-shared one.
+// forward(args...) of a model (graph recorded when requires_grad).
 c10::IValue call_forward(ftc::Model &model, std::vector<c10::IValue> args, int requires_grad) {
-  if (model.shared) return ftc::shared_forward(model, std::move(args), requires_grad);
   return ftc::forward_here(model, std::move(args), requires_grad);
 }
 
@@ -163,6 +163,18 @@ void run_forward(ftc_model m, std::vector<at::Tensor> inputs, const ftc_tensor *
   } else {
     forward_into(model, std::vector<c10::IValue>(inputs.begin(), inputs.end()), outputs, n_outputs, requires_grad);
   }
+}
+
+// forward of a node-shared model (collective): this rank's arguments resolved by `resolve` within
+// it, after its outputs are checked; its rows of the results written into the outputs.
+void shared_forward_into(ftc::Model &model, ftc_model m, const ftc_tensor *outputs, int n_outputs, int requires_grad,
+                         const std::function<std::vector<c10::IValue>()> &resolve) {
+  const auto items = result_items(ftc::shared_forward(model, [&] {
+    checked_forward(m, outputs, n_outputs);
+    return resolve();
+  }, requires_grad));
+  check_result_count(items.size(), n_outputs);
+  for (int i = 0; i < n_outputs; ++i) store_output(outputs[i], i, items[static_cast<size_t>(i)]);
 }
 
 void store_results(const std::vector<at::Tensor> &results, const ftc_tensor *outputs, int n_outputs) {
@@ -322,6 +334,14 @@ int ftc_model_forward(ftc_model m, const ftc_tensor *inputs, int n_inputs, const
   return ftc::guard([&] {
     ftc::note_step();
     ftc::take_temporaries(outputs, n_outputs);  // the inputs' are taken by tensors_of
+    if (auto *model = ftc::shared_model(m)) {
+      ftc::take_temporaries(inputs, n_inputs);
+      shared_forward_into(*model, m, outputs, n_outputs, requires_grad, [&] {
+        const auto tensors = ftc::tensors_of(inputs, n_inputs, "input tensor");
+        return std::vector<c10::IValue>(tensors.begin(), tensors.end());
+      });
+      return;
+    }
     run_forward(m, ftc::tensors_of(inputs, n_inputs, "input tensor"), outputs, n_outputs, requires_grad);
   });
 }
@@ -331,6 +351,11 @@ int ftc_model_forward_args(ftc_model m, ftc_arglist args, const ftc_tensor *outp
   return ftc::guard([&] {
     ftc::note_step();
     ftc::take_temporaries(outputs, n_outputs);
+    if (auto *model = ftc::shared_model(m)) {
+      shared_forward_into(*model, m, outputs, n_outputs, requires_grad,
+                          [&] { return ftc::ivalues_of(ftc::arglist_of(args)); });
+      return;
+    }
     run_forward(m, ftc::ivalues_of(ftc::arglist_of(args)), outputs, n_outputs, requires_grad);
   });
 }
@@ -338,9 +363,17 @@ int ftc_model_forward_args(ftc_model m, ftc_arglist args, const ftc_tensor *outp
 int ftc_model_forward_list(ftc_model m, ftc_arglist args, ftc_arglist *results, int requires_grad) {
   return ftc::guard([&] {
     ftc::note_step();
-    ftc::out_arg(results, "results");
-    auto values = ftc::ivalues_of(ftc::arglist_of(args));
-    const auto items = result_items(call_forward(ftc::any_model_of(m), std::move(values), requires_grad));
+    std::vector<c10::IValue> items;
+    if (auto *model = ftc::shared_model(m)) {
+      items = result_items(ftc::shared_forward(*model, [&] {
+        ftc::out_arg(results, "results");
+        return ftc::ivalues_of(ftc::arglist_of(args));
+      }, requires_grad));
+    } else {
+      ftc::out_arg(results, "results");
+      auto values = ftc::ivalues_of(ftc::arglist_of(args));
+      items = result_items(call_forward(ftc::any_model_of(m), std::move(values), requires_grad));
+    }
     ftc::ArgList list;
     for (size_t i = 0; i < items.size(); ++i) {
       if (!items[i].isTensor()) {

@@ -336,12 +336,14 @@ int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *
   return ftc::guard([&] {
     ftc::note_step();
     const auto start = std::chrono::steady_clock::now();
-    auto &model = ftc::any_model_of(m);
-    if (model.shared) {
-      ftc::take_temporaries({target});
-      auto values = ftc::tensors_of(inputs, n_inputs, "input tensor");
-      const double value = ftc::shared_train_step(model, o, s, std::move(values), ftc::tensor_of(target, "target tensor"),
-                                                  loss_kind, reduction, max_grad_norm);
+    ftc::take_temporaries({target});
+    ftc::take_temporaries(inputs, n_inputs);
+    if (auto *model = ftc::shared_model(m)) {
+      const double value = ftc::shared_train_step(*model, o, s, [&] {
+        auto tensors = ftc::tensors_of(inputs, n_inputs, "input tensor");
+        tensors.push_back(ftc::tensor_of(target, "target tensor"));
+        return tensors;
+      }, loss_kind, reduction, max_grad_norm);
       if (loss != nullptr) *loss = value;
       if (seconds != nullptr) *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       return;

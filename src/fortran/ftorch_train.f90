@@ -86,7 +86,7 @@ contains
     call ftorch_check(status, "torch_train_step", stat, errmsg)
     if (status /= 0 .or. .not. present(log_every)) return
     if (log_every <= 0) return
-    if (.not. torch_model_is_leader(model)) return  ! (the optimizer of a node-shared model is the leader's)
+    if (.not. torch_model_is_leader(model)) return  ! (the optimizer of a node-shared model is the leader’s)
     associate (steps => torch_optim_step_count(optim))
       if (mod(steps, int(log_every, int64)) /= 0) return
       ! The mean time of the train steps of the optimizer since its last line (kept with it:

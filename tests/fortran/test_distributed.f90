@@ -814,8 +814,6 @@ contains
                "the same valid file on every rank loads everywhere")
   end subroutine all_or_nothing
 
-  ! Rank 1 stops with error stop in the middle of training while rank 0 waits in a collective:
-  ! MPI ends the job (the test checks that mpirun returns, with a failure status).
   ! This rank's rows of the global batch of a node-shared case: 3, 5, 7, ... rows, none on rank 1
   ! when there are 3 ranks or more.
   subroutine shared_rows(first, last, total)
@@ -837,7 +835,7 @@ contains
     type(torch_model) :: shared, local
     type(torch_optim) :: optim, local_optim
     type(torch_tensor), allocatable :: params(:), local_params(:)
-    type(torch_tensor) :: tx(1), ty, tref, tall(1), tyall, tbad(1), tflag
+    type(torch_tensor) :: tx(1), ty, tref, tall(1), tyall, tbad(1), tflag, unmade(1)
     real(real64), allocatable, target :: x(:, :), y(:, :), yref(:, :), xall(:, :), yall(:, :), bad(:, :), out(:, :)
     real(real64) :: loss, local_loss, worst, tol
     integer :: first, last, total, group, stat, step, peers, gpu_index
@@ -888,6 +886,22 @@ contains
       call check(stat == FTORCH_ERR_DISTRIBUTED .and. index(msg, "rank(s) " // achar(iachar("0") + nranks - 1)) > 0, &
                  "the other ranks are told which rank failed")
     end if
+    ! a rank whose output was never constructed: its error there, the others told (no rank waits)
+    if (rank == nranks - 1) then
+      call torch_model_forward(shared, tx, unmade, stat=stat, errmsg=msg)
+      call check(stat == FTORCH_ERR_NULL_HANDLE, "a rank passing an unconstructed output gets its own error")
+    else
+      call torch_model_forward(shared, tx, [ty], stat=stat, errmsg=msg)
+      call check(stat == FTORCH_ERR_DISTRIBUTED, "... and the other ranks are told")
+    end if
+    ! a rank that trains where the others run forward: nothing runs, every rank is told
+    if (rank == nranks - 1) then
+      call torch_train_step(shared, optim, tx, ty, stat=stat, errmsg=msg)
+    else
+      call torch_model_forward(shared, tx, [ty], stat=stat, errmsg=msg)
+    end if
+    call check(stat == FTORCH_ERR_DISTRIBUTED .and. index(msg, "every rank makes the same call") > 0, &
+               "forward on some ranks and a training step on another: an error on every rank")
     ! a rank whose inputs differ in more than the batch: every rank says so
     allocate(bad(size(x, 1), 3))
     bad = 1
@@ -961,7 +975,7 @@ contains
         else
           call torch_train_step(shared, optim, tx, ty, loss=loss, stat=stat, errmsg=msg)
         end if
-        call check(stat == FTORCH_ERR_SHAPE .and. index(msg, "input or target 2") > 0, &
+        call check(stat == FTORCH_ERR_SHAPE .and. index(msg, "input and target tensor 2") > 0, &
                    "a training step with a disagreeing target fails on every rank")
       end if
       call torch_train_step(shared, optim, tx, ty, loss=loss, log_every=4)
@@ -1005,6 +1019,8 @@ contains
     call torch_delete(node)
   end subroutine node_shared
 
+  ! Rank 1 stops with error stop in the middle of training while rank 0 waits in a collective:
+  ! MPI ends the job (the test checks that mpirun returns, with a failure status).
   subroutine crash()
     type(torch_model) :: model
     type(torch_optim) :: optim
