@@ -11,6 +11,7 @@ import io
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -187,11 +188,39 @@ def read_got(path) -> dict:
     return got
 
 
+# The package each test of this module needs (by test name; the parametrized one by its `name`).
+PACKAGE_OF_TEST = {"test_dropout_masks_follow_the_seed_set_from_fortran": "dropout", "test_package_errors": "kwargs",
+                   "test_package_training_loop_keeps_handles_flat": "batch_norm",
+                   "test_inspect_describes_a_training_package": "batch_norm"}
+
+
+def _export_into(d: str, name: str) -> str:
+    packaged(Path(d), name)
+    return name
+
+
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A directory for the models of train_models.py as training packages (see `packaged`)."""
+def model_dir(request, tmp_path_factory):
+    """A directory for the models of train_models.py as training packages (see `packaged`). The
+    packages the selected tests need are exported first, two at a time (each export is mostly one
+    compiler process: the two cores halve the wait)."""
     sys.path.insert(0, str(TESTS))
-    return tmp_path_factory.mktemp("train_models")
+    d = tmp_path_factory.mktemp("train_models")
+    needed = set()
+    for item in request.session.items:
+        if item.module is not request.module:
+            continue
+        if item.originalname == "test_models_torchscript_rejects_train_from_fortran":
+            needed.add(item.callspec.params["name"])
+        elif item.originalname in PACKAGE_OF_TEST:
+            needed.add(PACKAGE_OF_TEST[item.originalname])
+    if len(needed) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(_export_into, [str(d)] * len(needed), sorted(needed)))
+    return d
 
 
 def packaged(d, name: str):
