@@ -6,12 +6,21 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from conftest import REPO, run, tool_env
 
 
-def test_benchmark_smoke_run(installed, tmp_path):
+@pytest.fixture(scope="module")
+def bench_build(tmp_path_factory):
+    """One build of bench/CMakeLists.txt's programs for the benchmarks that run them (the C++
+    program alone takes a minute to compile)."""
+    return tmp_path_factory.mktemp("bench-build")
+
+
+def test_benchmark_smoke_run(installed, tmp_path, bench_build):
     out = tmp_path / "results"
-    run([sys.executable, REPO / "bench" / "run.py", "--quick", "--out", out, "--build-dir", tmp_path / "build"],
+    run([sys.executable, REPO / "bench" / "run.py", "--quick", "--out", out, "--build-dir", bench_build],
         env=tool_env())
     results = json.loads((out / "latest.json").read_text())
     cases = results["cases"]
@@ -31,7 +40,7 @@ def test_benchmark_smoke_run(installed, tmp_path):
     table = (out / "latest.md").read_text()
     assert "| case | Fortran (FTorch) | C++ (LibTorch) | Python (PyTorch) | Fortran/C++ | Python/Fortran |" in table
     # bench/rl.py --quick in the same build: TorchFort's TD3 and PPO train steps from Fortran and Python
-    run([sys.executable, REPO / "bench" / "rl.py", "--quick", "--out", out, "--build-dir", tmp_path / "build"],
+    run([sys.executable, REPO / "bench" / "rl.py", "--quick", "--out", out, "--build-dir", bench_build],
         env=tool_env())
     rl = json.loads((out / "rl.json").read_text())["rows"]
     assert set(rl) == {"td3", "ppo"}
@@ -40,13 +49,13 @@ def test_benchmark_smoke_run(installed, tmp_path):
     assert "| td3 |" in (out / "rl.md").read_text()
 
 
-def test_training_package_benchmark_smoke_run(installed, tmp_path):
+def test_training_package_benchmark_smoke_run(installed, tmp_path, bench_build):
     """bench/train_package.py --quick: the package's step from Fortran beside C++ and Python."""
     import json
 
     out = tmp_path / "results"
-    run([sys.executable, REPO / "bench" / "train_package.py", "--quick", "--out", out, "--build-dir",
-         tmp_path / "build"], timeout=1800)
+    run([sys.executable, REPO / "bench" / "train_package.py", "--quick", "--out", out, "--build-dir", bench_build],
+        timeout=1800)
     result = json.loads((out / "train_package.json").read_text())
     row = result["rows"]["batch 1, hidden 32"]
     assert set(row["median_seconds"]) == {"package_fortran", "package_fortran_uncompiled_step", "torchscript_fortran",
