@@ -175,6 +175,13 @@ def test_data_parallel_on_the_gpu(mpi_program, mpi_data):
     assert_every_rank_passed(mpirun(2, mpi_program, mpi_data, "cuda"), 2)
 
 
+def test_node_shared_groups_with_data_parallel_leaders(mpi_program, mpi_data):
+    """4 ranks in 2 groups (groups=2), one node-shared model per group, the leaders data-parallel
+    over their own communicator (weighted by their groups' rows): single-process training on all
+    4 ranks' batches (1e-12)."""
+    assert_every_rank_passed(mpirun(4, mpi_program, mpi_data, "shared_ddp"), 4)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_node_shared_model_on_the_gpu(mpi_program, mpi_data):
     """A node-shared model held on the GPU by rank 0 of 3 ranks with host arrays: forward and

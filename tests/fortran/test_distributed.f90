@@ -14,6 +14,9 @@
 !>                torch_train_step on uneven batches (one rank with none when there are 3) equal the
 !>                single-process run on the concatenated batch; a failing rank, a disagreeing rank
 !>                and a failing leader end the call on every rank; groups of ranks per node
+!>   shared_ddp   4 ranks as 2 groups of 2 (groups=2), each group one node-shared model, the two
+!>                leaders data-parallel (torch_ddp over a communicator of leaders): 10 Adam steps
+!>                equal single-process training on the batches of all 4 ranks
 !>   shared_cuda  the same with the model on the GPU (its leader's device 0), against the CPU
 !>   cuda         parity of torch_train_step with the models and batches on the GPU (every rank
 !>                on device 0, gradients staged through host memory) against the CPU
@@ -370,6 +373,8 @@ program test_distributed
     call crash()
   case ("shared")
     call node_shared(torch_kCPU)
+  case ("shared_ddp")
+    call shared_leaders_data_parallel()
   case ("shared_cuda")
     if (.not. torch_device_available(torch_kCUDA)) error stop "mode shared_cuda: no CUDA device"
     call node_shared(torch_kCUDA)
@@ -1018,6 +1023,72 @@ contains
     call torch_delete(pair)
     call torch_delete(node)
   end subroutine node_shared
+
+  subroutine shared_leaders_data_parallel()
+    MPI_COMM_TYPE :: leaders_mpi
+    type(torch_comm) :: group_comm, leaders
+    type(torch_model) :: shared, local
+    type(torch_optim) :: optim, local_optim
+    type(torch_ddp) :: ddp
+    type(torch_tensor), allocatable :: params(:), local_params(:)
+    type(torch_tensor) :: tx(1), ty, tall(1), tyall
+    real(real64), allocatable, target :: x(:, :), y(:, :), xall(:, :), yall(:, :)
+    real(real64) :: loss, local_loss, rows
+    integer :: first, last, total, group, step
+    logical :: ok, leader
+    if (nranks /= 4) error stop "mode shared_ddp: run on 4 ranks"
+    call torch_comm_init_node(group_comm, MPI_COMM_WORLD, groups=2, group=group)
+    call shared_rows(first, last, total)
+    call make_rows(first, last, x, y)
+    call torch_model_load_shared(shared, group_comm, data_path("ddp_mlp.pt"), torch_kCPU, is_training=.true.)
+    leader = torch_model_is_leader(shared)
+    ! The group leaders (world ranks 0 and 1) train data-parallel, each weighted by its group's rows.
+    call MPI_Comm_split(MPI_COMM_WORLD, merge(0, 1, leader), rank, leaders_mpi, ierr)
+    rows = real(last - first + 1, real64)
+    call torch_allreduce(group_comm, rows)
+    if (leader) then
+      call torch_comm_init(leaders, leaders_mpi)
+      allocate(params(torch_model_parameter_count(shared)))
+      call torch_model_parameters(shared, params)
+      call torch_optim_Adam(optim, params, learning_rate=0.01d0)
+      call torch_ddp_init(ddp, leaders, shared, optim)
+      call torch_ddp_set_weight(ddp, rows)
+    end if
+    call torch_model_load(local, data_path("ddp_mlp.pt"), torch_kCPU, is_training=.true.)
+    allocate(local_params(torch_model_parameter_count(local)))
+    call torch_model_parameters(local, local_params)
+    call torch_optim_Adam(local_optim, local_params, learning_rate=0.01d0)
+    call make_rows(1, total, xall, yall)
+    call torch_tensor_from_array(tx(1), x, torch_kCPU)
+    call torch_tensor_from_array(ty, y, torch_kCPU)
+    call torch_tensor_from_array(tall(1), xall, torch_kCPU)
+    call torch_tensor_from_array(tyall, yall, torch_kCPU)
+    ok = .true.
+    do step = 1, 10
+      call torch_train_step(shared, optim, tx, ty, loss=loss)
+      call torch_train_step(local, local_optim, tall, tyall, loss=local_loss)
+      ok = ok .and. abs(loss - local_loss) <= 1d-12 * abs(local_loss)
+    end do
+    call check(ok, "two node-shared groups whose leaders are data-parallel: the loss of every step == one process")
+    if (leader) then
+      call check(max_relative_difference(parameter_values(params), parameter_values(local_params)) <= 1d-12, &
+                 "... and the leaders' parameters after 10 Adam steps")
+      call torch_delete(ddp)
+      call torch_delete(params)
+      call torch_delete(optim)
+      call torch_delete(leaders)
+    end if
+    call MPI_Comm_free(leaders_mpi, ierr)
+    call torch_delete(local_params)
+    call torch_delete(local_optim)
+    call torch_delete(shared)
+    call torch_delete(local)
+    call torch_delete(tx)
+    call torch_delete(tall)
+    call torch_delete(ty)
+    call torch_delete(tyall)
+    call torch_delete(group_comm)
+  end subroutine shared_leaders_data_parallel
 
   ! Rank 1 stops with error stop in the middle of training while rank 0 waits in a collective:
   ! MPI ends the job (the test checks that mpirun returns, with a failure status).
