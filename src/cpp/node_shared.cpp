@@ -172,7 +172,7 @@ std::vector<at::Tensor> gather_buffers(const Comm &comm, const std::vector<int64
 void gather_batches(Comm &comm, const std::vector<int64_t> &all, const std::vector<at::Tensor> &mine,
                     const std::vector<at::Tensor> &buffers) {
   for (size_t i = 0; i < mine.size(); ++i) {
-    const at::Tensor send = mine[i].to(c10::kCPU).contiguous();
+    const at::Tensor &send = mine[i];  // (host memory, contiguous: made so in the local phase)
     comm.gatherv(send.data_ptr(), send.numel(), comm.rank == 0 ? buffers[i].data_ptr() : nullptr,
                  counts_of(comm, all, i), wire_dtype(send.scalar_type()), 0);
   }
@@ -223,6 +223,7 @@ std::vector<at::Tensor> gathered(Comm &comm, Operation op, Resolve &&resolve, co
   const int status = local(message, [&] {
     mine = resolve();
     check_batched(mine, what);
+    for (auto &t : mine) t = t.to(c10::kCPU).contiguous();  // what the gather sends
   });
   all = agree(comm, status, message, op, mine, what);
   std::vector<at::Tensor> buffers;
