@@ -19,33 +19,13 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def run(cmd, env=None):
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc.stdout
-
-
-def result_line(output: str) -> list[float]:
-    for line in output.splitlines():
-        if line.startswith("RESULT"):
-            return [float(v) for v in line.split()[1:]]
-    raise RuntimeError(f"no RESULT line in:\n{output}")
-
-
-def mpi_env() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    return env
+sys.path.insert(0, str(HERE))
+from distributed import env_one_thread as mpi_env, result_line, run  # noqa: E402  (bench/distributed.py)
 
 
 def main(argv=None) -> int:

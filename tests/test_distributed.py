@@ -368,7 +368,7 @@ def test_example_node_shared(installed, tmp_path):
     """examples/18_node_shared built by CMake and run on 3 ranks of uneven sizes: one emulator held
     by rank 0, trained online on every rank's columns and then run in place of the physics."""
     require_mpi()
-    run([sys.executable, REPO / "examples" / "18_node_shared" / "write_model.py", tmp_path])
+    run([sys.executable, REPO / "examples" / "10_data_parallel" / "write_model.py", tmp_path])
     bdir = tmp_path / "build"
     run(["cmake", "-S", REPO / "examples" / "18_node_shared", "-B", bdir, "-G", "Ninja",
          "-DCMAKE_Fortran_COMPILER=gfortran", f"-DCMAKE_PREFIX_PATH={installed['prefix']}"], env=tool_env())

@@ -9,6 +9,7 @@
 !> the emulator and compares the two.
 !>
 !> Run: mpirun -np 3 ./node_shared <directory of emulator.pt> [steps]
+!> (emulator.pt: example 10’s, from examples/10_data_parallel/write_model.py)
 program node_shared
   use, intrinsic :: iso_fortran_env, only: real32, real64
   use mpi_f08

@@ -71,11 +71,6 @@ std::vector<at::Tensor> package_results(ftc::Model &model, const std::vector<c10
 // A forward's result tensors written into its output tensors (as many as it returned).
 void store_results(const std::vector<at::Tensor> &results, const ftc_tensor *outputs, int n_outputs);
 
-// forward(args...) of a model (graph recorded when requires_grad).
-c10::IValue call_forward(ftc::Model &model, std::vector<c10::IValue> args, int requires_grad) {
-  return ftc::forward_here(model, std::move(args), requires_grad);
-}
-
 }  // namespace
 
 namespace ftc {
@@ -139,7 +134,7 @@ void check_result_count(size_t n, int n_outputs) {
 // forward(args...) of a model, its results written into outputs already checked by checked_forward.
 void forward_into(ftc::Model &model, std::vector<c10::IValue> args, const ftc_tensor *outputs, int n_outputs,
                   int requires_grad) {
-  const auto items = result_items(call_forward(model, std::move(args), requires_grad));
+  const auto items = result_items(ftc::forward_here(model, std::move(args), requires_grad));
   check_result_count(items.size(), n_outputs);
   for (int i = 0; i < n_outputs; ++i) store_output(outputs[i], i, items[static_cast<size_t>(i)]);
 }
@@ -372,7 +367,7 @@ int ftc_model_forward_list(ftc_model m, ftc_arglist args, ftc_arglist *results, 
     } else {
       ftc::out_arg(results, "results");
       auto values = ftc::ivalues_of(ftc::arglist_of(args));
-      items = result_items(call_forward(ftc::any_model_of(m), std::move(values), requires_grad));
+      items = result_items(ftc::forward_here(ftc::any_model_of(m), std::move(values), requires_grad));
     }
     ftc::ArgList list;
     for (size_t i = 0; i < items.size(); ++i) {

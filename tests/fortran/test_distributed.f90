@@ -962,13 +962,7 @@ contains
       call torch_model_parameters(shared, params)
       call torch_optim_Adam(optim, params, learning_rate=0.01d0)
     end if
-    call torch_model_load(local, data_path("ddp_mlp.pt"), torch_kCPU, is_training=.true.)
-    allocate(local_params(torch_model_parameter_count(local)))
-    call torch_model_parameters(local, local_params)
-    call torch_optim_Adam(local_optim, local_params, learning_rate=0.01d0)
-    call make_rows(1, total, xall, yall)
-    call torch_tensor_from_array(tall(1), xall, torch_kCPU)
-    call torch_tensor_from_array(tyall, yall, torch_kCPU)
+    call reference_training(total, local, local_params, local_optim, xall, yall, tall, tyall)
     call torch_tensor_from_array(ty, y, torch_kCPU)
     ok = .true.
     do step = 1, 10
@@ -1024,6 +1018,27 @@ contains
     call torch_delete(node)
   end subroutine node_shared
 
+  ! The single-process reference of the node-shared training cases: the model with Adam (lr 0.01)
+  ! and the global rows 1..total as tensors.
+  subroutine reference_training(total, local, local_params, local_optim, xall, yall, tall, tyall)
+    integer, intent(in) :: total
+    type(torch_model), intent(inout) :: local
+    type(torch_tensor), allocatable, intent(inout) :: local_params(:)
+    type(torch_optim), intent(inout) :: local_optim
+    real(real64), allocatable, target, intent(inout) :: xall(:, :), yall(:, :)
+    type(torch_tensor), intent(inout) :: tall(1), tyall
+    real(real64), allocatable :: x(:, :), y(:, :)
+    call torch_model_load(local, data_path("ddp_mlp.pt"), torch_kCPU, is_training=.true.)
+    allocate(local_params(torch_model_parameter_count(local)))
+    call torch_model_parameters(local, local_params)
+    call torch_optim_Adam(local_optim, local_params, learning_rate=0.01d0)
+    call make_rows(1, total, x, y)
+    call move_alloc(x, xall)
+    call move_alloc(y, yall)
+    call torch_tensor_from_array(tall(1), xall, torch_kCPU)
+    call torch_tensor_from_array(tyall, yall, torch_kCPU)
+  end subroutine reference_training
+
   subroutine shared_leaders_data_parallel()
     MPI_COMM_TYPE :: leaders_mpi
     type(torch_comm) :: group_comm, leaders
@@ -1054,15 +1069,9 @@ contains
       call torch_ddp_init(ddp, leaders, shared, optim)
       call torch_ddp_set_weight(ddp, rows)
     end if
-    call torch_model_load(local, data_path("ddp_mlp.pt"), torch_kCPU, is_training=.true.)
-    allocate(local_params(torch_model_parameter_count(local)))
-    call torch_model_parameters(local, local_params)
-    call torch_optim_Adam(local_optim, local_params, learning_rate=0.01d0)
-    call make_rows(1, total, xall, yall)
+    call reference_training(total, local, local_params, local_optim, xall, yall, tall, tyall)
     call torch_tensor_from_array(tx(1), x, torch_kCPU)
     call torch_tensor_from_array(ty, y, torch_kCPU)
-    call torch_tensor_from_array(tall(1), xall, torch_kCPU)
-    call torch_tensor_from_array(tyall, yall, torch_kCPU)
     ok = .true.
     do step = 1, 10
       call torch_train_step(shared, optim, tx, ty, loss=loss)
