@@ -19,6 +19,11 @@ REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
 COMPILERS = ["gfortran", "flang-new-19"]
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# Today's distributions' compilers, from a Debian 13 root (tools/newer_compilers.sh): they and the
+# programs they build run inside that root, which sees the host's build directories.
+NEWER_COMPILERS = ["gfortran-13", "gfortran-14", "flang-new-22"]
+NEWER_BIN = Path(os.environ.get("FTORCH_NEWER_COMPILERS", "/opt/ftorch-newer")) / "bin"
+_in_root_dirs: set[Path] = set()
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -27,9 +32,13 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def run(cmd, *, cwd=None, env=None, check=True, timeout=1800):
-    """Run a command, returning the completed process; on failure show its output."""
+    """Run a command, returning the completed process; on failure show its output. A program
+    built by one of NEWER_COMPILERS runs inside their Debian 13 root (its runtime libraries)."""
+    cmd = [str(c) for c in cmd]
+    if Path(cmd[0]).is_absolute() and any(Path(cmd[0]).is_relative_to(d) for d in _in_root_dirs):
+        cmd = [str(NEWER_BIN / "in-root"), *cmd]
     proc = subprocess.run(
-        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, errors="replace", timeout=timeout
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, errors="replace", timeout=timeout
     )
     if check and proc.returncode != 0:
         raise AssertionError(
@@ -45,12 +54,22 @@ def helper(*args: str) -> str:
 
 
 def require_compiler(name: str) -> str:
-    path = shutil.which(name)
+    if name in NEWER_COMPILERS:
+        path = str(NEWER_BIN / name) if (NEWER_BIN / name).exists() else None
+        hint = "run tools/newer_compilers.sh"
+    else:
+        path, hint = shutil.which(name), "install it"
     if path is None:
         if IN_CI:
-            pytest.fail(f"{name} is required in CI but not installed")
-        pytest.skip(f"{name} not installed")
+            pytest.fail(f"{name} is required in CI but not installed ({hint})")
+        pytest.skip(f"{name} not installed ({hint})")
     return path
+
+
+def built_in_root(directory: Path, compiler: str) -> None:
+    """Programs under `directory` were built by `compiler`: run() runs them where it runs."""
+    if compiler in NEWER_COMPILERS:
+        _in_root_dirs.add(Path(directory).resolve())
 
 
 def tool_env() -> dict[str, str]:
@@ -112,6 +131,7 @@ def cmake_consumer(installed, data_dir, tmp_path_factory):
                  f"-DCMAKE_Fortran_COMPILER={fc}", f"-DCMAKE_PREFIX_PATH={installed['prefix']}",
                  f"-DFTORCH_TEST_DATA={data_dir}", "-DCMAKE_BUILD_TYPE=Debug"], env=tool_env())
             _cmake_builds[compiler] = bdir
+            built_in_root(bdir, compiler)
         bdir = _cmake_builds[compiler]
         if targets is not None and compiler not in _cmake_built_all:
             run(["cmake", "--build", bdir, "--target", *targets], env=tool_env())  # incremental

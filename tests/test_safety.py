@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import COMPILERS, assert_all_passed, run
+from conftest import COMPILERS, NEWER_COMPILERS, assert_all_passed, run
 
-SAFETY_COMPILERS = ["gfortran-11", *COMPILERS]
+SAFETY_COMPILERS = ["gfortran-11", *COMPILERS, *NEWER_COMPILERS]
 
 
 @pytest.mark.parametrize("compiler", SAFETY_COMPILERS)

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Today's distributions' Fortran compilers on a Debian 12 machine: gfortran 13 and 14 and LLVM flang 22
+# from a Debian 13 (trixie) root made with debootstrap (Debian 13 ships no flang 20; 22 is its
+# newest). Each compiler, and the programs it builds, run inside that root (chroot): the host's
+# working directories are bind-mounted at the same paths, so a CMake build on the host calls a
+# wrapper as its Fortran compiler and the test runs the program through `bin/in-root`.
+#
+# Usage: bash tools/newer_compilers.sh [DIR]     (DIR: $FTORCH_NEWER_COMPILERS or /opt/ftorch-newer)
+# Leaves DIR/root (the Debian 13 root, ~2.1 GB) and DIR/bin: gfortran-13, gfortran-14, flang-new-22,
+# in-root. Run as root; idempotent (the root is made once, the mounts are checked each time).
+# tests/conftest.py finds DIR/bin through $FTORCH_NEWER_COMPILERS (default /opt/ftorch-newer).
+set -euo pipefail
+dir="${1:-${FTORCH_NEWER_COMPILERS:-/opt/ftorch-newer}}"
+root="$dir/root"
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+packages=gfortran-13,gfortran-14,flang-22
+
+if [ ! -x "$root/usr/bin/gfortran-14" ] || [ ! -e "$root/usr/bin/flang-new-22" ]; then
+  command -v debootstrap >/dev/null || {
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
+  echo "==> Debian 13 root with $packages in $root"
+  # Never follow a bind mount of a host directory while removing an incomplete root.
+  grep -o " $root/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l
+  rm -rf --one-file-system "$root"
+  mkdir -p "$dir"
+  debootstrap --variant=minbase --include="$packages" trixie "$root" http://deb.debian.org/debian \
+    >"$dir/debootstrap.log" 2>&1 || { tail -20 "$dir/debootstrap.log"; exit 1; }
+fi
+
+# What a compiler or a program inside the root must see: /proc (flang finds its libraries through
+# it), /dev, and the host directories that hold builds, sources and Python (the checkout, the
+# virtual environment's interpreter, pytest's temporary directories).
+mounts=(/proc /dev /tmp /root /home /work)
+top() { local p; p="$(readlink -f "$1")"; p="${p#/}"; echo "/${p%%/*}"; }
+mounts+=("$(top "$repo")")
+[ -x "$repo/.venv/bin/python" ] && mounts+=("$(top "$repo/.venv/bin/python")")
+for m in $(printf '%s\n' "${mounts[@]}" | sort -u); do
+  [ -d "$m" ] || continue
+  case "$m" in /|/usr|/etc|/bin|/lib|/lib64|/sbin|/var|/opt|/boot|/sys) continue ;; esac
+  mkdir -p "$root$m"
+  if ! mountpoint -q "$root$m"; then
+    if [ "$m" = /proc ]; then mount -t proc proc "$root/proc"; else mount --bind "$m" "$root$m"; fi
+  fi
+done
+
+mkdir -p "$dir/bin"
+# in-root CMD ARGS...: CMD run inside the root, in the caller's directory, with the caller's environment.
+cat >"$dir/bin/in-root" <<EOF
+#!/bin/sh
+exec chroot "$root" /bin/sh -c 'cd "\$0" && exec "\$@"' "\$PWD" "\$@"
+EOF
+for fc in gfortran-13 gfortran-14 flang-new-22; do
+  printf '#!/bin/sh\nexec "%s/bin/in-root" /usr/bin/%s "$@"\n' "$dir" "$fc" >"$dir/bin/$fc"
+done
+chmod +x "$dir/bin/"*
+for fc in gfortran-13 gfortran-14 flang-new-22; do
+  echo "$fc: $("$dir/bin/$fc" --version | head -1)"
+done
