@@ -2,7 +2,7 @@
 // schedulers), in one place.
 //
 // A handle is not a pointer but a (slot, generation) pair packed into a pointer-sized value
-// (generation in the high 32 bits; the slot's index + 1 in bits 0-27; a write stamp in bits 28-31):
+// (generation in the high 32 bits; the slot's index + 1 in bits 0-23; a write stamp in bits 24-31):
 //  - deleting a handle frees its slot and bumps the slot's generation, so every copy of the old
 //    value (Fortran's intrinsic assignment, sourced allocation, a compiler that finalizes a copy)
 //    becomes *stale*: using it is a clear error, deleting it again is a no-op, and it can never
@@ -10,13 +10,14 @@
 //  - a value that was never a handle (an uninitialised c_ptr) is rejected the same way;
 //  - Fortran's `=` into a tensor bumps the slot's write stamp and stores it in the handle it was
 //    given (the left-hand side), so a copy of the handle taken before that write (the bitwise
-//    temporary through which gfortran <= 12 reads the right-hand side of an array `=` between
+//    temporary through which gfortran reads the right-hand side of an array `=` between
 //    overlapping sections) is told apart from the current one as the right-hand side of a later
 //    `=` (see stamped_assign). Every other lookup ignores the stamp: such a copy still names the
 //    same tensor everywhere else (argument lists, deletes);
-//  - results of expressions are temporaries. Where the Fortran compiler finalizes function
-//    results (flang, gfortran >= 13) the finalizer deletes them at the end of the statement;
-//    where it does not (gfortran 12), they are released by the first C call that reads them,
+//  - results of expressions are temporaries. Where the Fortran compiler finalizes every function
+//    result (flang) the finalizer deletes them at the end of the statement; where it does not
+//    (gfortran: 11 and 12 none, 13 and 14 none inside array constructors), they are released by
+//    the first C call that reads them,
 //    through `tensor_of` and `guard`, whatever that call is and whether it succeeds or fails.
 // Slots live in chunks that are never freed or moved, so a lookup is two loads and a compare.
 // Free slots are cached per thread; the live count is kept per thread and summed when read.
@@ -128,11 +129,11 @@ class HandleTable final : public TableFreeList {
     uint32_t generation = 1;
     bool live = false;
     uint8_t flags = 0;
-    uint8_t stamp = 0;  // write stamp (bits 28-31 of the current handle)
+    uint8_t stamp = 0;  // write stamp (bits 24-31 of the current handle)
   };
 
-  static constexpr uint32_t kStampShift = 28;
-  static constexpr uintptr_t kStampMask = uintptr_t{0xf} << kStampShift;
+  static constexpr uint32_t kStampShift = 24;
+  static constexpr uintptr_t kStampMask = uintptr_t{0xff} << kStampShift;
   static uint8_t stamp_of(const void *handle) noexcept {
     return static_cast<uint8_t>((reinterpret_cast<uintptr_t>(handle) & kStampMask) >> kStampShift);
   }
@@ -142,7 +143,7 @@ class HandleTable final : public TableFreeList {
   }
   // The handle of slot `s` after a write: the next stamp, stored in the slot and returned.
   static void *restamp(const void *handle, Slot &s) noexcept {
-    s.stamp = static_cast<uint8_t>((s.stamp + 1) & 0xf);
+    s.stamp = static_cast<uint8_t>(s.stamp + 1);  // 256 stamps: a copy 256 writes old looks current
     return reinterpret_cast<void *>((reinterpret_cast<uintptr_t>(handle) & ~kStampMask) |
                                     (static_cast<uintptr_t>(s.stamp) << kStampShift));
   }
@@ -193,7 +194,8 @@ class HandleTable final : public TableFreeList {
  private:
   static constexpr uint32_t kChunkBits = 12;
   static constexpr uint32_t kChunkSize = 1u << kChunkBits;
-  static constexpr uint32_t kMaxChunks = (1u << 16) - 1;  // index + 1 < 2^28: bits 28-31 are the stamp
+  // index + 1 < 2^24 (bits 24-31 are the stamp): 16.7 million live handles of a kind at most.
+  static constexpr uint32_t kMaxChunks = (1u << 12) - 1;
   static constexpr uint32_t kCapacity = kChunkSize * kMaxChunks;
   static constexpr uintptr_t kIndexMask = (uintptr_t{1} << kStampShift) - 1;
   HandleTable() : id_(register_table(this)) {}

@@ -452,18 +452,18 @@ contains
   end function pick_from
 
   !> Whether two handle values name the same object. A tensor's `=` gives its handle a new write
-  !> stamp (bits 28-31: see src/cpp/handles.hpp); every copy of the handle still names the tensor,
+  !> stamp (bits 24-31: see src/cpp/handles.hpp); every copy of the handle still names the tensor,
   !> so the stamp is left out of the comparison.
   logical function same_handle(a, b)
     type(c_ptr), intent(in) :: a, b
-    integer(int64), parameter :: stamp_bits = ishft(15_int64, 28)
+    integer(int64), parameter :: stamp_bits = ishft(255_int64, 24)
     same_handle = iand(transfer(a, 0_int64), not(stamp_bits)) == iand(transfer(b, 0_int64), not(stamp_bits))
   end function same_handle
 
   !> The write stamp of a handle value.
   integer function stamp_of(p)
     type(c_ptr), intent(in) :: p
-    stamp_of = int(ibits(transfer(p, 0_int64), 28, 4))
+    stamp_of = int(ibits(transfer(p, 0_int64), 24, 8))
   end function stamp_of
 
   integer function new_obj()

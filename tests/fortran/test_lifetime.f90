@@ -469,6 +469,7 @@ contains
     type(torch_tensor) :: outs(1)
     type(torch_arglist) :: list
     real(real64), target :: xv(3)
+    real(real64) :: gv(3)
     integer(c_int64_t) :: before
     integer :: i, stat
     integer(int32) :: small
@@ -481,6 +482,15 @@ contains
     end do
     call check(stat /= 0, "the rejected calls fail")
     call check(ftorch_live_handles() == before, "... and release the temporaries they were given")
+    ! Accepted calls too: expressions inside array constructors, nested ones included (gfortran 13
+    ! and 14 finalize no function result there).
+    do i = 1, 100
+      call torch_autograd_grad(grads(1:1), [torch_sum(x * 2d0)], [x])
+    end do
+    call torch_tensor_to_array(grads(1), gv)
+    call check(ftorch_live_handles() == before + 1 .and. all(gv == 2d0), &
+               "expressions in array constructors of accepted calls are released")
+    call torch_delete(grads)
     ! A failure found by the Fortran layer itself (no C call involved) also becomes the thread's
     ! last error, as every failure does.
     call torch_arglist_add(list, 2_int64**40)

@@ -79,6 +79,21 @@ TEST(HandleTable, AStampedCopyNamesTheSameSlot) {
   table.release(h);
 }
 
+TEST(HandleTable, StampsTellApartCopiesUpTo255WritesOld) {
+  auto &table = ftc::HandleTable<int>::instance();
+  void *h = table.acquire(7);
+  auto *slot = table.find(h);
+  ASSERT_NE(slot, nullptr);
+  void *current = h;
+  for (int writes = 1; writes <= 256; ++writes) {
+    current = ftc::HandleTable<int>::restamp(current, *slot);
+    const bool same = ftc::HandleTable<int>::stamp_of(current) == ftc::HandleTable<int>::stamp_of(h);
+    EXPECT_EQ(same, writes == 256) << "a copy " << writes << " writes old";
+  }
+  EXPECT_EQ(table.find(current), slot) << "the stamp never reaches the index bits";
+  table.release(h);
+}
+
 // ------------------------------------------------------------------------------ the exception boundary
 
 TEST(Guard, AnErrorBecomesItsStatusAndTheLastError) {
