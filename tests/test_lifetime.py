@@ -275,6 +275,20 @@ def test_leaks_that_depend_on_the_compiler(lifetime):
         assert leaked == counts[column], (form, proc.stdout)
 
 
+def test_assignment_to_a_dummy_argument(lifetime):
+    """`dst = src` of a type with an allocatable and a tensor component, `dst` a dummy argument:
+    gfortran 11 and 12 finalize a bitwise temporary copy of `dst` on return, which deletes
+    `dst%t` (stale afterwards: an error to use); gfortran 13 and 14 and flang copy. Assigning the
+    components one by one (`dst%a = src%a; dst%t = src%t`) writes the value into the array `dst%t`
+    wraps with every compiler."""
+    compiler, binary = lifetime
+    proc = _form(binary, "assignment-to-a-dummy")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    whole = proc.stdout.split("whole:")[1].split()[0]
+    assert whole == ("stale" if old_gfortran(compiler) else "3."), proc.stdout
+    assert proc.stdout.split("components:")[1].split()[:2] == ["3.", "3."], proc.stdout
+
+
 def test_unended_catch_scope_is_reported_at_exit(lifetime):
     """A catch scope begun in the main program and never ended keeps the failures that follow
     (the program goes on); when the program ends, FTorch names the scope and the failure it kept."""

@@ -11,7 +11,7 @@ module lifetime_helpers
   implicit none
   private
   public :: state_t, owning_t, tendency, leaky_hook, grad_fails, tendency_plain, set_from, bundle_t, &
-            doubled_plain, doubled, ignores
+            doubled_plain, doubled, ignores, mixed_t, assign_whole, assign_components
   type :: state_t
     type(torch_tensor) :: t
   end type state_t
@@ -20,6 +20,11 @@ module lifetime_helpers
     real(real64), allocatable :: a(:)
     type(torch_tensor) :: t
   end type owning_t
+  !> A type with an allocatable component and a tensor component.
+  type :: mixed_t
+    real(real64), allocatable :: a(:)
+    type(torch_tensor) :: t
+  end type mixed_t
   !> A type with an allocatable array of tensors.
   type :: bundle_t
     type(torch_tensor), allocatable :: ts(:)
@@ -38,6 +43,20 @@ contains
     type(torch_tensor) :: r
     r = torch_result(x * 2d0)
   end function doubled
+
+  !> `dst = src` where dst is a dummy argument, and the safe form the guide gives for gfortran 11/12.
+  subroutine assign_whole(dst, src)
+    type(mixed_t), intent(inout) :: dst
+    type(mixed_t), intent(in) :: src
+    dst = src
+  end subroutine assign_whole
+
+  subroutine assign_components(dst, src)
+    type(mixed_t), intent(inout) :: dst
+    type(mixed_t), intent(in) :: src
+    dst%a = src%a
+    dst%t = src%t
+  end subroutine assign_components
 
   !> A procedure that never reads its tensor argument.
   subroutine ignores(x)
@@ -143,6 +162,8 @@ program test_lifetime
       call structure_constructor_copy()
     case ("--leak-patterns")
       call leak_patterns()
+    case ("--assignment-to-a-dummy")
+      call assignment_to_a_dummy()
     case ("--unended-catch-scope")
       call unended_catch_scope()
     case ("--shift-sections-only-type")
@@ -583,6 +604,27 @@ contains
     call torch_delete(s1%t)
     call check(ftorch_live_handles() == before - 1, "every tensor deleted exactly once")
   end subroutine structure_constructor_copy
+
+  ! `dst = src` of a type with an allocatable and a tensor component, dst a dummy argument; then
+  ! the components one by one. Prints what dst%t holds after each.
+  subroutine assignment_to_a_dummy()
+    type(mixed_t) :: s1, s2
+    real(real64), target :: v(1), w(1)
+    v = 3
+    w = 0
+    s1%a = [1d0]
+    s2%a = [2d0]
+    call torch_tensor_from_array(s1%t, v, torch_kCPU)
+    call torch_tensor_from_array(s2%t, w, torch_kCPU)
+    call assign_whole(s2, s1)
+    print '(a,1x,a)', "whole:", held(s2%t)
+    call torch_delete(s2%t)
+    call torch_tensor_from_array(s2%t, w, torch_kCPU)
+    call assign_components(s2, s1)
+    print '(a,1x,a,1x,f0.0)', "components:", held(s2%t), w(1)
+    call torch_delete(s1%t)
+    call torch_delete(s2%t)
+  end subroutine assignment_to_a_dummy
 
   ! Forms whose leaks depend on the compiler (tests/test_lifetime.py checks the counts per
   ! compiler; the guide lists them): tensors left alive by 10 repetitions of each.

@@ -111,9 +111,48 @@ program test_threads
   call steps_made_on_a_worker()
   call check(ftorch_live_handles() == live_start, &
              "after every thread deleted its objects the live-handle count is back to its starting value")
+  call data_sharing_clauses()  ! last: it leaves tensors alive on purpose
   call summary()
 
 contains
+
+  ! h. OpenMP data-sharing clauses on tensors, as the guide (threads.md) describes them with every
+  ! compiler: firstprivate copies are bitwise copies of the handle made by the compiler (no `=`):
+  ! the threads share the one tensor; private copies are never finalized (their tensors stay alive
+  ! unless deleted in the region).
+  subroutine data_sharing_clauses()
+    type(torch_tensor) :: t, u
+    real(real64), target :: a(2)
+    integer(c_int64_t) :: before, original
+    logical :: same_handle(NT)
+    integer :: n, stat
+    a = 1
+    call torch_tensor_from_array(t, a, torch_kCPU)
+    original = transfer(t%p, 0_c_int64_t)
+    same_handle = .false.
+    n = 0
+    before = ftorch_live_handles()
+    !$omp parallel num_threads(NT) firstprivate(t) shared(same_handle, n)
+    same_handle(omp_get_thread_num() + 1) = transfer(t%p, 0_c_int64_t) == original
+    !$omp atomic
+    n = n + 1
+    !$omp end parallel
+    call check(n == NT .and. all(same_handle) .and. ftorch_live_handles() == before, &
+               "firstprivate(t): every thread gets a bitwise copy of the handle (one shared tensor)")
+    call check(torch_tensor_get_rank(t, stat=stat) == 1 .and. stat == 0, "... and the original stays usable")
+    before = ftorch_live_handles()
+    !$omp parallel num_threads(NT) private(u)
+    call torch_tensor_zeros(u, 1, [2_c_int64_t], torch_kFloat64, torch_kCPU)
+    call torch_delete(u)
+    !$omp end parallel
+    call check(ftorch_live_handles() == before, "private(u) deleted in the region: nothing left alive")
+    !$omp parallel num_threads(NT) private(u)
+    call torch_tensor_zeros(u, 1, [2_c_int64_t], torch_kFloat64, torch_kCPU)
+    !$omp end parallel
+    call check(ftorch_live_handles() == before + NT, &
+               "private(u) not deleted: each thread’s tensor stays alive (private copies are never finalized)")
+    call torch_delete(t)
+  end subroutine data_sharing_clauses
 
   ! g. A worker thread makes a tensor at each of 150 steps (after its optimizer step) and the main
   ! thread deletes it after the step: the worker's own count grows from step to step, the count of
