@@ -289,6 +289,41 @@ def test_assignment_to_a_dummy_argument(lifetime):
     assert proc.stdout.split("components:")[1].split()[:2] == ["3.", "3."], proc.stdout
 
 
+def test_self_assignment_of_a_type(lifetime):
+    """`s = s` of a variable of a type with a tensor component. flang and gfortran 13 and 14
+    finalize `s` (deleting `s%t`) before assigning the components: a stale-handle error, `s%t`
+    stale afterwards. gfortran 11 and 12 leave `s` alone when they see one variable on both sides;
+    through two dummy arguments naming it (`call copy(s, s)`) they finalize a bitwise temporary
+    (the `dst = src` bug): no error, but `s%t` is stale afterwards. Never a wrong value."""
+    compiler, binary = lifetime
+    proc = _form(binary, "self-assignment-of-a-type")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    direct = (int(proc.stdout.split("direct stat ")[1].split()[0]), proc.stdout.split("direct holds")[1].split()[0])
+    dummies = (int(proc.stdout.split("through dummies stat ")[1].split()[0]),
+               proc.stdout.split("through dummies holds")[1].split()[0])
+    if old_gfortran(compiler):
+        assert (direct, dummies) == ((0, "4."), (0, "stale")), proc.stdout
+    else:
+        assert (direct, dummies) == ((2, "stale"), (2, "stale")), proc.stdout
+        assert "right-hand side tensor is not a live tensor" in proc.stdout, proc.stdout
+
+
+def test_intent_out_array_of_tensors(lifetime):
+    """An `intent(out)` array of tensors (no finalizer is bound for arrays): flang resets the
+    elements to unconstructed on entry, as Fortran says, so the tensors they held stay alive (2 per
+    call of a 2-element array); gfortran (11 to 14) passes the handles in, and constructing into
+    them frees the old tensors."""
+    compiler, binary = lifetime
+    proc = _form(binary, "intent-out-array")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    leaked = int(proc.stdout.split("intent(out) array leaked ")[1].split()[0])
+    entered = proc.stdout.split("elements arrived constructed ")[1].split()[0] == "T"
+    if compiler.startswith("gfortran"):
+        assert (leaked, entered) == (0, True), proc.stdout
+    else:
+        assert (leaked, entered) == (20, False), proc.stdout
+
+
 def test_unended_catch_scope_is_reported_at_exit(lifetime):
     """A catch scope begun in the main program and never ended keeps the failures that follow
     (the program goes on); when the program ends, FTorch names the scope and the failure it kept."""

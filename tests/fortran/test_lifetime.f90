@@ -5,13 +5,13 @@
 !> restore, allow_unused zeros; and (one per process, --<form>) the forms of = that allocate their
 !> left-hand side, whose outcome differs by compiler.
 module lifetime_helpers
-  use, intrinsic :: iso_c_binding, only: c_associated
+  use, intrinsic :: iso_c_binding, only: c_associated, c_int64_t
   use, intrinsic :: iso_fortran_env, only: real64
   use ftorch
   implicit none
   private
   public :: state_t, owning_t, tendency, leaky_hook, grad_fails, tendency_plain, set_from, bundle_t, &
-            doubled_plain, doubled, ignores, mixed_t, assign_whole, assign_components
+            doubled_plain, doubled, ignores, mixed_t, assign_whole, assign_components, refill
   type :: state_t
     type(torch_tensor) :: t
   end type state_t
@@ -57,6 +57,18 @@ contains
     dst%a = src%a
     dst%t = src%t
   end subroutine assign_components
+
+  !> An intent(out) array of tensors, constructed anew; `entered` tells whether the elements arrived
+  !> constructed.
+  subroutine refill(ts, entered)
+    type(torch_tensor), intent(out) :: ts(:)
+    logical, intent(out) :: entered
+    integer :: i
+    entered = c_associated(ts(1)%p)
+    do i = 1, size(ts)
+      call torch_tensor_zeros(ts(i), 1, [1_c_int64_t], torch_kFloat64, torch_kCPU)
+    end do
+  end subroutine refill
 
   !> A procedure that never reads its tensor argument.
   subroutine ignores(x)
@@ -164,6 +176,10 @@ program test_lifetime
       call leak_patterns()
     case ("--assignment-to-a-dummy")
       call assignment_to_a_dummy()
+    case ("--self-assignment-of-a-type")
+      call self_assignment_of_a_type()
+    case ("--intent-out-array")
+      call intent_out_array()
     case ("--unended-catch-scope")
       call unended_catch_scope()
     case ("--shift-sections-only-type")
@@ -625,6 +641,61 @@ contains
     call torch_delete(s1%t)
     call torch_delete(s2%t)
   end subroutine assignment_to_a_dummy
+
+  ! `s = s` of a variable of a type with a tensor component: prints the status and what s%t holds.
+  subroutine self_assignment_of_a_type()
+    type(state_t) :: s
+    real(real64), target :: v(1)
+    integer :: stat
+    character(len=300) :: msg
+    v = 4
+    call torch_tensor_from_array(s%t, v, torch_kCPU)
+    msg = ""
+    call torch_catch_begin()
+    s = s
+    call torch_catch_end(stat, msg)
+    print '(a,i0,1x,a)', "direct stat ", stat, trim(msg)
+    print '(a,1x,a)', "direct holds", held(s%t)
+    call torch_delete(s%t)
+    call torch_tensor_from_array(s%t, v, torch_kCPU)
+    msg = ""
+    call torch_catch_begin()
+    call self_assign(s)
+    call torch_catch_end(stat, msg)
+    print '(a,i0,1x,a)', "through dummies stat ", stat, trim(msg)
+    print '(a,1x,a)', "through dummies holds", held(s%t)
+    call torch_delete(s%t)
+  end subroutine self_assignment_of_a_type
+
+  ! (through a procedure, so that the compiler does not see the two sides are one variable)
+  subroutine self_assign(s)
+    type(state_t), intent(inout) :: s
+    call copy_state(s, s)
+  end subroutine self_assign
+
+  subroutine copy_state(a, b)
+    type(state_t), intent(inout) :: a
+    type(state_t), intent(in) :: b
+    a = b
+  end subroutine copy_state
+
+  ! An intent(out) array of tensors, 10 calls: prints the tensors left alive and whether the
+  ! elements arrived constructed.
+  subroutine intent_out_array()
+    type(torch_tensor) :: ts(2)
+    integer(c_int64_t) :: before
+    logical :: entered
+    integer :: i
+    call torch_tensor_zeros(ts(1), 1, [1_c_int64_t], torch_kFloat64, torch_kCPU)
+    call torch_tensor_zeros(ts(2), 1, [1_c_int64_t], torch_kFloat64, torch_kCPU)
+    before = ftorch_live_handles()
+    do i = 1, 10
+      call refill(ts, entered)
+    end do
+    print '(a,i0)', "intent(out) array leaked ", ftorch_live_handles() - before
+    print '(a,l1)', "elements arrived constructed ", entered
+    call torch_delete(ts)
+  end subroutine intent_out_array
 
   ! Forms whose leaks depend on the compiler (tests/test_lifetime.py checks the counts per
   ! compiler; the guide lists them): tensors left alive by 10 repetitions of each.
