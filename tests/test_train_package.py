@@ -181,8 +181,8 @@ def read_got(path) -> dict:
     got = {}
     for line in path.read_text().splitlines():
         parts = line.split()
-        if parts[0] == "grad":
-            got["grad " + parts[1]] = np.array([float(v) for v in parts[2:]])
+        if parts[0] in ("grad", "param"):
+            got[parts[0] + " " + parts[1]] = np.array([float(v) for v in parts[2:]])
         else:
             got[parts[0]] = np.array([float(v) for v in parts[1:]])
     return got
@@ -191,11 +191,19 @@ def read_got(path) -> dict:
 # The package each test of this module needs (by test name; the parametrized one by its `name`).
 PACKAGE_OF_TEST = {"test_dropout_masks_follow_the_seed_set_from_fortran": "dropout", "test_package_errors": "kwargs",
                    "test_package_training_loop_keeps_handles_flat": "batch_norm",
-                   "test_inspect_describes_a_training_package": "batch_norm"}
+                   "test_inspect_describes_a_training_package": "batch_norm",
+                   "test_hooks_on_a_package_see_its_gradients": "dataclass_config",
+                   "test_float32_package_trains_like_eager": "ensemble:float32"}
+# Compilers of the tests below beyond COMPILERS: gfortran 11 builds only this program.
+PACKAGE_COMPILERS = [*COMPILERS, "gfortran-11"]
+
+
+def package_binary(cmake_consumer, compiler):
+    return cmake_consumer(compiler, None if compiler in COMPILERS else ["test_train_package"]) / "test_train_package"
 
 
 def _export_into(d: str, name: str) -> str:
-    packaged(Path(d), name)
+    packaged(Path(d), *name.split(":"))
     return name
 
 
@@ -223,19 +231,22 @@ def model_dir(request, tmp_path_factory):
     return d
 
 
-def packaged(d, name: str):
+def packaged(d, name: str, dtype: str = "float64"):
     """`name` of train_models.py exported (once) into d as a training package with a dynamic batch
     (from 2 for batch norm, which cannot train on one sample), with its input and output gradient
-    (<name>_x.txt, <name>_g.txt); for "kwargs" also an inference package (kwargs_inference.pt2)."""
+    (<name>_x.txt, <name>_g.txt); <name>.pt2, or <name>_f32.pt2 for dtype "float32" (the model
+    in float32); for "kwargs" also an inference package (kwargs_inference.pt2)."""
     import ftorch
     import train_models
 
-    if (d / f"{name}.pt2").exists():
+    file = d / f"{name}{'' if dtype == 'float64' else '_f32'}.pt2"
+    if file.exists():
         return d
     g = torch.Generator().manual_seed(23 + sorted([*train_models.REJECTED_BY_TORCHSCRIPT,
                                                    *train_models.TRAINING_MODE]).index(name))
-    report = ftorch.export(train_models.build(name), [f"{BATCH},{train_models.FEATURES}:float64"],
-                           train_package=d / f"{name}.pt2", dynamic_batch=True,
+    model = train_models.build(name) if dtype == "float64" else train_models.build(name).float()
+    report = ftorch.export(model, [f"{BATCH},{train_models.FEATURES}:{dtype}"],
+                           train_package=file, dynamic_batch=True,
                            min_batch=2 if name == "batch_norm" else 1)
     assert report.ok, report
     write_matrix(d / f"{name}_x.txt", torch.randn(BATCH, train_models.FEATURES, generator=g, dtype=torch.float64))
@@ -323,6 +334,64 @@ def test_package_errors(cmake_consumer, model_dir, compiler):
     assert_all_passed(run([cmake_consumer(compiler) / "test_train_package", packaged(model_dir, "kwargs"), "errors",
                            "kwargs"],
                           check=False))
+
+
+@pytest.mark.parametrize("compiler", PACKAGE_COMPILERS)
+def test_hooks_on_a_package_see_its_gradients(cmake_consumer, model_dir, compiler):
+    """The package is a node of Fortran's autograd graph: a hook on its output doubles the
+    gradient entering the compiled backward, a hook on its first parameter halves the gradient
+    leaving it; every gradient equals eager PyTorch with the same hooks (RTOL/ATOL above)."""
+    import train_models
+
+    name = "dataclass_config"
+    assert_all_passed(run([package_binary(cmake_consumer, compiler), packaged(model_dir, name), "hooks", name],
+                          check=False))
+    got = read_got(model_dir / f"{name}_hooked.txt")
+    model = train_models.build(name).train()
+    x = read_matrix(model_dir / f"{name}_x.txt").requires_grad_(True)
+    g = read_matrix(model_dir / f"{name}_g.txt")
+    next(model.parameters()).register_hook(lambda grad: grad * 0.5)
+    out = model(x)
+    out.register_hook(lambda grad: grad * 2)
+    (out * g).sum().backward()
+    for n, p in model.named_parameters():
+        np.testing.assert_allclose(got["grad " + n], p.grad.reshape(-1).numpy(), rtol=RTOL, atol=ATOL, err_msg=n)
+    np.testing.assert_allclose(got["xgrad"], x.grad.reshape(-1).numpy(), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("compiler", PACKAGE_COMPILERS)
+def test_float32_package_trains_like_eager(cmake_consumer, model_dir, compiler):
+    """A float32 package (the ensemble of train_models.py) trained from Fortran by the explicit
+    loop (forward, MSE, backward, Adam lr 0.01) for 10 steps follows eager float32 PyTorch.
+    Bounds: float32's unit roundoff is 6e-8; Inductor's fused kernels sum (matmuls, the batch sums
+    of bias gradients, the ensemble mean) in another order than ATen's, by instruction set, so each
+    value may differ by a few ulps (~1e-7 relative). Adam's update lr*m/(sqrt(v)+eps) is as
+    sensitive as the gradient's relative error where |g| >> eps (no gradient of this model vanishes),
+    so 10 steps move the parameters apart by ~1e-8; rtol 1e-5 / atol 1e-6 leaves ~100x margin and
+    stays 10^4 below one step's change (~lr = 1e-2), so a wrong step fails."""
+    import torch.nn.functional as F
+    import train_models
+
+    name = "ensemble"
+    assert_all_passed(run([package_binary(cmake_consumer, compiler), packaged(model_dir, name, "float32"), "float32",
+                           name], check=False))
+    got = read_got(model_dir / f"{name}_f32_got.txt")
+    model = train_models.build(name).float().train()
+    x = read_matrix(model_dir / f"{name}_x.txt").float()
+    y = read_matrix(model_dir / f"{name}_g.txt").float()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
+    losses = []
+    for _ in range(10):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    np.testing.assert_allclose(got["losses"], losses, rtol=1e-5, atol=0)
+    assert losses[-1] < losses[0]
+    for n, p in model.named_parameters():
+        np.testing.assert_allclose(got[f"param {n}"], p.detach().reshape(-1).numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=n)
 
 
 def test_package_training_loop_keeps_handles_flat(cmake_consumer, model_dir):

@@ -10,9 +10,37 @@
 !>                   seed others
 !>   errors <case>   what a training package refuses, each with its reason
 !>   memory <case>   200 training steps of forward, Fortran loss and backward: live handles flat
+!>   hooks <case>    as grads, with gradient hooks on the package's output (doubles the gradient)
+!>                   and on its first parameter (halves it): writes <case>_hooked.txt
+!>   float32 <case>  <case>_f32.pt2 (a float32 package), 10 steps of forward, MSE against
+!>                   <case>_g.txt, backward and Adam (lr 0.01): writes the losses and the trained
+!>                   parameters to <case>_f32_got.txt
+module package_hooks
+  use ftorch
+  implicit none
+contains
+  subroutine double_grad(grad, new_grad, stat, errmsg)
+    type(torch_tensor), intent(in) :: grad
+    type(torch_tensor), intent(inout) :: new_grad
+    integer, intent(inout) :: stat
+    character(len=*), intent(inout) :: errmsg
+    new_grad = grad * 2.0d0
+  end subroutine double_grad
+
+  subroutine halve_grad(grad, new_grad, stat, errmsg)
+    type(torch_tensor), intent(in) :: grad
+    type(torch_tensor), intent(inout) :: new_grad
+    integer, intent(inout) :: stat
+    character(len=*), intent(inout) :: errmsg
+    new_grad = grad * 0.5d0
+  end subroutine halve_grad
+end module package_hooks
+
 program test_train_package
   use, intrinsic :: iso_fortran_env, only: real64, int64
+  use, intrinsic :: iso_fortran_env, only: real32
   use ftorch
+  use package_hooks, only: double_grad, halve_grad
   use testing, only: check, summary, data_path
   implicit none
   character(len=64) :: mode, name
@@ -31,6 +59,10 @@ program test_train_package
     call errors()
   case ("memory")
     call memory()
+  case ("hooks")
+    call hooks()
+  case ("float32")
+    call float32_training()
   case default
     call check(.false., "unknown mode " // trim(mode))
   end select
@@ -154,6 +186,94 @@ contains
     call torch_delete(model)
     call check(ftorch_live_handles() == 0, "every handle released")
   end subroutine gradients
+
+  ! Hooks on what the package computes: the output's gradient doubled on its way into the compiled
+  ! backward, the first parameter's halved on its way out.
+  subroutine hooks()
+    type(torch_model) :: model
+    type(torch_tensor), allocatable :: params(:)
+    type(torch_tensor) :: tx, tg, loss, grad, outputs(1)
+    real(real64), allocatable, target :: out(:, :)
+    integer :: unit, i, n
+    allocate(out(size(g, 1), size(g, 2)))
+    call torch_tensor_from_array(outputs(1), out, torch_kCPU)
+    call torch_model_load(model, data_path(trim(name) // ".pt2"), torch_kCPU, is_training=.true.)
+    n = torch_model_parameter_count(model)
+    allocate(params(n))
+    call torch_model_parameters(model, params)
+    call torch_tensor_register_hook(params(1), halve_grad)
+    call torch_tensor_from_array(tx, x, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_from_array(tg, g, torch_kCPU)
+    call torch_model_forward(model, [tx], outputs, requires_grad=.true.)
+    call torch_tensor_register_hook(outputs(1), double_grad)
+    loss = torch_sum(outputs(1) * tg)
+    call torch_tensor_backward(loss)
+    open(newunit=unit, file=data_path(trim(name) // "_hooked.txt"), status="replace", action="write")
+    do i = 1, n
+      call torch_tensor_get_gradient(grad, params(i))
+      call write_values(unit, "grad " // torch_model_parameter_name(model, i), values_of(grad))
+      call torch_delete(grad)
+    end do
+    call torch_tensor_get_gradient(grad, tx)
+    call write_values(unit, "xgrad", values_of(grad))
+    close(unit)
+    call torch_delete(grad)
+    call torch_delete(loss)
+    call torch_delete(tg)
+    call torch_delete(tx)
+    call torch_delete(outputs)
+    call torch_delete(params)
+    call torch_delete(model)
+    call check(ftorch_live_handles() == 0, "every handle released")
+  end subroutine hooks
+
+  ! Training a float32 package from Fortran: the explicit loop (forward, MSE, backward, Adam).
+  subroutine float32_training()
+    integer, parameter :: STEPS = 10
+    type(torch_model) :: model
+    type(torch_optim) :: optim
+    type(torch_tensor), allocatable :: params(:)
+    type(torch_tensor) :: tx, ty, loss, outputs(1)
+    real(real32), allocatable, target :: x32(:, :), y32(:, :), out32(:, :)
+    real(real32), target :: loss_value(1)
+    real(real64) :: losses(STEPS)
+    integer :: unit, i, n, step
+    x32 = real(x, real32)
+    y32 = real(g, real32)
+    allocate(out32(size(g, 1), size(g, 2)))
+    call torch_tensor_from_array(outputs(1), out32, torch_kCPU)
+    call torch_model_load(model, data_path(trim(name) // "_f32.pt2"), torch_kCPU, is_training=.true.)
+    n = torch_model_parameter_count(model)
+    allocate(params(n))
+    call torch_model_parameters(model, params)
+    call check(params(1)%get_dtype() == torch_kFloat32, "the package's parameters are float32")
+    call torch_optim_Adam(optim, params, learning_rate=0.01_real64)
+    call torch_tensor_from_array(tx, x32, torch_kCPU)
+    call torch_tensor_from_array(ty, y32, torch_kCPU)
+    call torch_tensor_from_array(loss, loss_value, torch_kCPU)
+    do step = 1, STEPS
+      call torch_optim_zero_grad(optim)
+      call torch_model_forward(model, [tx], outputs, requires_grad=.true.)
+      call torch_loss_mse(loss, outputs(1), ty)
+      call torch_tensor_backward(loss)
+      call torch_optim_step(optim)
+      losses(step) = loss_value(1)
+    end do
+    open(newunit=unit, file=data_path(trim(name) // "_f32_got.txt"), status="replace", action="write")
+    call write_values(unit, "losses", losses)
+    do i = 1, n
+      call write_values(unit, "param " // torch_model_parameter_name(model, i), values_of(params(i)))
+    end do
+    close(unit)
+    call torch_delete(loss)
+    call torch_delete(tx)
+    call torch_delete(ty)
+    call torch_delete(outputs)
+    call torch_delete(params)
+    call torch_delete(optim)
+    call torch_delete(model)
+    call check(ftorch_live_handles() == 0, "every handle released")
+  end subroutine float32_training
 
   subroutine dropout()
     type(torch_model) :: model
