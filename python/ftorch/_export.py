@@ -1031,17 +1031,14 @@ def _symbolic_shape(shape, names: dict) -> list:
     return out
 
 
-# Dtypes FTorch's C++ layer knows by name in a package's input rules (compiled.cpp, kDtypeNames).
-_RULE_DTYPES = {"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
-                "complex64", "complex128"}
-
-
 def _input_rules(placeholders, user_inputs, specs, in_shapes, dim_names, min_batch, max_batch) -> str | None:
     """The inputs the package takes, for FTorch's C++ layer to check each call against (in place of
     AOTInductor's generated checks, which cost more than the rest of a small forward):
     ``v1;dtype[dim,...]`` per input, a dim being a size or ``name:lo:hi`` (hi -1: no bound), e.g.
-    ``v1;float32[batch:1:4096,5]``. None (the package's own checks are used) unless every input is
-    a row-major tensor of a known dtype whose sizes are numbers or the dynamic batch."""
+    ``v1;float32[batch:1:4096,5]``, the dtype as torch names it (``str(dtype)`` without
+    ``torch.``; the C++ layer reads the names from torch's own table). None (the package's own
+    checks are used) unless every input is a row-major tensor whose sizes are numbers or the
+    dynamic batch."""
     import torch
 
     vals = [n.meta.get("val") for n in placeholders if n.name in user_inputs]
@@ -1050,7 +1047,7 @@ def _input_rules(placeholders, user_inputs, specs, in_shapes, dim_names, min_bat
     batch_names = set(dim_names.values())
     items = ["v1"]
     for val, spec, shape in zip(vals, specs, in_shapes):
-        if not isinstance(val, torch.Tensor) or spec.dtype not in _RULE_DTYPES:
+        if not isinstance(val, torch.Tensor):
             return None
         if str(val.dtype).removeprefix("torch.") != spec.dtype:
             return None

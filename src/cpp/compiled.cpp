@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -199,12 +200,20 @@ std::string missing_cpu_features(const std::string &isa) {
   return missing;
 }
 
-// PyTorch's dtype names (the metadata's and the messages').
-constexpr std::pair<const char *, c10::ScalarType> kDtypeNames[] = {
-    {"float64", c10::kDouble}, {"float32", c10::kFloat},  {"float16", c10::kHalf},   {"bfloat16", c10::kBFloat16},
-    {"int64", c10::kLong},     {"int32", c10::kInt},      {"int16", c10::kShort},    {"int8", c10::kChar},
-    {"uint8", c10::kByte},     {"bool", c10::kBool},      {"complex64", c10::kComplexFloat},
-    {"complex128", c10::kComplexDouble}};
+// The dtype PyTorch calls `name` ("float64", "bfloat16": what str(torch.float64) says after
+// "torch."), Undefined if none: torch's own table (c10::getDtypeNames), never a copy of it.
+c10::ScalarType dtype_named(std::string_view name) {
+  for (int k = 0; k < static_cast<int>(c10::ScalarType::NumOptions); ++k) {
+    const auto type = static_cast<c10::ScalarType>(k);
+    try {
+      const auto names = c10::getDtypeNames(type);
+      if (std::string_view(names.first) == name) return type;
+    } catch (const std::exception &) {
+      // a scalar type Python has no dtype for
+    }
+  }
+  return c10::ScalarType::Undefined;
+}
 
 }  // namespace
 
@@ -226,10 +235,7 @@ std::optional<std::vector<InputRule>> parse_rules(const std::string &rules_text)
   while (std::getline(text, item, ';')) {
     const auto open = item.find('[');
     if (open == std::string::npos || item.back() != ']') return std::nullopt;
-    InputRule rule{c10::ScalarType::Undefined, {}};
-    for (const auto &[name, type] : kDtypeNames) {
-      if (item.compare(0, open, name) == 0 && std::strlen(name) == open) rule.dtype = type;
-    }
+    InputRule rule{dtype_named(std::string_view(item).substr(0, open)), {}};
     if (rule.dtype == c10::ScalarType::Undefined) return std::nullopt;
     std::istringstream dims(item.substr(open + 1, item.size() - open - 2));
     std::string dim;

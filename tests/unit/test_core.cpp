@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "internal.hpp"
+#include "compiled.hpp"  // after internal.hpp, which brings in LibTorch
 
 namespace {
 
@@ -325,4 +326,26 @@ TEST(Optimizers, TheTrainTimeWindowIsPerOptimizer) {
   ftc_optim_delete(&a);
   ftc_optim_delete(&b);
   ftc_tensor_delete(&p);
+}
+
+// ------------------------------------------------------------------------------ .pt2 input rules
+
+TEST(InputRules, DtypesAreNamedAsTorchNamesThem) {
+  const auto rules = ftc::parse_rules("v1;float64[batch:1:-1,5];bfloat16[3];bool[2,2];complex64[1];uint8[4]");
+  ASSERT_TRUE(rules.has_value());
+  ASSERT_EQ(rules->size(), 5u);
+  EXPECT_EQ((*rules)[0].dtype, c10::kDouble);
+  EXPECT_EQ((*rules)[0].dims[0].name, "batch");
+  EXPECT_EQ((*rules)[0].dims[0].hi, -1);
+  EXPECT_EQ((*rules)[1].dtype, c10::kBFloat16);
+  EXPECT_EQ((*rules)[2].dtype, c10::kBool);
+  EXPECT_EQ((*rules)[3].dtype, c10::kComplexFloat);
+  EXPECT_EQ((*rules)[4].dtype, c10::kByte);
+}
+
+TEST(InputRules, WhatIsNotARuleIsRefused) {
+  EXPECT_FALSE(ftc::parse_rules("v1;double[3]").has_value()) << "a legacy name is not torch's dtype name";
+  EXPECT_FALSE(ftc::parse_rules("v1;float6[3]").has_value());
+  EXPECT_FALSE(ftc::parse_rules("v2;float64[3]").has_value());
+  EXPECT_FALSE(ftc::parse_rules("v1;float64[batch:4:2]").has_value());
 }
