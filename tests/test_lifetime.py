@@ -114,6 +114,11 @@ def _form(binary, name, env=None):
     return run([binary, f"--{name}"], env=full, check=False)
 
 
+def _printed(proc, label: str, n: int = 1) -> list[str]:
+    """The n words the program printed after `label`."""
+    return proc.stdout.split(label)[1].split()[:n]
+
+
 def _assert_bounds_check_reports(binary, form):
     """gfortran: `ts2 = ts1` into an unallocated array is undefined behaviour (the elemental `=` is
     called on elements that do not exist: a crash or an error, run to run), so it is run only as
@@ -141,7 +146,7 @@ def test_allocating_an_array_of_user_types(lifetime, form):
     assert_all_passed(proc)
     new = int(proc.stdout.split("new tensors ")[1].split()[0])
     usable = proc.stdout.split("element usable after deleting the original ")[1].split()[0] == "T"
-    held = (proc.stdout.split("elements hold")[1].split()[:2], proc.stdout.split("originals hold")[1].split()[:2])
+    held = (_printed(proc, "elements hold", 2), _printed(proc, "originals hold", 2))
     if new_gfortran(compiler) and form == "constructor-of-user-types":
         assert (new, usable, held) == (-2, False, (["stale"] * 2, ["stale"] * 2)), proc.stdout
         assert proc.stderr.count(SELF_ASSIGNMENT) == 1, proc.stderr
@@ -221,7 +226,7 @@ def test_overlapping_sections_elsewhere(lifetime, form):
     stat, message = int(rest.split()[0]), rest
     if form == "shift-user-types":  # the loop the guide advises instead: right on every compiler
         assert proc.stdout.split("looped ")[1].split()[:3] == ["1.", "1.", "2."], proc.stdout
-    held = proc.stdout.split("held ")[1].split()[:3] if form == "shift-user-types" else None
+    held = _printed(proc, "held ", 3) if form == "shift-user-types" else None
     if form == "shift-user-types" and old_gfortran(compiler):
         assert (values.split(), stat, held) == (["1.", "1.", "1."], 0, ["1.", "1.", "1."]), proc.stdout
     elif form == "shift-user-types" and new_gfortran(compiler):
@@ -241,8 +246,8 @@ def test_structure_constructor_of_a_named_tensor(lifetime):
     compiler, binary = lifetime
     proc = _form(binary, "structure-constructor")
     assert_all_passed(proc)
-    new = int(proc.stdout.split("new tensors ")[1].split()[0])
-    held = proc.stdout.split("copy and original hold")[1].split()[:2]
+    new = int(_printed(proc, "new tensors ")[0])
+    held = _printed(proc, "copy and original hold", 2)
     if new_gfortran(compiler):
         assert (new, held) == (0, ["5.", "stale"]), proc.stdout
     else:
@@ -271,7 +276,7 @@ def test_leaks_that_depend_on_the_compiler(lifetime):
     assert_all_passed(proc)
     column = 0 if old_gfortran(compiler) else 1 if new_gfortran(compiler) else 2
     for form, counts in LEAKS.items():
-        leaked = int(proc.stdout.split(f"leaked by {form} ")[1].split()[0])
+        leaked = int(_printed(proc, f"leaked by {form} ")[0])
         assert leaked == counts[column], (form, proc.stdout)
 
 
@@ -284,9 +289,9 @@ def test_assignment_to_a_dummy_argument(lifetime):
     compiler, binary = lifetime
     proc = _form(binary, "assignment-to-a-dummy")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    whole = proc.stdout.split("whole:")[1].split()[0]
+    whole = _printed(proc, "whole:")[0]
     assert whole == ("stale" if old_gfortran(compiler) else "3."), proc.stdout
-    assert proc.stdout.split("components:")[1].split()[:2] == ["3.", "3."], proc.stdout
+    assert _printed(proc, "components:", 2) == ["3.", "3."], proc.stdout
 
 
 def test_self_assignment_of_a_type(lifetime):
@@ -298,9 +303,8 @@ def test_self_assignment_of_a_type(lifetime):
     compiler, binary = lifetime
     proc = _form(binary, "self-assignment-of-a-type")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    direct = (int(proc.stdout.split("direct stat ")[1].split()[0]), proc.stdout.split("direct holds")[1].split()[0])
-    dummies = (int(proc.stdout.split("through dummies stat ")[1].split()[0]),
-               proc.stdout.split("through dummies holds")[1].split()[0])
+    direct = (int(_printed(proc, "direct stat ")[0]), _printed(proc, "direct holds")[0])
+    dummies = (int(_printed(proc, "through dummies stat ")[0]), _printed(proc, "through dummies holds")[0])
     if old_gfortran(compiler):
         assert (direct, dummies) == ((0, "4."), (0, "stale")), proc.stdout
     else:
@@ -316,8 +320,8 @@ def test_intent_out_array_of_tensors(lifetime):
     compiler, binary = lifetime
     proc = _form(binary, "intent-out-array")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    leaked = int(proc.stdout.split("intent(out) array leaked ")[1].split()[0])
-    entered = proc.stdout.split("elements arrived constructed ")[1].split()[0] == "T"
+    leaked = int(_printed(proc, "intent(out) array leaked ")[0])
+    entered = _printed(proc, "elements arrived constructed ")[0] == "T"
     if compiler.startswith("gfortran"):
         assert (leaked, entered) == (0, True), proc.stdout
     else:

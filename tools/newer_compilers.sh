@@ -13,6 +13,7 @@ set -euo pipefail
 dir="${1:-${FTORCH_NEWER_COMPILERS:-/opt/ftorch-newer}}"
 root="$dir/root"
 repo="$(cd "$(dirname "$0")/.." && pwd)"
+compilers=(gfortran-13 gfortran-14 flang-new-22)  # the wrappers (conftest NEWER_COMPILERS)
 packages=gfortran-13,gfortran-14,flang-22
 
 if [ ! -x "$root/usr/bin/gfortran-14" ] || [ ! -e "$root/usr/bin/flang-new-22" ]; then
@@ -49,10 +50,10 @@ cat >"$dir/bin/in-root" <<EOF
 #!/bin/sh
 exec chroot "$root" /bin/sh -c 'cd "\$0" && exec "\$@"' "\$PWD" "\$@"
 EOF
-for fc in gfortran-13 gfortran-14 flang-new-22; do
+for fc in "${compilers[@]}"; do
   printf '#!/bin/sh\nexec "%s/bin/in-root" /usr/bin/%s "$@"\n' "$dir" "$fc" >"$dir/bin/$fc"
 done
 chmod +x "$dir/bin/"*
-for fc in gfortran-13 gfortran-14 flang-new-22; do
+for fc in "${compilers[@]}"; do
   echo "$fc: $("$dir/bin/$fc" --version | head -1)"
 done

@@ -13,12 +13,12 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
 #include <deque>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 namespace ftc {
 
