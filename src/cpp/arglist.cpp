@@ -65,7 +65,7 @@ ArgItem tensor_item(ftc_tensor t, const char *what) {
   item.kind = FTC_ARG_TENSOR;
   auto &slot = tensor_slot(t, what);
   item.value = slot.value;
-  if ((slot.flags & kExpression) == 0) item.handle = t;
+  if (!slot.life.is_expression()) item.handle = t;
   return item;
 }
 

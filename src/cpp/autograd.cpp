@@ -6,16 +6,6 @@
 
 namespace {
 
-// One entry per open scope of this thread; popping destroys the guard, restoring the mode.
-struct Scope {
-  int kind;
-  std::unique_ptr<at::NoGradGuard> no_grad;
-  std::unique_ptr<at::AutoGradMode> enable_grad;
-  std::unique_ptr<c10::InferenceMode> inference;
-};
-
-thread_local std::vector<Scope> scopes;
-
 const char *scope_name(int kind) {
   switch (kind) {
     case FTC_SCOPE_NO_GRAD: return "no-grad";
@@ -124,19 +114,20 @@ int ftc_tensor_is_leaf(ftc_tensor t, int *is_leaf) {
 
 int ftc_grad_scope_push(int scope) {
   return ftc::guard([&] {
-    Scope s{scope, nullptr, nullptr, nullptr};
+    ftc::GradScope s{scope, nullptr, nullptr, nullptr};
     switch (scope) {
       case FTC_SCOPE_NO_GRAD: s.no_grad = std::make_unique<at::NoGradGuard>(); break;
       case FTC_SCOPE_ENABLE_GRAD: s.enable_grad = std::make_unique<at::AutoGradMode>(true); break;
       case FTC_SCOPE_INFERENCE: s.inference = std::make_unique<c10::InferenceMode>(); break;
       default: ftc::fail_unknown(ftc::ftc_grad_scope_table, scope);
     }
-    scopes.push_back(std::move(s));
+    ftc::thread_state().grad_scopes.push_back(std::move(s));
   });
 }
 
 int ftc_grad_scope_pop(int scope) {
   return ftc::guard([&] {
+    auto &scopes = ftc::thread_state().grad_scopes;
     if (scopes.empty()) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("no open scope to end (ending a ") + scope_name(scope) +
                                               " scope on this thread)");

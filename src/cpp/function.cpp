@@ -67,17 +67,7 @@ const char *value_kind_name(int kind) {
 
 // ------------------------------------------------------------------------ saved-tensor hooks
 
-struct PackPolicy {
-  int policy = 0;
-  std::string directory;
-  int64_t threshold = 0;
-  ftc_pack_fn pack = nullptr;
-  void *pack_data = nullptr;
-  ftc_unpack_fn unpack = nullptr;
-  void *unpack_data = nullptr;
-};
-
-thread_local std::vector<PackPolicy> pack_policies;
+using ftc::PackPolicy;  // (per thread: thread_state.hpp)
 std::atomic<int64_t> files_live{0};
 std::atomic<int64_t> files_made{0};
 
@@ -163,8 +153,9 @@ class UserHooks : public SavedVariableHooks {
 
 // Hooks of the innermost policy of this thread for t, or none (small tensors under file offload).
 std::unique_ptr<SavedVariableHooks> hooks_for(const at::Tensor &t) {
-  if (pack_policies.empty()) return nullptr;
-  const PackPolicy &p = pack_policies.back();
+  const ftc::ThreadState *ts = ftc::existing_thread_state();
+  if (ts == nullptr || ts->pack_policies.empty()) return nullptr;
+  const ftc::PackPolicy &p = ts->pack_policies.back();
   switch (p.policy) {
     case FTC_PACK_CPU: return std::make_unique<CpuHooks>();
     case FTC_PACK_FILES:
@@ -517,7 +508,7 @@ int ftc_function_finish(ftc_function_ctx ctx, ftc_tensor *outputs, int n_outputs
     for (size_t i = 0; i < n_out; ++i) {
       auto *s = ftc::TensorTable::instance().find(outputs[i]);
       s->value = *wrapped[i];
-      s->flags &= static_cast<uint8_t>(~(ftc::kTemporary | ftc::kFinalized));
+      s->life.become_function_output();
       if (executable) node->output_info.emplace_back(*wrapped[i]);
     }
     if (!executable) return;
@@ -685,14 +676,15 @@ int ftc_saved_tensors_hooks_push(int policy, const char *directory, int64_t dire
         break;
       default: ftc::fail_unknown(ftc::ftc_pack_policy_table, policy);
     }
-    pack_policies.push_back(std::move(p));
+    ftc::thread_state().pack_policies.push_back(std::move(p));
   });
 }
 
 int ftc_saved_tensors_hooks_pop(void) {
   return ftc::guard([&] {
-    if (pack_policies.empty()) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "no saved-tensor hooks are active on this thread");
-    pack_policies.pop_back();
+    auto &policies = ftc::thread_state().pack_policies;
+    if (policies.empty()) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "no saved-tensor hooks are active on this thread");
+    policies.pop_back();
   });
 }
 

@@ -275,8 +275,7 @@ ExposedStorages &exposed_storages() {
 }  // namespace
 
 void expose_memory(TensorTable::Slot &slot) {
-  if ((slot.flags & kExposed) != 0) return;  // this handle's storage is registered already
-  slot.flags |= kExposed;
+  if (!slot.life.expose()) return;  // this handle's storage is registered already
   if (!slot.value.has_storage()) return;
   const c10::Storage &storage = slot.value.storage();
   auto &e = exposed_storages();

@@ -19,6 +19,8 @@
 //    (gfortran: 11 and 12 none, 13 and 14 none inside array constructors), they are released by
 //    the first C call that reads them,
 //    through `tensor_of` and `guard`, whatever that call is and whether it succeeds or fails.
+// What a tensor handle is and what each call may do with it (release it on reading, take it over
+// in `=`, write into its memory) is its Lifetime, one state machine (lifetime.hpp) kept in its slot.
 // Slots live in chunks that are never freed or moved, so a lookup is two loads and a compare.
 // Free slots are cached per thread; the live count is kept per thread and summed when read.
 #pragma once
@@ -32,42 +34,10 @@
 #include <string>
 #include <vector>
 
+#include "lifetime.hpp"
+#include "thread_state.hpp"
+
 namespace ftc {
-
-// ---------------------------------------------------------------------------- per-thread state
-
-// Everything the C layer keeps per thread, in one place, reached through one thread-local pointer
-// (initial-exec: one load from the thread pointer, no __tls_get_addr and no lazy-construction guard
-// on the hot path). Created on a thread's first call; at thread exit its live-handle balance goes
-// to the retired total and its cached free slots back to their tables.
-struct ThreadState {
-  static constexpr size_t kMaxTables = 16;  // handle tables (tensors, models, ...)
-  static constexpr uint32_t kCacheSize = 64;
-  struct FreeSlots {
-    uint32_t n = 0;
-    uint32_t index[kCacheSize];
-  };
-  std::atomic<int64_t> live{0};   // handles this thread created minus those it freed (read by others)
-  int64_t warn_at = -1;           // next live count that prints the leak warning (-1: not read yet)
-  int64_t step_live = 0;          // this thread's live count at its last step (see note_step)
-  int64_t step_global = 0;        // all threads' live count when this thread's last grew at a step
-  int64_t growth_steps = 0;       // steps since the count last fell at which it had grown
-  int64_t warn_growth_steps = 0;  // growth_steps that print the step warning (0: no sample taken yet)
-  std::vector<void *> consumed;   // temporaries read by the calls in progress, released as they return
-  std::string last_error;         // message of this thread's last failed call
-  FreeSlots free[kMaxTables];     // per table: slots this thread freed, reused first
-};
-
-ThreadState &new_thread_state();
-// An inline variable with a constant initializer: every translation unit sees that it needs no
-// dynamic initialization, so reading it is one load (an `extern thread_local` would be read through
-// a call to its TLS wrapper function).
-inline thread_local ThreadState *current_thread_state __attribute__((tls_model("initial-exec"))) = nullptr;
-
-inline ThreadState &thread_state() {
-  ThreadState *s = current_thread_state;
-  return s != nullptr ? *s : new_thread_state();
-}
 
 // Handle-count bookkeeping of the calling thread (no shared counter on the hot path).
 void warn_growth(ThreadState &ts, int64_t live) noexcept;
@@ -103,24 +73,6 @@ struct TableFreeList {
 };
 // A number for a new table (its FreeSlots in every ThreadState), and the table to return them to.
 size_t register_table(TableFreeList *table);
-enum HandleFlags : uint8_t {
-  kTemporary = 1,  // result of an expression: released by the first call that reads it
-  kShared = 2,     // bound to a model's or optimizer's parameter: `=` writes in place, always
-  kFinalized = 4,  // result of an expression that the compiler finalizes at the end of the
-                   // statement (which deletes it): readers leave it alone, `=` takes it over
-  kMarkResult = 8, // torch_result(expr): an unconstructed lhs that takes it over becomes kResult
-  kResult = 16,    // a user function's result (`r = torch_result(expr)`): released by the first
-                   // call that reads it, like kTemporary, on every compiler (gfortran <= 12
-                   // never finalizes function results)
-  kExposed = 32,   // an address into its memory or metadata was handed out (a Fortran pointer from
-                   // a no-copy view or get_shape, a captured CUDA graph's input): `=` keeps
-                   // writing into that memory, never takes another tensor over
-  kWrapped = 64,   // made over memory FTorch was given (a Fortran array, device memory): `=`
-                   // writes into it (checked first: the common case of `c = a*b` into an array)
-};
-// Handles of expressions (taken over by `=` into an unconstructed tensor, never referred to).
-constexpr uint8_t kExpression = kTemporary | kFinalized | kResult;
-
 template <class T>
 class HandleTable final : public TableFreeList {
  public:
@@ -128,7 +80,7 @@ class HandleTable final : public TableFreeList {
     T value{};
     uint32_t generation = 1;
     bool live = false;
-    uint8_t flags = 0;
+    Lifetime life;      // the tensor rules' state (lifetime.hpp); named() for other kinds
     uint8_t stamp = 0;  // write stamp (bits 24-31 of the current handle)
   };
 
@@ -152,12 +104,12 @@ class HandleTable final : public TableFreeList {
 
   // The value is moved (or copied, for an lvalue) straight into the slot: no intermediate copy.
   template <class V>
-  void *acquire(V &&value, uint8_t flags = 0) {
+  void *acquire(V &&value, Lifetime life = Lifetime::named()) {
     ThreadState &ts = thread_state();
     const uint32_t index = take_index(ts);
     Slot &s = slot(index);
     s.value = std::forward<V>(value);
-    s.flags = flags;
+    s.life = life;
     s.stamp = 0;
     s.live = true;
     count_handles(ts, 1);
@@ -182,7 +134,7 @@ class HandleTable final : public TableFreeList {
     Slot *s = find(handle);
     if (s == nullptr) return false;
     s->live = false;
-    s->flags = 0;
+    s->life = Lifetime::named();
     if (++s->generation == 0) s->generation = 1;
     T old = std::move(s->value);  // leaves the slot's value empty (tensors, shared and intrusive pointers)
     ThreadState &ts = thread_state();
@@ -303,7 +255,7 @@ inline void consume(ThreadState &ts, ftc_tensor h) {
 // release: the one lookup every way of reading tensor arguments goes through.
 inline TensorTable::Slot *find_scheduled(ftc_tensor h) {
   auto *s = TensorTable::instance().find(h);
-  if (s != nullptr && (s->flags & (kTemporary | kResult)) != 0) consume(thread_state(), h);
+  if (s != nullptr && s->life.released_by_first_read()) consume(thread_state(), h);
   return s;
 }
 
@@ -334,11 +286,11 @@ inline const void *unconstructed_handle() { return reinterpret_cast<const void *
 void take_temporaries(std::initializer_list<ftc_tensor> handles);
 
 // A new handle holding a tensor (moved in from an rvalue, shared from an lvalue).
-inline ftc_tensor new_tensor_handle(at::Tensor &&t, uint8_t flags = 0) {
-  return static_cast<ftc_tensor>(TensorTable::instance().acquire(std::move(t), flags));
+inline ftc_tensor new_tensor_handle(at::Tensor &&t, Lifetime life = Lifetime::named()) {
+  return static_cast<ftc_tensor>(TensorTable::instance().acquire(std::move(t), life));
 }
-inline ftc_tensor new_tensor_handle(const at::Tensor &t, uint8_t flags = 0) {
-  return static_cast<ftc_tensor>(TensorTable::instance().acquire(t, flags));
+inline ftc_tensor new_tensor_handle(const at::Tensor &t, Lifetime life = Lifetime::named()) {
+  return static_cast<ftc_tensor>(TensorTable::instance().acquire(t, life));
 }
 bool delete_tensor(ftc_tensor h) noexcept;
 
@@ -357,21 +309,21 @@ inline Scheduler &scheduler_of(ftc_scheduler h) { return *scheduler_ptr(h); }
 
 // *out = a new handle holding value; the previous handle of *out (if live) is freed only after.
 template <class Table, class Handle, class Value>
-void replace_handle(Handle *out, Value &&value, uint8_t flags = 0) {
+void replace_handle(Handle *out, Value &&value, Lifetime life = Lifetime::named()) {
   if (out == nullptr) fail(FTC_ERR_INVALID_ARGUMENT, "output handle pointer is null");
   auto &table = Table::instance();
-  Handle fresh = static_cast<Handle>(table.acquire(std::forward<Value>(value), flags));
+  Handle fresh = static_cast<Handle>(table.acquire(std::forward<Value>(value), life));
   Handle old = *out;
   *out = fresh;
   table.release(old);
 }
 
 // *out = a new tensor handle holding t (replace_handle for tensors).
-inline void install(ftc_tensor *out, at::Tensor &&t, uint8_t flags = 0) {
-  replace_handle<TensorTable>(out, std::move(t), flags);
+inline void install(ftc_tensor *out, at::Tensor &&t, Lifetime life = Lifetime::named()) {
+  replace_handle<TensorTable>(out, std::move(t), life);
 }
-inline void install(ftc_tensor *out, const at::Tensor &t, uint8_t flags = 0) {
-  replace_handle<TensorTable>(out, t, flags);
+inline void install(ftc_tensor *out, const at::Tensor &t, Lifetime life = Lifetime::named()) {
+  replace_handle<TensorTable>(out, t, life);
 }
 
 template <class Table, class Handle>

@@ -228,7 +228,7 @@ T &out_arg(T *p, const char *what) {
 // `=` into a constructed tensor (math.cpp): the values land in its memory, and it takes the
 // history of r when autograd records. If anything else still refers to that memory (a graph that
 // saved it, a detached copy), the two are parted first, so nothing saved changes (see
-// part_from_others); tensors flagged kShared (model and optimizer parameters), views, leaves with
+// part_from_others); parameters (Lifetime is_parameter: model and optimizer parameters), views, leaves with
 // autograd state and memory a Fortran pointer points into (expose_memory) are written in place.
 // Values that the conversion to the tensor's dtype would change are an error (check_lossless);
 // memory of r that overlaps the tensor's is read before any of it is written.

@@ -25,14 +25,10 @@ const char *binary_name(int op) {
 
 // The result of an operation into *out: a new handle, flagged as the kind of temporary the
 // caller asks for (Fortran does for every operator and function result).
-void finish(at::Tensor &&result, int temporary, ftc_tensor *out, uint8_t flags = 0) {
-  switch (temporary) {
-    case FTC_NAMED: break;
-    case FTC_TEMPORARY: flags |= ftc::kTemporary; break;
-    case FTC_TEMPORARY_FINALIZED: flags |= ftc::kFinalized; break;
-    default: ftc::fail_unknown(ftc::ftc_result_kind_table, temporary);
-  }
-  ftc::out_arg(out, "out") = ftc::new_tensor_handle(std::move(result), flags);
+void finish(at::Tensor &&result, int temporary, ftc_tensor *out, bool marked_as_result = false) {
+  const std::optional<ftc::Lifetime> life = ftc::Lifetime::of_result(temporary);
+  if (!life) ftc::fail_unknown(ftc::ftc_result_kind_table, temporary);
+  ftc::out_arg(out, "out") = ftc::new_tensor_handle(std::move(result), marked_as_result ? life->marked_as_result() : *life);
 }
 
 // The operands of binary operator op on one device (its name made only for the message).
@@ -130,7 +126,7 @@ namespace ftc {
 // Fortran array over, and a view's memory stays with the view.
 static at::Tensor part_from_others(const TensorTable::Slot &slot) {
   const at::Tensor &t = slot.value;
-  if ((slot.flags & kWrapped) != 0) return relocate(t);
+  if (slot.life.is_wrapped()) return relocate(t);
   return at::empty_strided(t.sizes(), t.strides(), t.options().requires_grad(false));
 }
 
@@ -164,7 +160,7 @@ void assign_into(TensorTable::Slot &slot, const at::Tensor &rhs) {
   // a model on the GPU writes into outputs that wrap CPU arrays).
   const bool grad_mode = at::GradMode::is_enabled();
   const bool carries_history = grad_mode && rhs.requires_grad();
-  if ((slot.flags & kShared) != 0) {
+  if (slot.life.is_parameter()) {
     if (carries_history) parameter_takes_history();
   } else if (is_shared(l) && parts_from_others(l, carries_history)) {
     at::NoGradGuard no_grad;
@@ -258,12 +254,12 @@ enum class Stamping { none, bump, check };
 // that the statement releases, which nothing else refers to (not a view, its memory its own);
 // left's memory is LibTorch's own allocation (not a Fortran array or other memory FTorch wraps),
 // which nothing else refers to (no other handle, list, view, graph, model or optimizer) and whose
-// address was never handed out (kExposed); both have the same dtype, device, sizes and strides.
+// address was never handed out (exposed); both have the same dtype, device, sizes and strides.
 // For autograd: with history to carry, the copy would replace left's tensor anyway (a fresh one
 // recording the copy: see assign_into); without, see below. Saves the copy, and for a result with
 // history the CopyBackwards node that backward would run.
 bool can_take_over(const TensorTable::Slot &left, const TensorTable::Slot &right) {
-  if ((right.flags & kExpression) == 0 || (left.flags & (kWrapped | kShared | kExposed)) != 0) return false;
+  if (!Lifetime::may_take_over(left.life, right.life)) return false;
   const at::Tensor &l = left.value;
   const at::Tensor &r = right.value;
   if (!allocator_owns_memory(l)) return false;
@@ -312,9 +308,8 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
     // Unconstructed (or stale: a compiler finalized it just before assigning) lhs: it becomes
     // the value; a temporary is taken over without copying. `r = torch_result(expr)` makes r a
     // result, released by the first call that reads it.
-    const bool take = value_before != nullptr || (right->flags & kExpression) != 0;
-    const uint8_t flags = (right->flags & kMarkResult) != 0 ? kResult : 0;
-    *lhs = new_tensor_handle(take ? value : value.clone(), flags);
+    const bool take = value_before != nullptr || right->life.taken_by_unconstructed();
+    *lhs = new_tensor_handle(take ? value : value.clone(), right->life.adopted());
     return;
   }
   if (value_before == nullptr && can_take_over(*left, *right)) {
@@ -369,8 +364,7 @@ int ftc_tensor_assign_many(ftc_tensor *lhs, const ftc_tensor *rhs, int64_t n) {
 int ftc_tensor_mark_result(ftc_tensor t, int temporary, ftc_tensor *out) {
   return ftc::guard([&] {
     auto &slot = ftc::tensor_slot(t, "result");
-    const bool expression = (slot.flags & ftc::kExpression) != 0;
-    finish(expression ? slot.value : slot.value.clone(), temporary, out, ftc::kMarkResult);
+    finish(slot.life.is_expression() ? slot.value : slot.value.clone(), temporary, out, true);
   });
 }
 

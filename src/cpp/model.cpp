@@ -448,7 +448,7 @@ int ftc_model_parameters(ftc_model m, ftc_tensor *outputs, int64_t n) {
       }
     }
     int64_t i = 0;
-    for (const auto &p : params) outputs[i++] = ftc::new_tensor_handle(p, ftc::kShared);
+    for (const auto &p : params) outputs[i++] = ftc::new_tensor_handle(p, ftc::Lifetime::parameter());
   });
 }
 
@@ -465,7 +465,7 @@ int ftc_model_parameter(ftc_model m, const char *name, int64_t index, ftc_tensor
     } else {
       found = parameter_at(module, index).value;
     }
-    ftc::install(out, found, ftc::kShared);
+    ftc::install(out, found, ftc::Lifetime::parameter());
   });
 }
 

@@ -111,7 +111,7 @@ int new_optimizer(ftc_optim *out, int kind, const ftc_tensor *params, int64_t n_
     }
     state->opt = make_optimizer(state->params, h);
     // The optimizer updates these tensors in place: `=` on their handles must write in place too.
-    for (int64_t i = 0; i < n_params; ++i) ftc::tensor_slot(params[i]).flags |= ftc::kShared;
+    for (int64_t i = 0; i < n_params; ++i) ftc::tensor_slot(params[i]).life.bind_to_parameter();
     ftc::replace_handle<ftc::OptimTable>(out, std::move(state));
   });
 }

@@ -136,12 +136,12 @@ void dlpack_delete(void *p) {
 }
 
 // Whether an argument is a plain tensor over memory FTorch was given (a Fortran array, device
-// memory: the handle's kWrapped), which nothing in LibTorch owns: the bridge may keep a Python
+// memory: the handle's Lifetime is_wrapped), which nothing in LibTorch owns: the bridge may keep a Python
 // tensor over it between calls (see make_dlpack).
 bool over_callers_memory(const ArgItem &item, const at::Tensor &t) {
   if (item.handle == nullptr || t.layout() != c10::kStrided || t.is_conj() || t.is_neg()) return false;
   const auto *slot = TensorTable::instance().find(item.handle);
-  return slot != nullptr && (slot->flags & kWrapped) != 0;
+  return slot != nullptr && slot->life.is_wrapped();
 }
 
 // A DLPack structure for a reusable argument (the at::Tensor of an argument list), or null. It

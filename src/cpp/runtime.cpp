@@ -14,38 +14,24 @@
 #include "internal.hpp"
 
 namespace ftc {
-namespace {
 
-// Open catch scopes of this thread (ftorch_errors' torch_catch_begin/end), innermost last, each
-// with the first failure recorded in it; a callback's scope is a barrier that only the callback's
-// end closes (with whatever the callback left open above it).
-struct CatchScope {
-  int status = FTC_OK;
-  std::string message;
-  bool barrier = false;
-};
-
-// The scopes of a thread. A scope begun by torch_catch_begin and still open when the thread ends
-// (the main thread: at exit, also after `stop`), holding a failure, kept that failure without
-// anything saying so (its torch_catch_end never ran): said on standard error instead. A callback's
-// own scope (a barrier) is not the user's to end: not counted.
-struct CatchScopes : std::vector<CatchScope> {
-  ~CatchScopes() {
-    size_t open = 0;
-    const CatchScope *failed = nullptr;
-    for (const CatchScope &scope : *this) {
-      if (scope.barrier) continue;
-      ++open;
-      if (failed == nullptr && scope.status != FTC_OK) failed = &scope;
-    }
-    if (failed == nullptr) return;
-    std::fprintf(stderr, "FTorch warning: %zu catch scope%s begun by torch_catch_begin %s never ended "
-                 "(torch_catch_end); it kept this failure, which stopped nothing: %s\n", open,
-                 open == 1 ? "" : "s", open == 1 ? "was" : "were", failed->message.c_str());
-    std::fflush(stderr);
+// What a thread's catch scopes say when it ends (thread_state.hpp).
+CatchScopes::~CatchScopes() {
+  size_t open = 0;
+  const CatchScope *failed = nullptr;
+  for (const CatchScope &scope : *this) {
+    if (scope.barrier) continue;
+    ++open;
+    if (failed == nullptr && scope.status != FTC_OK) failed = &scope;
   }
-};
-thread_local CatchScopes catch_scopes;
+  if (failed == nullptr) return;
+  std::fprintf(stderr, "FTorch warning: %zu catch scope%s begun by torch_catch_begin %s never ended "
+               "(torch_catch_end); it kept this failure, which stopped nothing: %s\n", open,
+               open == 1 ? "" : "s", open == 1 ? "was" : "were", failed->message.c_str());
+  std::fflush(stderr);
+}
+
+namespace {
 
 std::string public_version(const std::string &v) { return v.substr(0, v.find('+')); }
 
@@ -310,7 +296,7 @@ int ftc_check_runtime(void) {
 
 int ftc_catch_begin(void) {
   try {
-    ftc::catch_scopes.emplace_back();
+    ftc::thread_state().catch_scopes.emplace_back();
     return FTC_OK;
   } catch (...) {  // (only std::bad_alloc can come here)
     ftc::set_last_error("out of memory: no catch scope could be opened");
@@ -319,8 +305,9 @@ int ftc_catch_begin(void) {
 }
 
 int ftc_catch_record(int status, const char *msg, int64_t msglen) {
-  auto &scopes = ftc::catch_scopes;
-  if (scopes.empty()) return 0;
+  ftc::ThreadState *ts = ftc::existing_thread_state();  // none yet: no scope is open
+  if (ts == nullptr || ts->catch_scopes.empty()) return 0;
+  auto &scopes = ts->catch_scopes;
   auto &first = scopes.back();
   if (first.status == FTC_OK && status != FTC_OK) {
     first.status = status;
@@ -333,8 +320,9 @@ int ftc_catch_record(int status, const char *msg, int64_t msglen) {
 }
 
 int ftc_catch_end(int *status) {
-  auto &scopes = ftc::catch_scopes;
-  if (scopes.empty() || scopes.back().barrier) return 0;
+  ftc::ThreadState *ts = ftc::existing_thread_state();
+  if (ts == nullptr || ts->catch_scopes.empty() || ts->catch_scopes.back().barrier) return 0;
+  auto &scopes = ts->catch_scopes;
   ftc::CatchScope scope = std::move(scopes.back());
   scopes.pop_back();
   if (status != nullptr) *status = scope.status;
@@ -344,8 +332,9 @@ int ftc_catch_end(int *status) {
 
 int ftc_callback_scope_begin(void) {
   try {
-    ftc::catch_scopes.emplace_back();
-    ftc::catch_scopes.back().barrier = true;
+    auto &scopes = ftc::thread_state().catch_scopes;
+    scopes.emplace_back();
+    scopes.back().barrier = true;
     return FTC_OK;
   } catch (...) {  // (only std::bad_alloc can come here)
     ftc::set_last_error("out of memory: no callback scope could be opened");
@@ -354,7 +343,9 @@ int ftc_callback_scope_begin(void) {
 }
 
 int ftc_callback_scope_end(int *status) {
-  auto &scopes = ftc::catch_scopes;
+  ftc::ThreadState *ts = ftc::existing_thread_state();
+  ftc::CatchScopes none;  // (a thread without state has no scope open)
+  auto &scopes = ts != nullptr ? ts->catch_scopes : none;
   int first = FTC_OK;
   std::string message;
   int left_open = 0;

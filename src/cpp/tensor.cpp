@@ -84,7 +84,7 @@ void require_shape(const at::Tensor &t, const Dims &shape, const char *what) {
 // into the memory itself).
 const at::Tensor &lasting_tensor(ftc_tensor h, const char *purpose, bool into_memory) {
   auto &slot = ftc::tensor_slot(h);
-  if ((slot.flags & ftc::kExpression) != 0) {
+  if (slot.life.is_expression()) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("a pointer to the ") + purpose +
                                             " of an expression's result (an operator's, or a function's that "
                                             "returns torch_result) would dangle: assign the expression to a "
@@ -93,7 +93,7 @@ const at::Tensor &lasting_tensor(ftc_tensor h, const char *purpose, bool into_me
   if (into_memory) {
     ftc::expose_memory(slot);
   } else {
-    slot.flags |= ftc::kExposed;
+    slot.life.expose();
   }
   return slot.value;
 }
@@ -290,7 +290,7 @@ int ftc_tensor_from_blob(ftc_tensor *out, void *data, int ndims, const int64_t *
   return ftc::guard([&] {
     auto t = wrap_memory(data, ndims, shape, layout, permute, dtype, device_type, device_index, false);
     if (requires_grad != 0) t.requires_grad_(true);
-    ftc::install(out, std::move(t), ftc::kWrapped);
+    ftc::install(out, std::move(t), ftc::Lifetime::wrapping());
   });
 }
 
@@ -300,7 +300,7 @@ int ftc_tensor_from_device_blob(ftc_tensor *out, void *data, int ndims, const in
   return ftc::guard([&] {
     auto t = wrap_memory(data, ndims, shape, layout, permute, dtype, device_type, device_index, true);
     if (requires_grad != 0) t.requires_grad_(true);
-    ftc::install(out, std::move(t), ftc::kWrapped);
+    ftc::install(out, std::move(t), ftc::Lifetime::wrapping());
   });
 }
 

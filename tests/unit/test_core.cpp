@@ -6,6 +6,7 @@
 
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "internal.hpp"
@@ -144,6 +145,37 @@ TEST(CatchScopes, ACallbackScopeIsABarrier) {
 
 // ------------------------------------------------------------------------------ dtypes
 
+TEST(ThreadState, EveryScopeIsPerThreadInTheThreadsOneState) {
+  ASSERT_EQ(ftc_catch_begin(), FTC_OK);
+  ftc::ThreadState &mine = ftc::thread_state();
+  EXPECT_EQ(mine.catch_scopes.size(), 1u);
+  std::string said;
+  std::thread other([&] {
+    EXPECT_EQ(ftc::existing_thread_state(), nullptr) << "a thread's state is made by its first call";
+    EXPECT_EQ(ftc_catch_record(FTC_ERR_SHAPE, "x", 1), 0) << "the main thread's scope is not this thread's";
+    ASSERT_EQ(ftc_grad_scope_push(FTC_SCOPE_NO_GRAD), FTC_OK);
+    EXPECT_FALSE(at::GradMode::is_enabled());
+    ftc::ThreadState &ts = ftc::thread_state();
+    EXPECT_NE(&ts, &mine);
+    EXPECT_EQ(ts.grad_scopes.size(), 1u);
+    EXPECT_TRUE(ts.catch_scopes.empty());
+    ASSERT_EQ(ftc_catch_begin(), FTC_OK);
+    EXPECT_EQ(ftc_catch_record(FTC_ERR_SHAPE, "kept by a scope never ended", 27), 1);
+    testing::internal::CaptureStderr();
+    // The thread ends with both scopes open: its state goes, and says what the catch scope kept.
+  });
+  other.join();
+  said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("never ended"), std::string::npos) << said;
+  EXPECT_NE(said.find("kept by a scope never ended"), std::string::npos) << said;
+  EXPECT_TRUE(at::GradMode::is_enabled()) << "the other thread's no-grad scope was its own";
+  EXPECT_EQ(mine.catch_scopes.size(), 1u);
+  int status = -1;
+  EXPECT_EQ(ftc_catch_end(&status), 1);
+  EXPECT_EQ(status, FTC_OK);
+  EXPECT_TRUE(mine.catch_scopes.empty());
+}
+
 TEST(Dtypes, OneMappingBothWays) {
   for (int code : {FTC_INT8, FTC_INT16, FTC_INT32, FTC_INT64, FTC_FLOAT32, FTC_FLOAT64}) {
     EXPECT_EQ(ftc::dtype_code(ftc::scalar_type(code)), code);
@@ -251,6 +283,194 @@ TEST(Lifetime, DeletingMakesEveryCopyStaleAndDeletingAgainIsHarmless) {
   EXPECT_NE(last_error().find("stale"), std::string::npos) << last_error();
   EXPECT_EQ(ftc_tensor_delete(&copy), FTC_OK);
   ftc_tensor_release(copy);  // a finalizer's release of a stale value: nothing
+}
+
+// ------------------------------------------------------------------------------ the Lifetime state machine
+// One test per state a handle starts in and per transition (lifetime.hpp): first the states and
+// rules alone, then what the C entry points do with a handle in that state.
+
+namespace {
+using ftc::Lifetime;
+
+Lifetime life_of(ftc_tensor h) {
+  auto *slot = ftc::TensorTable::instance().find(h);
+  EXPECT_NE(slot, nullptr);
+  return slot != nullptr ? slot->life : Lifetime::named();
+}
+
+const void *data_of(ftc_tensor h) { return ftc::TensorTable::instance().find(h)->value.const_data_ptr(); }
+
+// A result of kind `kind` (FTC_NAMED, FTC_TEMPORARY, FTC_TEMPORARY_FINALIZED): -x.
+ftc_tensor result_of(ftc_tensor x, int kind) {
+  ftc_tensor r = nullptr;
+  EXPECT_EQ(ftc_tensor_unary(FTC_NEG, x, kind, &r), FTC_OK);
+  return r;
+}
+
+// A tensor of LibTorch's own memory (a constructor's), which `=` may take an expression over into.
+ftc_tensor owned(int64_t n) {
+  ftc_tensor t = nullptr;
+  const int64_t shape[] = {n};
+  EXPECT_EQ(ftc_tensor_new(&t, FTC_FILL_ZEROS, 1, shape, FTC_FLOAT64, FTC_CPU, -1, 0), FTC_OK);
+  return t;
+}
+}  // namespace
+
+TEST(LifetimeStates, EachResultKindStartsInItsOwnState) {
+  static_assert(Lifetime::of_result(FTC_NAMED) == Lifetime::named());
+  static_assert(!Lifetime::of_result(99).has_value());
+  constexpr Lifetime temporary = *Lifetime::of_result(FTC_TEMPORARY);
+  constexpr Lifetime finalized = *Lifetime::of_result(FTC_TEMPORARY_FINALIZED);
+  static_assert(temporary.is_expression() && temporary.released_by_first_read());
+  static_assert(finalized.is_expression() && !finalized.released_by_first_read());
+  static_assert(!Lifetime::named().is_expression() && !Lifetime::named().released_by_first_read());
+  static_assert(Lifetime::wrapping().is_wrapped() && !Lifetime::wrapping().is_expression());
+  static_assert(Lifetime::parameter().is_parameter() && !Lifetime::parameter().is_expression());
+  static_assert(Lifetime() == Lifetime::named());
+  std::vector<double> a{1, 2};
+  ftc_tensor x = wrap(a);
+  EXPECT_EQ(life_of(x), Lifetime::wrapping());
+  for (int kind : {FTC_NAMED, FTC_TEMPORARY, FTC_TEMPORARY_FINALIZED}) {
+    ftc_tensor r = result_of(x, kind);
+    EXPECT_EQ(life_of(r), *Lifetime::of_result(kind)) << "kind " << kind;
+    ftc_tensor_delete(&r);
+  }
+  ftc_tensor r = nullptr;
+  EXPECT_EQ(ftc_tensor_unary(FTC_NEG, x, 99, &r), FTC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(r, nullptr);
+  ftc_tensor_delete(&x);
+}
+
+TEST(LifetimeStates, AFinalizedResultIsLeftAloneByItsReadersUntilTheFinalizerDeletesIt) {
+  std::vector<double> a{1, 2};
+  ftc_tensor x = wrap(a);
+  ftc_tensor r = result_of(x, FTC_TEMPORARY_FINALIZED);
+  const int64_t live = ftc_live_handles();
+  int rank = 0;
+  EXPECT_EQ(ftc_tensor_rank(r, &rank), FTC_OK);
+  EXPECT_EQ(ftc_tensor_rank(r, &rank), FTC_OK) << "read twice: a finalized result is not released by reading";
+  EXPECT_EQ(ftc_live_handles(), live);
+  ftc_tensor_release(r);  // the binding's finalizer at the end of the statement
+  EXPECT_EQ(ftc_live_handles(), live - 1);
+  ftc_tensor_delete(&x);
+}
+
+TEST(LifetimeStates, TorchResultMakesTheVariableThatTakesItOverAResult) {
+  constexpr Lifetime marked = Lifetime::of_result(FTC_TEMPORARY)->marked_as_result();
+  static_assert(marked.is_expression() && marked.taken_by_unconstructed());
+  static_assert(marked.adopted().released_by_first_read() && marked.adopted().is_expression());
+  static_assert(Lifetime::of_result(FTC_TEMPORARY)->adopted() == Lifetime::named());
+  static_assert(Lifetime::wrapping().adopted() == Lifetime::named());
+  std::vector<double> a{1, 2};
+  ftc_tensor x = wrap(a);
+  ftc_tensor marked_handle = nullptr, r = nullptr;
+  ASSERT_EQ(ftc_tensor_mark_result(result_of(x, FTC_TEMPORARY), FTC_TEMPORARY_FINALIZED, &marked_handle), FTC_OK);
+  EXPECT_EQ(life_of(marked_handle), Lifetime::of_result(FTC_TEMPORARY_FINALIZED)->marked_as_result());
+  ASSERT_EQ(ftc_tensor_assign(&r, marked_handle), FTC_OK);  // `r = torch_result(-x)` in a user function
+  EXPECT_TRUE(life_of(r).released_by_first_read());
+  ftc_tensor_release(marked_handle);                        // its finalizer
+  const int64_t live = ftc_live_handles();
+  int rank = 0;
+  EXPECT_EQ(ftc_tensor_rank(r, &rank), FTC_OK);             // the caller reads the function's result
+  EXPECT_EQ(ftc_live_handles(), live - 1) << "a function result is released by its first read";
+  ftc_tensor_delete(&x);
+}
+
+TEST(LifetimeStates, OnlyAnExpressionIsTakenOverAndNeverIntoWrappedParameterOrExposedMemory) {
+  const Lifetime temporary = *Lifetime::of_result(FTC_TEMPORARY);
+  const Lifetime finalized = *Lifetime::of_result(FTC_TEMPORARY_FINALIZED);
+  Lifetime exposed;
+  EXPECT_TRUE(exposed.expose());
+  for (Lifetime right : {temporary, finalized, temporary.marked_as_result()}) {
+    EXPECT_TRUE(Lifetime::may_take_over(Lifetime::named(), right));
+    for (Lifetime left : {Lifetime::wrapping(), Lifetime::parameter(), exposed}) {
+      EXPECT_FALSE(Lifetime::may_take_over(left, right));
+    }
+  }
+  for (Lifetime right : {Lifetime::named(), Lifetime::wrapping(), Lifetime::parameter(), exposed}) {
+    EXPECT_FALSE(Lifetime::may_take_over(Lifetime::named(), right));
+    EXPECT_FALSE(right.taken_by_unconstructed());
+  }
+  // Through `=`: an owned left-hand side takes the expression's memory; a wrapped one keeps its own.
+  std::vector<double> a{1, 2}, b{0, 0};
+  ftc_tensor x = wrap(a), w = wrap(b), l = owned(2);
+  ftc_tensor r = result_of(x, FTC_TEMPORARY_FINALIZED);
+  const void *memory = data_of(r);
+  ASSERT_EQ(ftc_tensor_assign(&l, r), FTC_OK);
+  EXPECT_EQ(data_of(l), memory) << "taken over";
+  ftc_tensor_release(r);
+  r = result_of(x, FTC_TEMPORARY_FINALIZED);
+  ASSERT_EQ(ftc_tensor_assign(&w, r), FTC_OK);
+  EXPECT_EQ(data_of(w), static_cast<const void *>(b.data())) << "a wrapped array keeps its memory";
+  EXPECT_EQ(b, (std::vector<double>{-1, -2}));
+  ftc_tensor_release(r);
+  // An unconstructed left-hand side takes an expression's tensor itself, a named one's a copy.
+  ftc_tensor u = nullptr, v = nullptr;
+  r = result_of(x, FTC_TEMPORARY_FINALIZED);
+  memory = data_of(r);
+  ASSERT_EQ(ftc_tensor_assign(&u, r), FTC_OK);
+  EXPECT_EQ(data_of(u), memory);
+  ftc_tensor_release(r);
+  ASSERT_EQ(ftc_tensor_assign(&v, x), FTC_OK);
+  EXPECT_NE(data_of(v), static_cast<const void *>(a.data())) << "a copy of a named tensor";
+  EXPECT_EQ(life_of(v), Lifetime::named());
+  for (ftc_tensor *t : {&x, &w, &l, &u, &v}) ftc_tensor_delete(t);
+}
+
+TEST(LifetimeStates, ExposingHappensOnceAndStopsTakeOver) {
+  Lifetime life;
+  EXPECT_TRUE(life.expose());
+  EXPECT_FALSE(life.expose()) << "the second time: registered already";
+  EXPECT_TRUE(life.is_exposed());
+  std::vector<double> a{1, 2};
+  ftc_tensor x = wrap(a), l = owned(2);
+  const int64_t *sizes = nullptr;
+  int ndims = 0;
+  ASSERT_EQ(ftc_tensor_shape(l, &sizes, &ndims), FTC_OK);  // a pointer into its metadata handed out
+  EXPECT_TRUE(life_of(l).is_exposed());
+  const void *memory = data_of(l);
+  ftc_tensor r = result_of(x, FTC_TEMPORARY_FINALIZED);
+  ASSERT_EQ(ftc_tensor_assign(&l, r), FTC_OK);
+  EXPECT_EQ(data_of(l), memory) << "an exposed tensor is written, never replaced";
+  EXPECT_EQ(values_of(l, 2), (std::vector<double>{-1, -2}));
+  ftc_tensor_release(r);
+  r = result_of(x, FTC_TEMPORARY);
+  EXPECT_EQ(ftc_tensor_shape(r, &sizes, &ndims), FTC_ERR_INVALID_ARGUMENT) << "an expression is never exposed";
+  EXPECT_NE(last_error().find("dangle"), std::string::npos) << last_error();
+  for (ftc_tensor *t : {&x, &l}) ftc_tensor_delete(t);
+}
+
+TEST(LifetimeStates, BindingToAnOptimizerMakesAParameter) {
+  Lifetime life;
+  life.bind_to_parameter();
+  EXPECT_EQ(life, Lifetime::parameter());
+  EXPECT_FALSE(Lifetime::may_take_over(life, *Lifetime::of_result(FTC_TEMPORARY)));
+  ftc_tensor p = owned(2);
+  const ftc_sgd_options sgd = FTC_SGD_OPTIONS_DEFAULTS;
+  ftc_optim o = nullptr;
+  ASSERT_EQ(ftc_optim_sgd(&o, &p, 1, &sgd), FTC_OK);
+  EXPECT_TRUE(life_of(p).is_parameter());
+  const void *memory = data_of(p);
+  std::vector<double> a{1, 2};
+  ftc_tensor x = wrap(a);
+  ftc_tensor r = result_of(x, FTC_TEMPORARY_FINALIZED);
+  ASSERT_EQ(ftc_tensor_assign(&p, r), FTC_OK);
+  EXPECT_EQ(data_of(p), memory) << "a parameter is written in place: it stays the optimizer's leaf";
+  ftc_tensor_release(r);
+  ftc_optim_delete(&o);
+  for (ftc_tensor *t : {&x, &p}) ftc_tensor_delete(t);
+}
+
+TEST(LifetimeStates, AFunctionOutputIsTheCallersFromThenOn) {
+  for (int kind : {FTC_TEMPORARY, FTC_TEMPORARY_FINALIZED}) {
+    Lifetime life = *Lifetime::of_result(kind);
+    life.become_function_output();
+    EXPECT_EQ(life, Lifetime::named()) << "kind " << kind;
+    Lifetime marked = Lifetime::of_result(kind)->marked_as_result();
+    marked.become_function_output();
+    EXPECT_FALSE(marked.is_expression());
+    EXPECT_TRUE(marked.adopted().released_by_first_read()) << "the torch_result mark stays";
+  }
 }
 
 // ------------------------------------------------------------------------------ named options
