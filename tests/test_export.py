@@ -259,7 +259,7 @@ def test_a_crash_while_checking_a_package_is_reported(packages, monkeypatch):
     """The package is loaded and run in a child process: if that crashes (a signal inside
     AOTInductor's loader, seen with some torch builds), the check fails saying so, and the caller
     (the export) goes on. The crash is injected through the child's environment."""
-    from ftorch._export import _run_pt2_in_child
+    from ftorch._export_pt2 import _run_pt2_in_child
 
     x = fortran_tensor(8, 5).contiguous()
     load_error, results = _run_pt2_in_child(packages["dir"] / "mlp_static.pt2", [[x]])

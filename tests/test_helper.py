@@ -136,7 +136,9 @@ def test_wheel_contents_and_pinned_torch(wheel):
         "ftorch/src/fortran/ftorch_python.f90", "ftorch/src/fortran/ftorch_arglist.f90",
         "ftorch/src/fortran/torch_ftn.f90", "ftorch/lib/libftorch_python.so", "ftorch/_embed.py",
         "ftorch/include/ftorch_c_python.h", "ftorch/include/ftorch_c_arglist.h", "ftorch/src/fortran/ftorch_c_api.f90",
-        "ftorch/_export.py", "ftorch/_inspect.py", "ftorch/_modules.py",
+        "ftorch/_export.py", "ftorch/_export_errors.py", "ftorch/_export_values.py", "ftorch/_discovery.py",
+        "ftorch/_export_report.py", "ftorch/_export_torchscript.py", "ftorch/_export_pt2.py",
+        "ftorch/_inspect.py", "ftorch/_modules.py",
         "ftorch/lib/libftorch.a", "ftorch/include/fortran/ftorch.mod",
     }
     assert expected <= names

@@ -1,5 +1,7 @@
 !> Benchmark, Fortran side (through FTorch). Usage:
-!>   bench_fortran train|infer <model.pt> <batch> <inputs> <outputs> <iterations>
+!>   bench_fortran train|infer|idiom <model.pt> <batch> <inputs> <outputs> <iterations>
+!>     (idiom: upstream FTorch's explicit training step -- zero_grad, forward into a tensor over a
+!>      Fortran array, torch_loss_mse into a tensor over a one-element array, backward, Adam step)
 !>   bench_fortran ops <elements> <iterations>
 !>   bench_fortran from_array <elements> <iterations>
 !>   bench_fortran custom|builtin <elements> <iterations>   (y = x*x and backward, as a custom
@@ -45,7 +47,7 @@ program bench_fortran
 
   call get_command_argument(1, mode)
   select case (trim(mode))
-  case ("train", "infer", "rss", "compiled")
+  case ("train", "infer", "rss", "compiled", "idiom")
     call get_command_argument(2, path)
     batch = int_arg(3); n_in = int_arg(4); n_out = int_arg(5); iters = int_arg(6)
     call model_case(trim(mode), trim(path), batch, n_in, n_out, iters)
@@ -73,14 +75,15 @@ contains
     character(len=*), intent(in) :: mode, path
     integer, intent(in) :: batch, n_in, n_out, iters
     real(real64), allocatable, target :: x(:,:), y(:,:), pred(:,:)
+    real(real64), target :: loss_value(1)
     type(torch_model) :: model
     type(torch_optim) :: optim
-    type(torch_tensor) :: inputs(1), outputs(1), target
+    type(torch_tensor) :: inputs(1), outputs(1), target, tloss
     type(torch_tensor), allocatable :: params(:)
     real(real64) :: loss
     integer :: i, warm
     integer(int64) :: t0
-    logical :: forward_only, rss
+    logical :: forward_only, rss, idiom
     allocate(x(batch, n_in), y(batch, n_out), pred(batch, n_out))
     call random_number(x)
     call random_number(y)
@@ -93,13 +96,22 @@ contains
     call torch_tensor_from_array(inputs(1), x, torch_kCPU)
     call torch_tensor_from_array(outputs(1), pred, torch_kCPU)
     call torch_tensor_from_array(target, y, torch_kCPU)
+    call torch_tensor_from_array(tloss, loss_value, torch_kCPU)
     warm = max(10, iters / 10)
     forward_only = mode == "infer" .or. mode == "compiled"  ! compared once, not per step
     rss = mode == "rss"
+    idiom = mode == "idiom"
     do i = 1, warm + iters
       if (i == warm + 1) t0 = ticks()
       if (forward_only) then
         call torch_model_forward(model, inputs, outputs)
+      else if (idiom) then
+        call torch_optim_zero_grad(optim)
+        call torch_model_forward(model, inputs, outputs, requires_grad=.true.)
+        call torch_loss_mse(tloss, outputs(1), target)
+        call torch_tensor_backward(tloss)
+        call torch_optim_step(optim)
+        loss = loss_value(1)
       else
         call torch_train_step(model, optim, inputs, target, loss)
       end if

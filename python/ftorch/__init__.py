@@ -167,7 +167,7 @@ def inspect_model(path, inputs=None, device="cpu"):
 def __getattr__(name: str):
     # ftorch.ExportError without importing the export code (or torch) before it is needed.
     if name in ("ExportError", "UsageError"):
-        from . import _export
+        from . import _export_errors
 
-        return getattr(_export, name)
+        return getattr(_export_errors, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -86,7 +86,8 @@ def _add_export(subparsers) -> None:
 
 def _run_export(args, parser) -> int:
     prog = parser.prog
-    from ._export import ExportError, UsageError, export
+    from ._export import export
+    from ._export_errors import ExportError, UsageError
 
     try:
         init_kwargs = None
@@ -135,7 +136,7 @@ def _add_inspect(subparsers) -> None:
 
 def _run_inspect(args, parser) -> int:
     prog = parser.prog
-    from ._export import ExportError
+    from ._export_errors import ExportError
     from ._inspect import format_inspection, inspect_model
 
     try:

@@ -14,16 +14,9 @@ import zipfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from ._export import (
-    ExportError,
-    UsageError,
-    _aoti_input_checks,
-    _error_text,
-    _normalize_inputs,
-    _tensor_list,
-    package_input,
-    random_fortran_tensor,
-)
+from ._export_errors import ExportError, UsageError, _error_text
+from ._export_pt2 import _aoti_input_checks, _tensor_list, package_input
+from ._export_values import _normalize_inputs, random_fortran_tensor
 
 _FORTRAN_KINDS = {
     "float32": ("real", "real32"), "float64": ("real", "real64"),

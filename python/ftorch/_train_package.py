@@ -168,7 +168,7 @@ def _compile(gm, args, dynamic_shapes, metadata: dict, label: str, what: str, mi
     import torch
     import torch._inductor
 
-    from ._export import ExportError, _error_text, _export_error, _quiet
+    from ._export_errors import ExportError, _error_text, _export_error, _quiet
 
     _strip_meta(gm)
     # Row-major examples: the compiled code assumes the strides it was exported with, and FTorch
@@ -206,7 +206,8 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
 
     import ftorch
 
-    from ._export import ExportError, UsageError, _error_text, _flatten_outputs, dtype_name, _user_frame
+    from ._export_errors import ExportError, UsageError, _error_text, _user_frame
+    from ._export_values import _flatten_outputs, dtype_name
 
     pnames = [n for n, _ in model.named_parameters()]
     params = [p.detach() for _, p in model.named_parameters()]
@@ -460,8 +461,10 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
     traced backward graph run eagerly on the package's random values, the eval mode with eager."""
     import torch
 
-    from ._export import (FileCheck, RunCheck, _compare, _error_text, _flatten_outputs, _run_pt2_in_child,
-                          package_input)
+    from ._export_errors import _error_text
+    from ._export_pt2 import _run_pt2_in_child, package_input
+    from ._export_report import FileCheck, RunCheck, _compare
+    from ._export_values import _flatten_outputs
 
     meta = written["meta"]
     pnames, bnames, grad_inputs = written["pnames"], written["bnames"], written["grad_inputs"]
