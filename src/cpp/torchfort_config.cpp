@@ -147,19 +147,27 @@ void read_scheduler(Block &b, SchedulerConfig &s, const std::string &file, const
   b.done();
 }
 
-Config read_config(const std::string &filename) {
-  Config c;
+Node open_config(const std::string &filename, GeneralConfig &c) {
   c.filename = filename;
   Node root = parse_file(filename, c.text);
   if (root.kind == Node::kNull) throw ConfigError(filename + ": the configuration file is empty");
-  Block top(&root, "", filename);
+  return root;
+}
 
+void read_general(Block &top, GeneralConfig &c) {
   Block general = top.block("general");
   c.report_frequency = general.integer("report_frequency", 0, false, 0);
   c.enable_wandb_hook = general.boolean("enable_wandb_hook", false);
   c.verbose = general.boolean("verbose", false);
   c.enable_cuda_graphs = general.boolean("enable_cuda_graphs", false);
   general.done();
+}
+
+Config read_config(const std::string &filename) {
+  Config c;
+  Node root = open_config(filename, c);
+  Block top(&root, "", filename);
+  read_general(top, c);
 
   if (!top.has("model")) top.missing("model", " (a block with type: mlp or torchscript)");
   Block model = top.block("model");

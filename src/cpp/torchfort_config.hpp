@@ -19,6 +19,15 @@ class ConfigError : public std::runtime_error {
 // TorchFort's names: lower case, spaces removed ("MSE" and "mse", "T_max" and "t_max" are one).
 std::string sanitize(const std::string &s);
 
+// What every configuration file has (supervised, off- and on-policy): its name and text, and the
+// general block.
+struct GeneralConfig {
+  std::string filename;
+  std::string text;  // the file as read (copied next to the wandb log)
+  int64_t report_frequency = 0;
+  bool enable_wandb_hook = false, verbose = false, enable_cuda_graphs = false;
+};
+
 struct OptimizerConfig {
   std::string type;  // "sgd" or "adam"
   double learning_rate = 1e-3;
@@ -44,12 +53,7 @@ struct SchedulerConfig {
   double end_factor = 1.0;
 };
 
-struct Config {
-  std::string filename;
-  std::string text;  // the file as read (copied next to the wandb log)
-  // general
-  int64_t report_frequency = 0;
-  bool enable_wandb_hook = false, verbose = false, enable_cuda_graphs = false;
+struct Config : GeneralConfig {
   // model
   std::string model_type;      // "mlp" or "torchscript"
   std::string model_filename;  // torchscript

@@ -1000,39 +1000,14 @@ void load_model(System &sys, const fs::path &dir, const std::function<void()> &c
 
 // ---------------------------------------------------------------------------- registry
 
-std::mutex registry_mutex;
-std::unordered_map<std::string, std::shared_ptr<System>> registry;
-
-std::shared_ptr<System> find(const char *name) {
-  if (name == nullptr) usage("the system name is a null pointer");
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  auto it = registry.find(name);
-  if (it == registry.end()) {
-    std::string known;
-    for (const auto &[k, v] : registry) known += (known.empty() ? "" : ", ") + k;
-    usage(std::string("no off-policy system named '") + name +
-          "' (create it with torchfort_rl_off_policy_create_system; systems: " + (known.empty() ? "none" : known) + ")");
-  }
-  return it->second;
-}
-
-template <class Body>
-torchfort_result_t with_system(const char *fn, const char *name, Body &&body) {
-  return boundary(fn, [&] {
-    std::shared_ptr<System> sys = find(name);
-    std::lock_guard<std::mutex> lock(sys->mutex);
-    body(*sys);
-  });
-}
+Systems<System> systems("off-policy", "torchfort_rl_off_policy_create_system");
 
 // ---------------------------------------------------------------------------- arrays
-
-
 
 torchfort_result_t predict_arrays(const char *fn, const char *name, void *state, size_t state_dim,
                                   int64_t *state_shape, void *action, size_t action_dim, int64_t *action_shape,
                                   torchfort_datatype_t dtype, cudaStream_t stream, bool fortran, bool explore) {
-  return with_system(fn, name, [&](System &sys) {
+  return systems.with(fn, name, [&](System &sys) {
     const at::Tensor s = wrap(state, state_dim, state_shape, dtype, fortran, "state", true);
     at::Tensor out = wrap(action, action_dim, action_shape, dtype, fortran, "action", true);
     StreamScope scope(sys.model_device, stream);
@@ -1053,7 +1028,7 @@ torchfort_result_t evaluate_arrays(const char *fn, const char *name, void *state
                                    int64_t *state_shape, void *action, size_t action_dim, int64_t *action_shape,
                                    void *reward, size_t reward_dim, int64_t *reward_shape, torchfort_datatype_t dtype,
                                    cudaStream_t stream, bool fortran) {
-  return with_system(fn, name, [&](System &sys) {
+  return systems.with(fn, name, [&](System &sys) {
     const at::Tensor s = wrap(state, state_dim, state_shape, dtype, fortran, "state", true);
     const at::Tensor a = wrap(action, action_dim, action_shape, dtype, fortran, "action", true);
     at::Tensor out = wrap(reward, reward_dim, reward_shape, dtype, fortran, "reward", true);
@@ -1089,7 +1064,7 @@ torchfort_result_t update_arrays(const char *fn, const char *name, void *state_o
                                  int64_t *state_shape, void *action_old, size_t action_dim, int64_t *action_shape,
                                  const void *reward, bool final_state, torchfort_datatype_t dtype, cudaStream_t stream,
                                  bool fortran) {
-  return with_system(fn, name, [&](System &sys) {
+  return systems.with(fn, name, [&](System &sys) {
     const at::Tensor s = wrap(state_old, state_dim, state_shape, dtype, fortran, "state_old", true);
     const at::Tensor sp = wrap(state_new, state_dim, state_shape, dtype, fortran, "state_new", true);
     const at::Tensor a = wrap(action_old, action_dim, action_shape, dtype, fortran, "action_old", true);
@@ -1106,7 +1081,7 @@ torchfort_result_t update_multi_arrays(const char *fn, const char *name, void *s
                                        int64_t *action_shape, void *reward, size_t reward_dim, int64_t *reward_shape,
                                        void *final_state, size_t final_state_dim, int64_t *final_state_shape,
                                        torchfort_datatype_t dtype, cudaStream_t stream, bool fortran) {
-  return with_system(fn, name, [&](System &sys) {
+  return systems.with(fn, name, [&](System &sys) {
     const at::Tensor s = wrap(state_old, state_dim, state_shape, dtype, fortran, "state_old", true);
     const at::Tensor sp = wrap(state_new, state_dim, state_shape, dtype, fortran, "state_new", true);
     const at::Tensor a = wrap(action_old, action_dim, action_shape, dtype, fortran, "action_old", true);
@@ -1118,14 +1093,6 @@ torchfort_result_t update_multi_arrays(const char *fn, const char *name, void *s
   });
 }
 
-template <class T>
-torchfort_result_t wandb_log(const char *fn, const char *name, const char *metric_name, int64_t step, T value) {
-  return with_system(fn, name, [&](System &sys) {
-    if (metric_name == nullptr) usage("the metric name is a null pointer");
-    if (!sys.log_file.empty() && sys.rank == 0) write_metric(sys.log_file, sys.name, metric_name, step, number_text(value));
-  });
-}
-
 }  // namespace rl
 }  // namespace tf
 
@@ -1134,37 +1101,15 @@ torchfort_result_t wandb_log(const char *fn, const char *name, const char *metri
 using namespace tf;
 using namespace tf::rl;
 
-namespace {
-std::shared_ptr<System> new_system(const char *name, const char *config_fname, int model_device, int rb_device) {
-  if (name != nullptr) {
-    std::lock_guard<std::mutex> lock(rl::registry_mutex);
-    if (rl::registry.count(name))
-      usage(std::string("a system named '") + name + "' exists already (each system needs its own name)");
-  }
-  return create_system(name, config_fname, model_device, rb_device);
-}
-
-void register_system(const std::shared_ptr<System> &sys) {
-  std::lock_guard<std::mutex> lock(rl::registry_mutex);
-  if (!rl::registry.emplace(sys->name, sys).second)
-    usage("a system named '" + sys->name + "' exists already (each system needs its own name)");
-}
-}  // namespace
-
 torchfort_result_t torchfort_rl_off_policy_create_system(const char *name, const char *config_fname, int model_device,
                                                          int rb_device) {
-  return boundary(__func__, [&] { register_system(new_system(name, config_fname, model_device, rb_device)); });
+  return systems.create(__func__, name, [&] { return create_system(name, config_fname, model_device, rb_device); });
 }
 
 torchfort_result_t ftc_torchfort_rl_off_policy_create_distributed(const char *name, const char *config_fname,
                                                                   ftc_comm comm, int model_device, int rb_device) {
-  return boundary("torchfort_rl_off_policy_create_distributed_system", [&] {
-    auto ranks = std::make_unique<Ranks>(comm);
-    std::shared_ptr<System> sys;
-    ranks->together("to create the system", [&] { sys = new_system(name, config_fname, model_device, rb_device); });
-    distribute(*sys, std::move(ranks));
-    register_system(sys);
-  });
+  return systems.create_distributed("torchfort_rl_off_policy_create_distributed_system", name, comm,
+                                    [&] { return create_system(name, config_fname, model_device, rb_device); });
 }
 
 // Without torchfort_mpi.c in the program (which defines it with the program's MPI).
@@ -1177,7 +1122,7 @@ torchfort_result_t torchfort_rl_off_policy_create_distributed_system_F(const cha
 
 torchfort_result_t torchfort_rl_off_policy_train_step(const char *name, float *p_loss_val, float *q_loss_val,
                                                       cudaStream_t stream) {
-  return with_system(__func__, name, [&](System &sys) {
+  return systems.with(__func__, name, [&](System &sys) {
     if (p_loss_val == nullptr || q_loss_val == nullptr) usage("p_loss_val and q_loss_val must not be null pointers");
     StreamScope scope(sys.model_device, stream);
     train_step(sys, *p_loss_val, *q_loss_val);
@@ -1266,46 +1211,28 @@ torchfort_result_t torchfort_rl_off_policy_update_replay_buffer_multi_F(
 }
 
 torchfort_result_t torchfort_rl_off_policy_save_checkpoint(const char *name, const char *checkpoint_dir) {
-  return with_system(__func__, name, [&](System &sys) {
-    together(sys.ranks.get(), "to write the checkpoint", [&] {
-      if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
-      save_checkpoint(sys, rank_dir(checkpoint_dir, sys.ranks.get()));
-    });
-  });
+  return systems.save(__func__, name, checkpoint_dir);
 }
 torchfort_result_t torchfort_rl_off_policy_load_checkpoint(const char *name, const char *checkpoint_dir) {
-  return with_system(__func__, name, [&](System &sys) {
-    load_together(sys.ranks.get(), "the checkpoint", [&](const std::function<void()> &checked) {
-      if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
-      load_checkpoint(sys, rank_dir(checkpoint_dir, sys.ranks.get()), checked);
-    });
-  });
+  return systems.load(__func__, name, checkpoint_dir);
 }
 torchfort_result_t torchfort_rl_off_policy_load_model(const char *name, const char *checkpoint_dir) {
-  return with_system(__func__, name, [&](System &sys) {
-    load_together(sys.ranks.get(), "the model", [&](const std::function<void()> &checked) {
-      if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
-      load_model(sys, checkpoint_dir, checked);
-    });
-  });
+  return systems.load_models(__func__, name, checkpoint_dir);
 }
 
 torchfort_result_t torchfort_rl_off_policy_is_ready(const char *name, bool *ready) {
-  return with_system(__func__, name, [&](System &sys) {
-    if (ready == nullptr) usage("ready is a null pointer");
-    *ready = sys.buffer->ready();
-  });
+  return systems.is_ready(__func__, name, ready);
 }
 
 torchfort_result_t torchfort_rl_off_policy_wandb_log_int(const char *name, const char *metric_name, int64_t step,
                                                          int value) {
-  return rl::wandb_log(__func__, name, metric_name, step, value);
+  return systems.wandb_log(__func__, name, metric_name, step, value);
 }
 torchfort_result_t torchfort_rl_off_policy_wandb_log_float(const char *name, const char *metric_name, int64_t step,
                                                            float value) {
-  return rl::wandb_log(__func__, name, metric_name, step, value);
+  return systems.wandb_log(__func__, name, metric_name, step, value);
 }
 torchfort_result_t torchfort_rl_off_policy_wandb_log_double(const char *name, const char *metric_name, int64_t step,
                                                             double value) {
-  return rl::wandb_log(__func__, name, metric_name, step, value);
+  return systems.wandb_log(__func__, name, metric_name, step, value);
 }

@@ -6,6 +6,8 @@
 #include "torchfort_common.hpp"
 
 #include <exception>
+#include <mutex>
+#include <unordered_map>
 
 namespace tf {
 namespace rl {
@@ -403,6 +405,128 @@ void load_together(Ranks *ranks, const std::string &what, Load &&load) {
 inline fs::path rank_dir(const fs::path &dir, const Ranks *ranks) {
   return ranks == nullptr || ranks->rank == 0 ? dir : dir / ("rank_" + std::to_string(ranks->rank));
 }
+
+// ---------------------------------------------------------------------------- systems by name
+
+// The systems of one kind (off-policy, on-policy) by name, and the entry points that both kinds
+// have, written once. Each entry point looks its system up under the registry's lock, then runs
+// under the system's own lock. What a System has for them: name, mutex, ranks, buffer (ready()),
+// log_file, rank; and the free functions distribute, save_checkpoint, load_checkpoint and
+// load_model of its namespace (found by argument-dependent lookup).
+template <class System>
+class Systems {
+ public:
+  // kind: "off-policy"; create_fn: the C function that makes one (named when a name is unknown).
+  Systems(const char *kind, const char *create_fn) : kind_(kind), create_fn_(create_fn) {}
+
+  // body(system) for a call of C function fn on the system called name.
+  template <class Body>
+  torchfort_result_t with(const char *fn, const char *name, Body &&body) {
+    return boundary(fn, [&] {
+      std::shared_ptr<System> sys = find(name);
+      std::lock_guard<std::mutex> lock(sys->mutex);
+      body(*sys);
+    });
+  }
+
+  // torchfort_rl_*_create_system: make() builds the system called name (a name in use fails first).
+  template <class Make>
+  torchfort_result_t create(const char *fn, const char *name, Make &&make) {
+    return boundary(fn, [&] { add(made(name, make)); });
+  }
+
+  // torchfort_rl_*_create_distributed_system: the same on every rank of comm, which then train as one.
+  template <class Make>
+  torchfort_result_t create_distributed(const char *fn, const char *name, ftc_comm comm, Make &&make) {
+    return boundary(fn, [&] {
+      auto ranks = std::make_unique<Ranks>(comm);
+      std::shared_ptr<System> sys;
+      ranks->together("to create the system", [&] { sys = made(name, make); });
+      distribute(*sys, std::move(ranks));
+      add(sys);
+    });
+  }
+
+  torchfort_result_t save(const char *fn, const char *name, const char *checkpoint_dir) {
+    return with(fn, name, [&](System &sys) {
+      together(sys.ranks.get(), "to write the checkpoint", [&] {
+        if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
+        save_checkpoint(sys, rank_dir(checkpoint_dir, sys.ranks.get()));
+      });
+    });
+  }
+
+  torchfort_result_t load(const char *fn, const char *name, const char *checkpoint_dir) {
+    return with(fn, name, [&](System &sys) {
+      load_together(sys.ranks.get(), "the checkpoint", [&](const std::function<void()> &checked) {
+        if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
+        load_checkpoint(sys, rank_dir(checkpoint_dir, sys.ranks.get()), checked);
+      });
+    });
+  }
+
+  torchfort_result_t load_models(const char *fn, const char *name, const char *checkpoint_dir) {
+    return with(fn, name, [&](System &sys) {
+      load_together(sys.ranks.get(), "the model", [&](const std::function<void()> &checked) {
+        if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
+        load_model(sys, checkpoint_dir, checked);
+      });
+    });
+  }
+
+  torchfort_result_t is_ready(const char *fn, const char *name, bool *ready) {
+    return with(fn, name, [&](System &sys) {
+      if (ready == nullptr) usage("ready is a null pointer");
+      *ready = sys.buffer->ready();
+    });
+  }
+
+  // torchfort_rl_*_wandb_log_int/float/double: a line of the metrics log (rank 0, when configured).
+  template <class T>
+  torchfort_result_t wandb_log(const char *fn, const char *name, const char *metric_name, int64_t step, T value) {
+    return with(fn, name, [&](System &sys) {
+      if (metric_name == nullptr) usage("the metric name is a null pointer");
+      if (!sys.log_file.empty() && sys.rank == 0) write_metric(sys.log_file, sys.name, metric_name, step, number_text(value));
+    });
+  }
+
+ private:
+  std::shared_ptr<System> find(const char *name) {
+    if (name == nullptr) usage("the system name is a null pointer");
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = systems_.find(name);
+    if (it == systems_.end()) {
+      std::string known;
+      for (const auto &entry : systems_) known += (known.empty() ? "" : ", ") + entry.first;
+      usage(std::string("no ") + kind_ + " system named '" + name + "' (create it with " + create_fn_ +
+            "; systems: " + (known.empty() ? "none" : known) + ")");
+    }
+    return it->second;
+  }
+
+  template <class Make>
+  std::shared_ptr<System> made(const char *name, Make &make) {
+    if (name != nullptr) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (systems_.count(name)) taken(name);
+    }
+    return make();
+  }
+
+  void add(const std::shared_ptr<System> &sys) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!systems_.emplace(sys->name, sys).second) taken(sys->name);
+  }
+
+  [[noreturn]] static void taken(const std::string &name) {
+    usage("a system named '" + name + "' exists already (each system needs its own name)");
+  }
+
+  const char *kind_;
+  const char *create_fn_;
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::shared_ptr<System>> systems_;
+};
 
 }  // namespace rl
 }  // namespace tf

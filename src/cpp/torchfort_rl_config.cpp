@@ -47,17 +47,9 @@ Block required(Block &top, const std::string &key, const std::string &what) {
 
 RLConfig read_rl_config(const std::string &filename) {
   RLConfig c;
-  c.filename = filename;
-  Node root = parse_file(filename, c.text);
-  if (root.kind == Node::kNull) throw ConfigError(filename + ": the configuration file is empty");
+  Node root = open_config(filename, c);
   Block top(&root, "", filename);
-
-  Block general = top.block("general");
-  c.report_frequency = general.integer("report_frequency", 0, false, 0);
-  c.enable_wandb_hook = general.boolean("enable_wandb_hook", false);
-  c.verbose = general.boolean("verbose", false);
-  c.enable_cuda_graphs = general.boolean("enable_cuda_graphs", false);
-  general.done();
+  read_general(top, c);
 
   Block algorithm = required(top, "algorithm", "a block with type: ddpg, td3 or sac, and its parameters");
   const std::string type = algorithm.choice("type", {"ddpg", "td3", "sac", "ppo"}, "", true);
@@ -217,17 +209,9 @@ RLConfig read_rl_config(const std::string &filename) {
 
 PPOConfig read_ppo_config(const std::string &filename) {
   PPOConfig c;
-  c.filename = filename;
-  Node root = parse_file(filename, c.text);
-  if (root.kind == Node::kNull) throw ConfigError(filename + ": the configuration file is empty");
+  Node root = open_config(filename, c);
   Block top(&root, "", filename);
-
-  Block general = top.block("general");
-  c.report_frequency = general.integer("report_frequency", 0, false, 0);
-  c.enable_wandb_hook = general.boolean("enable_wandb_hook", false);
-  c.verbose = general.boolean("verbose", false);
-  c.enable_cuda_graphs = general.boolean("enable_cuda_graphs", false);
-  general.done();
+  read_general(top, c);
 
   {
     Block algorithm = required(top, "algorithm", "a block with type: ppo and its parameters");

@@ -43,12 +43,7 @@ struct ReplayBufferConfig {
   int64_t beta_steps = 100000;
 };
 
-struct RLConfig {
-  std::string filename;
-  std::string text;
-  // general
-  int64_t report_frequency = 0;
-  bool enable_wandb_hook = false, verbose = false, enable_cuda_graphs = false;
+struct RLConfig : GeneralConfig {
   // algorithm
   std::string algorithm;  // "ddpg", "td3" or "sac"
   int64_t batch_size = 0, nstep = 1, num_critics = 1, policy_lag = 1;
@@ -87,11 +82,7 @@ struct ActorCriticConfig {
 };
 
 // An on-policy (PPO) system's configuration.
-struct PPOConfig {
-  std::string filename;
-  std::string text;
-  int64_t report_frequency = 0;
-  bool enable_wandb_hook = false, verbose = false, enable_cuda_graphs = false;
+struct PPOConfig : GeneralConfig {
   int64_t batch_size = 0;
   double gamma = 0, gae_lambda = 0, epsilon = 0.2, clip_q = 0, target_kl_divergence = 0;
   double entropy_loss_coefficient = 0, value_loss_coefficient = 0.5;

@@ -614,37 +614,14 @@ void load_model(System &sys, const fs::path &dir, const std::function<void()> &c
 
 // ---------------------------------------------------------------------------- registry
 
-std::mutex registry_mutex;
-std::unordered_map<std::string, std::shared_ptr<System>> registry;
-
-template <class Body>
-torchfort_result_t with_system(const char *fn, const char *name, Body &&body) {
-  return boundary(fn, [&] {
-    if (name == nullptr) usage("the system name is a null pointer");
-    std::shared_ptr<System> sys;
-    {
-      std::lock_guard<std::mutex> lock(registry_mutex);
-      auto it = registry.find(name);
-      if (it == registry.end()) {
-        std::string known;
-        for (const auto &[k, v] : registry) known += (known.empty() ? "" : ", ") + k;
-        usage(std::string("no on-policy system named '") + name +
-              "' (create it with torchfort_rl_on_policy_create_system; systems: " + (known.empty() ? "none" : known) +
-              ")");
-      }
-      sys = it->second;
-    }
-    std::lock_guard<std::mutex> lock(sys->mutex);
-    body(*sys);
-  });
-}
+Systems<System> systems("on-policy", "torchfort_rl_on_policy_create_system");
 
 // ---------------------------------------------------------------------------- arrays
 
 torchfort_result_t predict_arrays(const char *fn, const char *name, void *state, size_t state_dim,
                                   int64_t *state_shape, void *action, size_t action_dim, int64_t *action_shape,
                                   torchfort_datatype_t dtype, cudaStream_t stream, bool fortran, bool explore) {
-  return with_system(fn, name, [&](System &sys) {
+  return systems.with(fn, name, [&](System &sys) {
     const at::Tensor s = wrap(state, state_dim, state_shape, dtype, fortran, "state", true);
     at::Tensor out = wrap(action, action_dim, action_shape, dtype, fortran, "action", true);
     StreamScope scope(sys.model_device, stream);
@@ -666,7 +643,7 @@ torchfort_result_t evaluate_arrays(const char *fn, const char *name, void *state
                                    int64_t *state_shape, void *action, size_t action_dim, int64_t *action_shape,
                                    void *reward, size_t reward_dim, int64_t *reward_shape, torchfort_datatype_t dtype,
                                    cudaStream_t stream, bool fortran) {
-  return with_system(fn, name, [&](System &sys) {
+  return systems.with(fn, name, [&](System &sys) {
     const at::Tensor s = wrap(state, state_dim, state_shape, dtype, fortran, "state", true);
     const at::Tensor a = wrap(action, action_dim, action_shape, dtype, fortran, "action", true);
     at::Tensor out = wrap(reward, reward_dim, reward_shape, dtype, fortran, "reward", true);
@@ -681,7 +658,7 @@ torchfort_result_t evaluate_arrays(const char *fn, const char *name, void *state
 torchfort_result_t update_arrays(const char *fn, const char *name, void *state, size_t state_dim, int64_t *state_shape,
                                  void *action, size_t action_dim, int64_t *action_shape, const void *reward,
                                  bool final_state, torchfort_datatype_t dtype, cudaStream_t stream, bool fortran) {
-  return with_system(fn, name, [&](System &sys) {
+  return systems.with(fn, name, [&](System &sys) {
     const at::Tensor s = wrap(state, state_dim, state_shape, dtype, fortran, "state", true);
     const at::Tensor a = wrap(action, action_dim, action_shape, dtype, fortran, "action", true);
     if (reward == nullptr) usage("reward is a null pointer");
@@ -697,7 +674,7 @@ torchfort_result_t update_multi_arrays(const char *fn, const char *name, void *s
                                        void *reward, size_t reward_dim, int64_t *reward_shape, void *final_state,
                                        size_t final_state_dim, int64_t *final_state_shape, torchfort_datatype_t dtype,
                                        cudaStream_t stream, bool fortran) {
-  return with_system(fn, name, [&](System &sys) {
+  return systems.with(fn, name, [&](System &sys) {
     const at::Tensor s = wrap(state, state_dim, state_shape, dtype, fortran, "state", true);
     const at::Tensor a = wrap(action, action_dim, action_shape, dtype, fortran, "action", true);
     const at::Tensor r = wrap(reward, reward_dim, reward_shape, dtype, fortran, "reward", true);
@@ -705,14 +682,6 @@ torchfort_result_t update_multi_arrays(const char *fn, const char *name, void *s
     if (s.dim() == 0 || a.dim() == 0) usage("state and action need the environment dimension");
     StreamScope scope(sys.model_device, stream);
     push(sys, s, a, r.reshape({-1}), (d.reshape({-1}) != 0).to(sys.dtype));
-  });
-}
-
-template <class T>
-torchfort_result_t wandb_log(const char *fn, const char *name, const char *metric_name, int64_t step, T value) {
-  return with_system(fn, name, [&](System &sys) {
-    if (metric_name == nullptr) usage("the metric name is a null pointer");
-    if (!sys.log_file.empty() && sys.rank == 0) write_metric(sys.log_file, sys.name, metric_name, step, number_text(value));
   });
 }
 
@@ -725,37 +694,17 @@ torchfort_result_t wandb_log(const char *fn, const char *name, const char *metri
 using namespace tf;
 namespace on = tf::rl::on_policy;
 
-namespace {
-std::shared_ptr<on::System> new_system(const char *name, const char *config_fname, int model_device, int rb_device) {
-  if (name != nullptr) {
-    std::lock_guard<std::mutex> lock(on::registry_mutex);
-    if (on::registry.count(name))
-      usage(std::string("a system named '") + name + "' exists already (each system needs its own name)");
-  }
-  return on::create_system(name, config_fname, model_device, rb_device);
-}
-
-void register_system(const std::shared_ptr<on::System> &sys) {
-  std::lock_guard<std::mutex> lock(on::registry_mutex);
-  if (!on::registry.emplace(sys->name, sys).second)
-    usage("a system named '" + sys->name + "' exists already (each system needs its own name)");
-}
-}  // namespace
 
 torchfort_result_t torchfort_rl_on_policy_create_system(const char *name, const char *config_fname, int model_device,
                                                         int rb_device) {
-  return boundary(__func__, [&] { register_system(new_system(name, config_fname, model_device, rb_device)); });
+  return on::systems.create(__func__, name,
+                            [&] { return on::create_system(name, config_fname, model_device, rb_device); });
 }
 
 torchfort_result_t ftc_torchfort_rl_on_policy_create_distributed(const char *name, const char *config_fname,
                                                                  ftc_comm comm, int model_device, int rb_device) {
-  return boundary("torchfort_rl_on_policy_create_distributed_system", [&] {
-    auto ranks = std::make_unique<tf::rl::Ranks>(comm);
-    std::shared_ptr<on::System> sys;
-    ranks->together("to create the system", [&] { sys = new_system(name, config_fname, model_device, rb_device); });
-    on::distribute(*sys, std::move(ranks));
-    register_system(sys);
-  });
+  return on::systems.create_distributed("torchfort_rl_on_policy_create_distributed_system", name, comm,
+                                        [&] { return on::create_system(name, config_fname, model_device, rb_device); });
 }
 
 // Without torchfort_mpi.c in the program (which defines it with the program's MPI).
@@ -768,7 +717,7 @@ torchfort_result_t torchfort_rl_on_policy_create_distributed_system_F(const char
 
 torchfort_result_t torchfort_rl_on_policy_train_step(const char *name, float *p_loss_val, float *q_loss_val,
                                                      cudaStream_t stream) {
-  return on::with_system(__func__, name, [&](on::System &sys) {
+  return on::systems.with(__func__, name, [&](on::System &sys) {
     if (p_loss_val == nullptr || q_loss_val == nullptr) usage("p_loss_val and q_loss_val must not be null pointers");
     StreamScope scope(sys.model_device, stream);
     on::train_step(sys, *p_loss_val, *q_loss_val);
@@ -854,7 +803,7 @@ torchfort_result_t torchfort_rl_on_policy_update_rollout_buffer_multi_F(
 }
 
 torchfort_result_t torchfort_rl_on_policy_reset_rollout_buffer(const char *name) {
-  return on::with_system(__func__, name, [&](on::System &sys) {
+  return on::systems.with(__func__, name, [&](on::System &sys) {
     sys.buffer->reset();
     sys.advantages_normalized = false;
     sys.returns_normalized = false;
@@ -862,46 +811,28 @@ torchfort_result_t torchfort_rl_on_policy_reset_rollout_buffer(const char *name)
 }
 
 torchfort_result_t torchfort_rl_on_policy_save_checkpoint(const char *name, const char *checkpoint_dir) {
-  return on::with_system(__func__, name, [&](on::System &sys) {
-    together(sys.ranks.get(), "to write the checkpoint", [&] {
-      if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
-      on::save_checkpoint(sys, rank_dir(checkpoint_dir, sys.ranks.get()));
-    });
-  });
+  return on::systems.save(__func__, name, checkpoint_dir);
 }
 torchfort_result_t torchfort_rl_on_policy_load_checkpoint(const char *name, const char *checkpoint_dir) {
-  return on::with_system(__func__, name, [&](on::System &sys) {
-    load_together(sys.ranks.get(), "the checkpoint", [&](const std::function<void()> &checked) {
-      if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
-      on::load_checkpoint(sys, rank_dir(checkpoint_dir, sys.ranks.get()), checked);
-    });
-  });
+  return on::systems.load(__func__, name, checkpoint_dir);
 }
 torchfort_result_t torchfort_rl_on_policy_load_model(const char *name, const char *checkpoint_dir) {
-  return on::with_system(__func__, name, [&](on::System &sys) {
-    load_together(sys.ranks.get(), "the model", [&](const std::function<void()> &checked) {
-      if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
-      on::load_model(sys, checkpoint_dir, checked);
-    });
-  });
+  return on::systems.load_models(__func__, name, checkpoint_dir);
 }
 
 torchfort_result_t torchfort_rl_on_policy_is_ready(const char *name, bool *ready) {
-  return on::with_system(__func__, name, [&](on::System &sys) {
-    if (ready == nullptr) usage("ready is a null pointer");
-    *ready = sys.buffer->ready();
-  });
+  return on::systems.is_ready(__func__, name, ready);
 }
 
 torchfort_result_t torchfort_rl_on_policy_wandb_log_int(const char *name, const char *metric_name, int64_t step,
                                                         int value) {
-  return on::wandb_log(__func__, name, metric_name, step, value);
+  return on::systems.wandb_log(__func__, name, metric_name, step, value);
 }
 torchfort_result_t torchfort_rl_on_policy_wandb_log_float(const char *name, const char *metric_name, int64_t step,
                                                           float value) {
-  return on::wandb_log(__func__, name, metric_name, step, value);
+  return on::systems.wandb_log(__func__, name, metric_name, step, value);
 }
 torchfort_result_t torchfort_rl_on_policy_wandb_log_double(const char *name, const char *metric_name, int64_t step,
                                                            double value) {
-  return on::wandb_log(__func__, name, metric_name, step, value);
+  return on::systems.wandb_log(__func__, name, metric_name, step, value);
 }

@@ -187,6 +187,11 @@ class Block {
   std::set<std::string> read_;
 };
 
+// A configuration file's document (its name and text into c; an empty file is an error), and its
+// general block, read from the top block.
+Node open_config(const std::string &filename, GeneralConfig &c);
+void read_general(Block &top, GeneralConfig &c);
+
 // The optimizer block (type, parameters, general) and a learning-rate schedule block.
 void read_optimizer(Block &b, OptimizerConfig &o, int64_t &grad_accumulation_steps, double &max_grad_norm);
 void read_scheduler(Block &b, SchedulerConfig &s, const std::string &file, const std::string &where);
