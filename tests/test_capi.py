@@ -325,3 +325,52 @@ def test_the_generator_rejects_a_definition_it_cannot_map(tmp_path, text, messag
     (tmp_path / "capi" / "bad.capi").write_text(f"/* bad.capi */\n\n{text}\n")
     with pytest.raises(gen.DefinitionError, match=re.escape(message)):
         gen.generate(tmp_path / "capi", tmp_path / "include", tmp_path / "out.f90")
+
+
+CALLBACK_MATCHING = """module callback_probe
+  use, intrinsic :: iso_c_binding, only: c_int, c_int64_t, c_ptr
+  use ftorch_c_api, only: ftc_pack_fn
+  implicit none
+  procedure(ftc_pack_fn), pointer :: passed => pack
+contains
+  function pack(data, tensor, packed) result(status) bind(c)
+    type(c_ptr), value :: data
+    type(c_ptr), value :: tensor
+    type(c_ptr), intent(inout) :: packed
+    integer(c_int) :: status
+    packed = tensor
+    status = 0
+    if (.false.) packed = data
+  end function pack
+end module callback_probe
+"""
+
+
+@pytest.mark.parametrize("fc", COMPILERS)
+def test_a_procedure_passed_for_a_callback_must_match_its_c_type(fc, tmp_path):
+    """ftorch_c_api has an abstract interface per callback typedef of src/capi; FTorch passes its
+    trampolines (and ftorch_mpi its collectives) through procedure pointers of those interfaces,
+    so a Fortran procedure that differs from its C type in any characteristic does not compile:
+    checked here for each kind of difference, with the module generated from src/capi."""
+    fc = require_compiler(fc)
+    gen.generate(REPO / "src" / "capi", tmp_path / "include", tmp_path / "ftorch_c_api.f90")
+    api = (tmp_path / "ftorch_c_api.f90").read_text()
+    abstract = api.split("  abstract interface\n")[1].split("  end interface\n")[0]
+    for name in ("ftc_grad_hook_fn", "ftc_pack_fn", "ftc_unpack_fn", "ftc_segment_fn", "ftc_backward_fn",
+                 "ftc_closure", "ftc_allreduce_fn", "ftc_gatherv_fn", "ftc_comm_free_fn"):
+        assert re.search(rf"^    (function|subroutine) {name}\(", abstract, re.M), name
+    run([fc, "-c", "ftorch_c_api.f90"], cwd=tmp_path)
+    (tmp_path / "good.f90").write_text(CALLBACK_MATCHING)
+    run([fc, "-c", "good.f90"], cwd=tmp_path)
+    wrong = {
+        "intent": ("type(c_ptr), intent(inout) :: packed", "type(c_ptr), intent(out) :: packed"),
+        "value": ("type(c_ptr), value :: data", "type(c_ptr) :: data"),
+        "result kind": ("integer(c_int) :: status", "integer(c_int64_t) :: status"),
+        "rank": ("type(c_ptr), intent(inout) :: packed", "type(c_ptr), intent(inout) :: packed(*)"),
+    }
+    for what, (right, bad) in wrong.items():
+        source = tmp_path / f"bad_{what.replace(' ', '_')}.f90"
+        source.write_text(CALLBACK_MATCHING.replace(right, bad).replace("callback_probe", "callback_bad"))
+        proc = subprocess.run([fc, "-c", source.name], cwd=tmp_path, capture_output=True, text=True)
+        assert proc.returncode != 0, f"{what}: a wrong callback compiled\n{proc.stdout}{proc.stderr}"
+        assert re.search(r"(?i)interface mismatch|incompatible", proc.stdout + proc.stderr), proc.stderr

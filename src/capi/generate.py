@@ -97,6 +97,7 @@ class Concern:
     epilogue: str      # trailing #include lines
     functions: list
     options: dict      # structure name -> [Option]
+    callbacks: list = dataclasses.field(default_factory=list)  # callback typedefs, as Functions
 
     @property
     def header(self) -> str:
@@ -130,6 +131,8 @@ _FIELD = re.compile(r"^\s*(?P<type>\w+)\s+(?P<name>\w+)\s*=\s*(?P<default>[^;]+?
 _NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _ENUM = re.compile(r"typedef\s+enum\s+\w*\s*\{(?P<body>[^}]*)\}\s*(?P<name>\w+)\s*;", re.S)
 _DECL = re.compile(r"FTC_API\s+(?P<head>[^;(]*?)\s*\((?P<params>[^;]*?)\)\s*;", re.S)
+_CALLBACK = re.compile(r"typedef\s+(?P<result>[\w\s*]+?)\s*\(\s*\*\s*(?P<name>\w+)\s*\)\s*\((?P<params>[^;]*?)\)\s*;",
+                       re.S)
 
 
 def _strip_comments(text: str) -> str:
@@ -201,6 +204,12 @@ def parse(path: pathlib.Path) -> Concern:
     options = {m.group("name"): _options(m.group("name"), m.group("fields"), path.name)
                for m in _OPTIONS.finditer(body)}
     functions = []
+    callbacks = []
+    for m in _CALLBACK.finditer(_strip_comments(body)):
+        where = f"{path.name}: {m.group('name')}"
+        params = m.group("params").strip()
+        plist = [] if params in ("", "void") else [_param(p, where) for p in params.split(",")]
+        callbacks.append(Function(m.group("name"), " ".join(m.group("result").split()), plist, path.stem))
     for m in _DECL.finditer(_strip_comments(body)):
         head = " ".join(m.group("head").split())
         name = re.search(r"(\w+)$", head).group(1)
@@ -209,7 +218,7 @@ def parse(path: pathlib.Path) -> Concern:
         params = m.group("params").strip()
         plist = [] if params in ("", "void") else [_param(p, where) for p in params.split(",")]
         functions.append(Function(name, result, plist, path.stem))
-    return Concern(path.stem, prologue, body, epilogue, functions, options)
+    return Concern(path.stem, prologue, body, epilogue, functions, options, callbacks)
 
 
 def load(capi_dir: pathlib.Path) -> list:
@@ -319,9 +328,13 @@ def _fortran_type(base: str, found: Types, where: str) -> str:
                           "with a typedef in a .capi file, options with FTC_OPTIONS)")
 
 
-def fortran_declaration(p: Param, found: Types, where: str) -> tuple[str, str]:
-    """(type and attributes, the name as declared) of one dummy argument."""
+def fortran_declaration(p: Param, found: Types, where: str, callback: bool = False) -> tuple[str, str]:
+    """(type and attributes, the name as declared) of one dummy argument; `callback`: of a callback
+    type, which the Fortran side implements (a `char *` is a buffer it writes through a pointer; a
+    value it returns through a pointer is preset by the caller: intent(inout))."""
     if p.nullable or (p.base == "void" and p.pointers == 1 and not p.array):
+        return "type(c_ptr), value", p.name
+    if callback and p.base == "char" and p.pointers == 1 and not p.const:
         return "type(c_ptr), value", p.name
     if p.pointers >= 2:
         # the address of a pointer the function sets (const qualifies what that pointer points to)
@@ -336,7 +349,7 @@ def fortran_declaration(p: Param, found: Types, where: str) -> tuple[str, str]:
         intent = "intent(in)" if p.const else ("intent(out)" if p.base == "char" else "intent(inout)")
         return f"{ftype}, {intent}", p.name + "(*)"
     if p.pointers == 1:
-        if p.base in found.options:  # a structure of options the function reads (or fills)
+        if p.base in found.options or callback:  # options the function reads (or fills); a preset value
             return f"{ftype}, " + ("intent(in)" if p.const else "intent(inout)"), p.name
         return f"{ftype}, " + ("intent(in)" if p.const else "intent(out)"), p.name
     return f"{ftype}, value", p.name
@@ -364,7 +377,9 @@ def _wrap(line: str, indent: str) -> list:
     return out + [line]
 
 
-def fortran_interface(f: Function, found: Types) -> list:
+def fortran_interface(f: Function, found: Types, callback: bool = False) -> list:
+    """The bind(c) interface of an entry point, or (callback) the abstract interface of a callback
+    type, named as the typedef, which the Fortran procedures passed for it must match."""
     where = f"{f.concern}.capi: {f.name}"
     names = [p.name for p in f.params]
     lowered = [n.lower() for n in names]
@@ -372,11 +387,12 @@ def fortran_interface(f: Function, found: Types) -> list:
         raise DefinitionError(f"{where}: parameter names must differ in Fortran (which ignores case)")
     result = _result_type(f, found)
     kind = "function" if result else "subroutine"
-    head = f"    {kind} {fortran_name(f)}({', '.join(names)})" + (" result(ftc_result)" if result else "")
-    lines = _wrap(head + f' bind(c, name="{f.name}")', "    ")
+    name = f.name if callback else fortran_name(f)
+    head = f"    {kind} {name}({', '.join(names)})" + (" result(ftc_result)" if result else "")
+    lines = _wrap(head + (" bind(c)" if callback else f' bind(c, name="{f.name}")'), "    ")
     decls = []
     for p in f.params:
-        spec, declared = fortran_declaration(p, found, where)
+        spec, declared = fortran_declaration(p, found, where, callback)
         decls.append(f"      {spec} :: {declared}")
     if result:
         decls.append(f"      {result} :: ftc_result")
@@ -385,7 +401,7 @@ def fortran_interface(f: Function, found: Types) -> list:
     if used:
         lines += _wrap("      import :: " + ", ".join(sorted(used)), "      ")
     lines += decls
-    lines.append(f"    end {kind} {fortran_name(f)}")
+    lines.append(f"    end {kind} {name}")
     return lines
 
 
@@ -421,12 +437,22 @@ def fortran_module(concerns) -> str:
              "  private",
              ""]
     enumerators = [e for items in found.enums.values() for e in items]
-    lines += _wrap("  public :: " + ", ".join(list(found.options) + [e for e, _ in enumerators] + names), "  ")
+    callbacks = [f for c in concerns for f in c.callbacks]
+    lines += _wrap("  public :: " + ", ".join(list(found.options) + [e for e, _ in enumerators] + names +
+                                               [f.name for f in callbacks]), "  ")
     for name, items in found.enums.items():
         lines += ["", f"  ! {name}"]
         lines += [f"  integer(c_int), parameter :: {e} = {v}" for e, v in items]
     for name, options in found.options.items():
         lines += [""] + fortran_options(name, options)
+    if callbacks:
+        # A procedure passed for a callback is checked against its type where it is passed: through
+        # a procedure pointer with this interface (`procedure(ftc_pack_fn), pointer :: p => proc`).
+        lines += ["", "  abstract interface"]
+        for f in callbacks:
+            lines.append(f"    ! {f.concern}.capi: {f.name}")
+            lines += fortran_interface(f, found, callback=True)
+        lines += ["  end interface"]
     lines += ["", "  interface"]
     for c in concerns:
         lines.append(f"    ! {c.header}")

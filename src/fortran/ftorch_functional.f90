@@ -12,7 +12,7 @@ module ftorch_functional
   use ftorch_interop, only: c_flag
   use ftorch_tensor_type, only: torch_tensor
   use ftorch_function, only: torch_tensor_function, tensor_function_data
-  use ftorch_callbacks, only: callback_tensors_trampoline
+  use ftorch_callbacks, only: segment_callback
   use ftorch_c_api, only: ftc_autograd_grad, ftc_autograd_jacobian, ftc_autograd_jvp, ftc_gradcheck
   implicit none
   private
@@ -235,7 +235,7 @@ contains
     ana = 0
     num = 0
     where = -1
-    call ftorch_check(ftc_gradcheck(c_funloc(callback_tensors_trampoline), tensor_function_data(fn), handles, &
+    call ftorch_check(ftc_gradcheck(c_funloc(segment_callback), tensor_function_data(fn), handles, &
                                     size(inputs, kind=c_int), nout, h, a, r, ok, worst, ana, num, where), &
                       "torch_gradcheck", stat, errmsg)
     passed = ok /= 0
