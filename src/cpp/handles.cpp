@@ -35,14 +35,16 @@ struct StateOwner {
   ~StateOwner() {
     if (state == nullptr) return;
     auto &r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    r.retired += state->live.load(std::memory_order_relaxed);
-    r.states.erase(std::remove(r.states.begin(), r.states.end(), state), r.states.end());
-    for (size_t t = 0; t < r.n_tables; ++t) {
-      if (state->free[t].n > 0) r.tables[t]->take_back(state->free[t].index, state->free[t].n);
+    {
+      std::lock_guard<std::mutex> lock(r.mutex);
+      r.retired += state->live.load(std::memory_order_relaxed);
+      r.states.erase(std::remove(r.states.begin(), r.states.end(), state), r.states.end());
+      for (size_t t = 0; t < r.n_tables; ++t) {
+        if (state->free[t].n > 0) r.tables[t]->take_back(state->free[t].index, state->free[t].n);
+      }
     }
     current_thread_state = nullptr;
-    delete state;
+    delete state;  // outside the registry's lock: its scopes' destructors run here
   }
 };
 

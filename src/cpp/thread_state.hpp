@@ -5,11 +5,16 @@
 // (libftorch_python, a separate library, keeps its own last error.)
 #pragma once
 
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "ftorch_c.h"
 
 namespace ftc {
 
