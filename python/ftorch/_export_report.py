@@ -91,17 +91,13 @@ class ExportReport:
         if self.torchscript:
             mode = "training" if self.training else "eval"
             out.append(f"wrote {self.torchscript} (TorchScript, torch.jit.{self.torchscript_method}, {mode} mode)")
+        batch = ""
+        if self.dynamic_batch:
+            lo, hi = self.dynamic_batch
+            batch = f", dynamic batch {lo}..{hi if hi is not None else 'any'}"
         if self.pt2:
-            batch = ""
-            if self.dynamic_batch:
-                lo, hi = self.dynamic_batch
-                batch = f", dynamic batch {lo}..{hi if hi is not None else 'any'}"
             out.append(f"wrote {self.pt2} (AOTInductor package, eval mode{batch})")
         if self.train_package:
-            batch = ""
-            if self.dynamic_batch:
-                lo, hi = self.dynamic_batch
-                batch = f", dynamic batch {lo}..{hi if hi is not None else 'any'}"
             out.append(f"wrote {self.train_package} (training package: forward and backward compiled by AOTInductor, "
                        f"parameters and buffers owned by FTorch{batch})")
         for note in self.notes:

@@ -242,21 +242,7 @@ struct Pack {
 // c10d's default bucket size for averaging gradients.
 constexpr int64_t kBucketBytes = 25 * 1024 * 1024;
 
-std::mutex registry_mutex;
-std::unordered_map<std::string, std::shared_ptr<Pack>> registry;
-
-std::shared_ptr<Pack> find(const char *name) {
-  if (name == nullptr) usage("the model name is a null pointer");
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  auto it = registry.find(name);
-  if (it == registry.end()) {
-    std::string known;
-    for (const auto &[k, v] : registry) known += (known.empty() ? "" : ", ") + k;
-    usage(std::string("no model named '") + name + "' (create it with torchfort_create_model; models: " +
-          (known.empty() ? "none" : known) + ")");
-  }
-  return it->second;
-}
+Registry<Pack> packs("model", "", "torchfort_create_model");
 
 std::vector<at::Tensor> parameters_of(const torch::jit::Module &m) {
   std::vector<at::Tensor> out;
@@ -481,11 +467,7 @@ namespace {
 std::shared_ptr<Pack> create_pack(const char *name, const char *config_fname, int device) {
     if (name == nullptr || *name == '\0') usage("the model name is empty");
     if (config_fname == nullptr) usage("the configuration file name is a null pointer");
-    {
-      std::lock_guard<std::mutex> lock(registry_mutex);
-      if (registry.count(name))
-        usage(std::string("a model named '") + name + "' exists already (each model needs its own name)");
-    }
+    packs.require_free(name);
     auto p = std::make_shared<Pack>();
     p->name = name;
     p->cfg = read_config(config_fname);
@@ -518,15 +500,10 @@ std::shared_ptr<Pack> create_pack(const char *name, const char *config_fname, in
     return p;
 }
 
-void register_pack(const std::shared_ptr<Pack> &p) {
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  if (!registry.emplace(p->name, p).second)
-    usage("a model named '" + p->name + "' exists already (each model needs its own name)");
-}
 }  // namespace
 
 torchfort_result_t torchfort_create_model(const char *name, const char *config_fname, int device) {
-  return boundary(__func__, [&] { register_pack(create_pack(name, config_fname, device)); });
+  return boundary(__func__, [&] { packs.add(create_pack(name, config_fname, device)); });
 }
 
 torchfort_result_t ftc_torchfort_create_distributed(const char *name, const char *config_fname, ftc_comm comm,
@@ -546,7 +523,7 @@ torchfort_result_t ftc_torchfort_create_distributed(const char *name, const char
     ftc_model_delete(&model);
     ftc_optim_delete(&optim);
     call(status);
-    register_pack(p);
+    packs.add(p);
   });
 }
 
@@ -563,19 +540,10 @@ torchfort_result_t torchfort_create_distributed_model_F(const char *name, const 
 }
 
 namespace {
-template <class Body>
-torchfort_result_t with_model(const char *fn, const char *name, Body &&body) {
-  return boundary(fn, [&] {
-    std::shared_ptr<Pack> p = find(name);
-    std::lock_guard<std::mutex> lock(p->mutex);
-    body(*p);
-  });
-}
-
 torchfort_result_t train_arrays(const char *fn, const char *name, void *input, size_t input_dim, int64_t *input_shape,
                                 void *label, size_t label_dim, int64_t *label_shape, void *loss_val,
                                 torchfort_datatype_t dtype, cudaStream_t stream, bool fortran) {
-  return with_model(fn, name, [&](Pack &p) {
+  return packs.with(fn, name, [&](Pack &p) {
     if (loss_val == nullptr) usage("loss_val is a null pointer");
     const at::Tensor x = wrap(input, input_dim, input_shape, dtype, fortran, "input", true);
     const at::Tensor y = wrap(label, label_dim, label_shape, dtype, fortran, "label", true);
@@ -592,7 +560,7 @@ torchfort_result_t train_arrays(const char *fn, const char *name, void *input, s
 torchfort_result_t inference_arrays(const char *fn, const char *name, void *input, size_t input_dim,
                                     int64_t *input_shape, void *output, size_t output_dim, int64_t *output_shape,
                                     torchfort_datatype_t dtype, cudaStream_t stream, bool fortran) {
-  return with_model(fn, name, [&](Pack &p) {
+  return packs.with(fn, name, [&](Pack &p) {
     const at::Tensor x = wrap(input, input_dim, input_shape, dtype, fortran, "input", true);
     std::vector<at::Tensor> outputs{wrap(output, output_dim, output_shape, dtype, fortran, "output", true)};
     StreamScope scope(p.device, stream);
@@ -618,7 +586,7 @@ torchfort_result_t torchfort_train_F(const char *name, void *input, size_t input
 torchfort_result_t torchfort_train_multiarg(const char *name, torchfort_tensor_list_t inputs,
                                             torchfort_tensor_list_t labels, float *loss_val,
                                             torchfort_tensor_list_t extra_loss_args, cudaStream_t stream) {
-  return with_model("torchfort_train_multiarg", name, [&](Pack &p) {
+  return packs.with("torchfort_train_multiarg", name, [&](Pack &p) {
     if (loss_val == nullptr) usage("loss_val is a null pointer");
     const TensorList &in = list_of(inputs, "inputs");
     const TensorList &lab = list_of(labels, "labels");
@@ -645,7 +613,7 @@ torchfort_result_t torchfort_inference_F(const char *name, void *input, size_t i
 
 torchfort_result_t torchfort_inference_multiarg(const char *name, torchfort_tensor_list_t inputs,
                                                 torchfort_tensor_list_t outputs, cudaStream_t stream) {
-  return with_model(__func__, name, [&](Pack &p) {
+  return packs.with(__func__, name, [&](Pack &p) {
     const TensorList &in = list_of(inputs, "inputs");
     TensorList &out = list_of(outputs, "outputs");
     StreamScope scope(p.device, stream);
@@ -654,14 +622,14 @@ torchfort_result_t torchfort_inference_multiarg(const char *name, torchfort_tens
 }
 
 torchfort_result_t torchfort_save_model(const char *name, const char *fname) {
-  return with_model(__func__, name, [&](Pack &p) {
+  return packs.with(__func__, name, [&](Pack &p) {
     if (fname == nullptr) usage("the file name is a null pointer");
     p.module.save(fname);
   });
 }
 
 torchfort_result_t torchfort_load_model(const char *name, const char *fname) {
-  return with_model(__func__, name, [&](Pack &p) {
+  return packs.with(__func__, name, [&](Pack &p) {
     if (fname == nullptr) usage("the file name is a null pointer");
     torch::jit::Module loaded = load_script(fname, p.device, "the model");
     copy_state(p.module, loaded, fname);
@@ -669,7 +637,7 @@ torchfort_result_t torchfort_load_model(const char *name, const char *fname) {
 }
 
 torchfort_result_t torchfort_save_checkpoint(const char *name, const char *checkpoint_dir) {
-  return with_model(__func__, name, [&](Pack &p) {
+  return packs.with(__func__, name, [&](Pack &p) {
     if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
     if (!p.opt) usage("model '" + p.name + "' has no optimizer: a checkpoint saves training state (use torchfort_save_model)");
     const fs::path dir(checkpoint_dir);
@@ -685,7 +653,7 @@ torchfort_result_t torchfort_save_checkpoint(const char *name, const char *check
 
 torchfort_result_t torchfort_load_checkpoint(const char *name, const char *checkpoint_dir, int64_t *step_train,
                                              int64_t *step_inference) {
-  return with_model(__func__, name, [&](Pack &p) {
+  return packs.with(__func__, name, [&](Pack &p) {
     if (checkpoint_dir == nullptr) usage("the checkpoint directory is a null pointer");
     if (!p.opt) usage("model '" + p.name + "' has no optimizer to resume");
     const fs::path dir(checkpoint_dir);
@@ -728,7 +696,7 @@ torchfort_result_t torchfort_set_cuda_manual_seed(const int seed) {
 namespace {
 template <class T>
 torchfort_result_t wandb_log(const char *fn, const char *name, const char *metric_name, int64_t step, T value) {
-  return with_model(fn, name, [&](Pack &p) {
+  return packs.with(fn, name, [&](Pack &p) {
     if (metric_name == nullptr) usage("the metric name is a null pointer");
     log_metric(p, metric_name, step, number_text(value));
   });

@@ -11,10 +11,12 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unistd.h>
 #include <vector>
 
@@ -251,5 +253,61 @@ void require_file(const fs::path &path);
 void write_metric(const fs::path &log_file, const std::string &model, const std::string &metric, int64_t step,
                   const std::string &value);
 fs::path wandb_log_file(const std::string &name, const std::string &config_text);
+
+// The objects of one kind (supervised models, off- and on-policy systems) by name, as every
+// torchfort_* call reaches them: looked up under the registry's lock, used under the object's own
+// (T has `name` and `mutex`).
+template <class T>
+class Registry {
+ public:
+  // noun: "model"; kind: "off-policy" (or ""); create_fn: the C function that makes one (named
+  // when a name is unknown).
+  Registry(const char *noun, const char *kind, const char *create_fn) : noun_(noun), kind_(kind), create_fn_(create_fn) {}
+
+  std::shared_ptr<T> find(const char *name) {
+    if (name == nullptr) usage(std::string("the ") + noun_ + " name is a null pointer");
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = objects_.find(name);
+    if (it == objects_.end()) {
+      std::string known;
+      for (const auto &entry : objects_) known += (known.empty() ? "" : ", ") + entry.first;
+      usage(std::string("no ") + kind_ + (*kind_ != '\0' ? " " : "") + noun_ + " named '" + name +
+            "' (create it with " + create_fn_ + "; " + noun_ + "s: " + (known.empty() ? "none" : known) + ")");
+    }
+    return it->second;
+  }
+
+  // body(object) for a call of C function fn on the object called name.
+  template <class Body>
+  torchfort_result_t with(const char *fn, const char *name, Body &&body) {
+    return boundary(fn, [&] {
+      std::shared_ptr<T> object = find(name);
+      std::lock_guard<std::mutex> lock(object->mutex);
+      body(*object);
+    });
+  }
+
+  // Before the work of making one: a name in use fails.
+  void require_free(const char *name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (objects_.count(name)) taken(name);
+  }
+
+  void add(const std::shared_ptr<T> &object) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!objects_.emplace(object->name, object).second) taken(object->name);
+  }
+
+ private:
+  [[noreturn]] void taken(const std::string &name) const {
+    usage(std::string("a ") + noun_ + " named '" + name + "' exists already (each " + noun_ + " needs its own name)");
+  }
+
+  const char *noun_;
+  const char *kind_;
+  const char *create_fn_;
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::shared_ptr<T>> objects_;
+};
 
 }  // namespace tf

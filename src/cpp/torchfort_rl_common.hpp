@@ -6,8 +6,6 @@
 #include "torchfort_common.hpp"
 
 #include <exception>
-#include <mutex>
-#include <unordered_map>
 
 namespace tf {
 namespace rl {
@@ -414,25 +412,16 @@ inline fs::path rank_dir(const fs::path &dir, const Ranks *ranks) {
 // log_file, rank; and the free functions distribute, save_checkpoint, load_checkpoint and
 // load_model of its namespace (found by argument-dependent lookup).
 template <class System>
-class Systems {
+class Systems : public Registry<System> {
  public:
   // kind: "off-policy"; create_fn: the C function that makes one (named when a name is unknown).
-  Systems(const char *kind, const char *create_fn) : kind_(kind), create_fn_(create_fn) {}
-
-  // body(system) for a call of C function fn on the system called name.
-  template <class Body>
-  torchfort_result_t with(const char *fn, const char *name, Body &&body) {
-    return boundary(fn, [&] {
-      std::shared_ptr<System> sys = find(name);
-      std::lock_guard<std::mutex> lock(sys->mutex);
-      body(*sys);
-    });
-  }
+  Systems(const char *kind, const char *create_fn) : Registry<System>("system", kind, create_fn) {}
+  using Registry<System>::with;
 
   // torchfort_rl_*_create_system: make() builds the system called name (a name in use fails first).
   template <class Make>
   torchfort_result_t create(const char *fn, const char *name, Make &&make) {
-    return boundary(fn, [&] { add(made(name, make)); });
+    return boundary(fn, [&] { this->add(made(name, make)); });
   }
 
   // torchfort_rl_*_create_distributed_system: the same on every rank of comm, which then train as one.
@@ -443,7 +432,7 @@ class Systems {
       std::shared_ptr<System> sys;
       ranks->together("to create the system", [&] { sys = made(name, make); });
       distribute(*sys, std::move(ranks));
-      add(sys);
+      this->add(sys);
     });
   }
 
@@ -490,42 +479,13 @@ class Systems {
     });
   }
 
- private:
-  std::shared_ptr<System> find(const char *name) {
-    if (name == nullptr) usage("the system name is a null pointer");
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = systems_.find(name);
-    if (it == systems_.end()) {
-      std::string known;
-      for (const auto &entry : systems_) known += (known.empty() ? "" : ", ") + entry.first;
-      usage(std::string("no ") + kind_ + " system named '" + name + "' (create it with " + create_fn_ +
-            "; systems: " + (known.empty() ? "none" : known) + ")");
-    }
-    return it->second;
-  }
 
+ private:
   template <class Make>
   std::shared_ptr<System> made(const char *name, Make &make) {
-    if (name != nullptr) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (systems_.count(name)) taken(name);
-    }
+    if (name != nullptr) this->require_free(name);
     return make();
   }
-
-  void add(const std::shared_ptr<System> &sys) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!systems_.emplace(sys->name, sys).second) taken(sys->name);
-  }
-
-  [[noreturn]] static void taken(const std::string &name) {
-    usage("a system named '" + name + "' exists already (each system needs its own name)");
-  }
-
-  const char *kind_;
-  const char *create_fn_;
-  std::mutex mutex_;
-  std::unordered_map<std::string, std::shared_ptr<System>> systems_;
 };
 
 }  // namespace rl
