@@ -30,18 +30,31 @@ fi
 
 # What a compiler or a program inside the root must see: /proc (flang finds its libraries through
 # it), /dev, and the host directories that hold builds, sources and Python (the checkout, the
-# virtual environment's interpreter, pytest's temporary directories).
+# virtual environment, pytest's temporary directories). Each is bound recursively (--rbind): a
+# directory with other file systems mounted below it (a CI checkout on its own volume) shows them too.
+# A checkout or environment under a system directory the root has its own copy of (/opt, /usr, /var)
+# is bound at its own path instead of its top directory.
 mounts=(/proc /dev /tmp /root /home /work)
-top() { local p; p="$(readlink -f "$1")"; p="${p#/}"; echo "/${p%%/*}"; }
-mounts+=("$(top "$repo")")
-[ -x "$repo/.venv/bin/python" ] && mounts+=("$(top "$repo/.venv/bin/python")")
+system_dir() { case "$1" in /|/usr|/etc|/bin|/lib|/lib64|/sbin|/var|/opt|/boot|/sys|/srv|/run) return 0 ;; esac; return 1; }
+visible() {  # the directory that makes $1 visible inside the root
+  local p top; p="$(readlink -f "$1")"; top="${p#/}"; top="/${top%%/*}"
+  if system_dir "$top"; then echo "$p"; else echo "$top"; fi
+}
+mounts+=("$(visible "$repo")")
+venv="$(cd "$repo" && "${PYTHON:-$repo/.venv/bin/python}" -c 'import sys; print(sys.prefix)' 2>/dev/null || true)"
+[ -n "$venv" ] && [ -f "$venv/pyvenv.cfg" ] && mounts+=("$(visible "$venv")")
 for m in $(printf '%s\n' "${mounts[@]}" | sort -u); do
   [ -d "$m" ] || continue
-  case "$m" in /|/usr|/etc|/bin|/lib|/lib64|/sbin|/var|/opt|/boot|/sys) continue ;; esac
+  case "$m" in "$dir"|"$dir"/*) continue ;; esac   # never the root inside itself
+  [ "$m" != /proc ] && system_dir "$m" && continue   # nor over the root's own system directories
   mkdir -p "$root$m"
   if ! mountpoint -q "$root$m"; then
-    if [ "$m" = /proc ]; then mount -t proc proc "$root/proc"; else mount --bind "$m" "$root$m"; fi
+    if [ "$m" = /proc ]; then mount -t proc proc "$root/proc"; else mount --rbind "$m" "$root$m"; fi
   fi
+done
+# Checked once here rather than met as a missing source file in the middle of a test run.
+for must in "$repo/pyproject.toml" ${venv:+"$venv/pyvenv.cfg"}; do
+  chroot "$root" test -e "$must" || { echo "newer_compilers.sh: $must is not visible inside $root" >&2; exit 1; }
 done
 
 mkdir -p "$dir/bin"
