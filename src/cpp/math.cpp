@@ -143,6 +143,19 @@ static bool allocator_owns_memory(const at::Tensor &t) {
          t.storage().data_ptr().get_deleter() == allocator->raw_deleter();
 }
 
+// Whether t, a tensor without history receiving a copy of r's values, may take r's own place in the
+// graph (r's gradient edge) instead of recording the copy: the gradient that reaches t then goes
+// where r's would go, unchanged, as CopyBackwards passes it on when the two have one dtype and one
+// device (it converts otherwise). r has a grad_fn (a leaf's edge is its gradient accumulator, which
+// no tensor with history may have as grad_fn), and either r's shape or a single value (a 0-d loss
+// into a one-element tensor: the engine sums the gradient down to r's shape, one value as it is).
+// Saves the CopyBackwards node of FTorch's training idiom (forward into a tensor over a Fortran
+// array, a loss into a tensor over a Fortran scalar): built at the copy, run at backward.
+static bool continues_graph(const at::Tensor &r, const at::Tensor &t) {
+  return r.scalar_type() == t.scalar_type() && r.device() == t.device() &&
+         (r.sizes() == t.sizes() || (r.dim() == 0 && t.numel() == 1)) && r.grad_fn() != nullptr;
+}
+
 // A model's or optimizer's parameter must stay the leaf they update: a value with history would
 // make the handle a new tensor recording the copy, and the parameter would silently stop being
 // what the handle names (PyTorch refuses the in-place copy into a leaf that requires grad).
@@ -188,10 +201,19 @@ void assign_into(TensorTable::Slot &slot, const at::Tensor &rhs) {
     }
     return;
   }
-  // lhs takes rhs's history: a fresh tensor over the same memory, whose copy_ is recorded (the
-  // old TensorImpl, which a model or an optimizer may hold as a leaf, is left untouched).
+  // lhs takes rhs's history: a fresh tensor over the same memory (the old TensorImpl, which a model
+  // or an optimizer may hold as a leaf, is left untouched) receives the values, and with them
+  // rhs's own place in the graph (continues_graph) or else a recorded copy.
   at::Tensor fresh = l.detach();
-  fresh.copy_(r);
+  if (continues_graph(r, fresh)) {
+    {
+      at::NoGradGuard no_grad;
+      copy_values(fresh, r);
+    }
+    torch::autograd::impl::set_gradient_edge(fresh, torch::autograd::impl::gradient_edge(r));
+  } else {
+    fresh.copy_(r);
+  }
   l = std::move(fresh);
 }
 

@@ -473,6 +473,79 @@ TEST(LifetimeStates, AFunctionOutputIsTheCallersFromThenOn) {
   }
 }
 
+// `out = loss(x, y)` (reduction none, else mean) into `out`: the grad_fn names how the history went
+// (the loss's own node, or a recorded copy's).
+std::string loss_into(ftc_tensor x, ftc_tensor y, ftc_tensor *out, int reduction = FTC_REDUCTION_NONE) {
+  ftc_loss_options options = FTC_LOSS_OPTIONS_DEFAULTS;
+  options.reduction = reduction;
+  EXPECT_EQ(ftc_loss(FTC_LOSS_MSE, x, y, nullptr, nullptr, &options, out), FTC_OK) << last_error();
+  const at::Tensor &t = ftc::TensorTable::instance().find(*out)->value;
+  return t.grad_fn() ? t.grad_fn()->name() : "";
+}
+
+std::vector<double> gradient_of(ftc_tensor x) {
+  ftc_tensor g = nullptr;
+  EXPECT_EQ(ftc_tensor_get_gradient(x, &g), FTC_OK) << last_error();
+  auto values = values_of(g, 2);
+  ftc_tensor_delete(&g);
+  EXPECT_EQ(ftc_tensor_zero_grad(x), FTC_OK);
+  return values;
+}
+
+TEST(Assignment, AResultWithHistoryContinuesItsGraphInTheLeftHandSideWithoutARecordedCopy) {
+  std::vector<double> a{1, 2}, b{0.5, 0.5}, o{0, 0}, s{0};
+  ftc_tensor x = wrap(a), y = wrap(b), out = wrap(o), own = owned(2), scalar = wrap(s);
+  ASSERT_EQ(ftc_tensor_set_requires_grad(x, 1), FTC_OK);
+  // A Fortran array receives the values and stays where it is; the tensor over it takes the
+  // loss's own place in the graph (no CopyBackwards).
+  EXPECT_EQ(loss_into(x, y, &out), "MseLossBackward0");
+  EXPECT_EQ(data_of(out), static_cast<const void *>(o.data()));
+  EXPECT_EQ(o, (std::vector<double>{0.25, 2.25}));
+  EXPECT_EQ(life_of(out), Lifetime::wrapping());
+  const int64_t two[] = {2};
+  ftc_tensor ones = nullptr;
+  ASSERT_EQ(ftc_tensor_new(&ones, FTC_FILL_ONES, 1, two, FTC_FLOAT64, FTC_CPU, -1, 0), FTC_OK);
+  ASSERT_EQ(ftc_tensor_backward(out, ones, 0), FTC_OK) << last_error();
+  EXPECT_EQ(gradient_of(x), (std::vector<double>{1, 3})) << "2 (x - y)";
+  // The array is the loss's value, not the graph's: what Fortran writes there changes no gradient.
+  EXPECT_EQ(loss_into(x, y, &out), "MseLossBackward0");
+  o = {100, 100};
+  EXPECT_EQ(values_of(out, 2), (std::vector<double>{100, 100}));
+  ASSERT_EQ(ftc_tensor_backward(out, ones, 0), FTC_OK) << last_error();
+  EXPECT_EQ(gradient_of(x), (std::vector<double>{1, 3}));
+  // A 0-d loss into a one-element array: the gradient is summed down to the loss's shape.
+  EXPECT_EQ(loss_into(x, y, &scalar, FTC_REDUCTION_MEAN), "MseLossBackward0");
+  EXPECT_EQ(s[0], 1.25);
+  ASSERT_EQ(ftc_tensor_backward(scalar, nullptr, 0), FTC_OK) << last_error();
+  EXPECT_EQ(gradient_of(x), (std::vector<double>{0.5, 1.5})) << "(x - y) for the mean of two";
+  // LibTorch's own memory: the same.
+  EXPECT_EQ(loss_into(x, y, &own), "MseLossBackward0");
+  EXPECT_EQ(values_of(own, 2), (std::vector<double>{0.25, 2.25}));
+  // Another dtype or shape than the result's, or a leaf (its edge is its gradient accumulator):
+  // the copy is recorded, and converts the gradient as PyTorch's does.
+  ftc_tensor one = nullptr, copy = nullptr;
+  const int64_t single[] = {1};
+  ASSERT_EQ(ftc_tensor_new(&one, FTC_FILL_ZEROS, 1, single, FTC_FLOAT32, FTC_CPU, -1, 0), FTC_OK);
+  EXPECT_EQ(loss_into(x, y, &one, FTC_REDUCTION_MEAN), "torch::autograd::CopyBackwards");
+  ASSERT_EQ(ftc_tensor_backward(one, nullptr, 0), FTC_OK) << last_error();
+  EXPECT_EQ(gradient_of(x), (std::vector<double>{0.5, 1.5}));
+  copy = owned(2);
+  ASSERT_EQ(ftc_tensor_assign(&copy, x), FTC_OK);
+  const at::Tensor &c = ftc::TensorTable::instance().find(copy)->value;
+  ASSERT_NE(c.grad_fn(), nullptr);
+  EXPECT_EQ(c.grad_fn()->name(), "torch::autograd::CopyBackwards") << "x is a leaf";
+  // A named tensor with history: `=` gives a tensor of its own, over its own memory, in the graph.
+  ftc_tensor named = nullptr;
+  std::vector<double> p{0, 0};
+  ftc_tensor w = wrap(p);
+  loss_into(x, y, &named);  // a new handle (unconstructed out)
+  ASSERT_EQ(ftc_tensor_assign(&w, named), FTC_OK);
+  EXPECT_EQ(data_of(w), static_cast<const void *>(p.data()));
+  EXPECT_NE(data_of(w), data_of(named));
+  EXPECT_EQ(p, (std::vector<double>{0.25, 2.25}));
+  for (ftc_tensor *t : {&x, &y, &out, &own, &scalar, &ones, &one, &copy, &named, &w}) ftc_tensor_delete(t);
+}
+
 // ------------------------------------------------------------------------------ named options
 
 TEST(Options, DefaultsAreTorchs) {
