@@ -1,8 +1,9 @@
-"""Misuse fuzzer (tests/fortran/test_fuzz.f90): from a seed, 10^4 random calls with wrong ranks,
-shapes, dtypes and devices, deleted, stale and garbage handles, expressions as arguments, bad
-models, losses, autograd, optimizers and scopes. Every failure must be a clean status with an
-errmsg, the calls whose outcome is certain must have it, no handle may leak, and the program must
-never die on a signal.
+"""Misuse fuzzer (tests/fortran/test_fuzz.fypp, a fypp template: the CMake consumer project
+generates test_fuzz.f90 from it): from a seed, 10^4 random calls with wrong ranks, shapes, dtypes
+and devices, deleted, stale and garbage handles, expressions as arguments, bad models, losses,
+autograd, optimizers and scopes. Every failure must be a clean status with an errmsg, the calls
+whose outcome is certain must have it, no handle may leak, and the program must never die on a
+signal.
 
 A seed replays the same calls with every compiler: FTORCH_FUZZ_SEED=<n> adds that seed to the
 fixed ones (`tests/.../test_fuzz <data_dir> <n> [n_calls] trace` prints each call as it goes).
