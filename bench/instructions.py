@@ -7,6 +7,8 @@ check on one machine (absolute counts differ between CPUs: the ratio is what is 
                                             # above max(target, the ratio recorded in results/)
     python bench/instructions.py --all      # every row of bench/run.py (inference, custom functions,
                                             # .pt2 packages, embedded Python: several more minutes)
+    python bench/instructions.py --upstream DIR   # also the FTorch idiom against upstream FTorch,
+                                            # built from its checkout at DIR (bench/upstream)
 
 A run without --all keeps the recorded counts of the rows it does not measure. The embedded Python
 rows compare a call from Fortran with the same call from Python (bench/python/pystep.py). Not
@@ -41,21 +43,32 @@ LENGTHS = bench.INSTRUCTION_LENGTHS
 TOLERANCE = 1.05  # --check fails beyond budget * TOLERANCE
 
 
-def cases(model: Path, package: Path | None):
-    """name -> (arguments for n steps, target, reference program): the checked rows (issue 21's
-    targets), then with a package (--all) the other rows, against C++ LibTorch; and the embedded
-    Python rows, against the same function called from Python (target None: the issue sets it in
-    microseconds of wall clock, bench/run.py --only embedded)."""
+IDIOM_ROW = "FTorch idiom training step, batch 1, hidden 32"
+UPSTREAM_ROW = "FTorch idiom training step, batch 1, hidden 32, against upstream FTorch"
+MLP_PARAMETERS = 6  # bench/run.py make_mlp: three Linear layers, a weight and a bias each
+
+
+def cases(model: Path, package: Path | None, upstream: bool = False):
+    """name -> (arguments for n steps, target, reference program[, FTorch program, its arguments]):
+    the checked rows (issue 21's targets), then with a package (--all) the other rows, against C++
+    LibTorch; and the embedded Python rows, against the same function called from Python (target
+    None: the issue sets it in microseconds of wall clock, bench/run.py --only embedded). The FTorch
+    side is bench_fortran with the same arguments unless a row names its own program: the idiom rows
+    run bench_idiom (bench/fortran/idiom.f90), which builds against upstream FTorch too; against
+    upstream (issue 38's target: at most its count) both sides run that one source."""
+    idiom_args = lambda n: [model, MLP_PARAMETERS, 1, 16, 16, n]  # noqa: E731
     table = {
         "c = a*b + a - b/2, 1 element": (lambda n: ["ops", 1, n], 1.05, "cpp"),
         "c = a*b + a - b/2, 1000 elements": (lambda n: ["ops", 1000, n], 1.05, "cpp"),
         "from_array + delete, 10^2 elements": (lambda n: ["from_array", 100, n], 1.05, "cpp"),
         "training step, batch 1, hidden 32": (lambda n: ["train", model, 1, 16, 16, n], 1.02, "cpp"),
-        "FTorch idiom training step, batch 1, hidden 32": (lambda n: ["idiom", model, 1, 16, 16, n], 1.03, "cpp"),
+        IDIOM_ROW: (lambda n: ["idiom", model, 1, 16, 16, n], 1.03, "cpp", "idiom", idiom_args),
         # `y = x * x` into an existing y, then backward: `=` takes the expression's result over
         # (no copy, no CopyBackwards node) where nothing can tell the difference.
         "built-in y = x*x + backward, 1 element": (lambda n: ["builtin", 1, n], 1.05, "cpp"),
     }
+    if upstream:
+        table[UPSTREAM_ROW] = (idiom_args, 1.0, "upstream", "idiom", idiom_args)
     if package is not None:
         script = HERE / "python" / "pystep.py"
         table.update({
@@ -110,31 +123,42 @@ def main() -> int:
     parser.add_argument("--build-dir", type=Path, default=HERE.parent / "build" / "bench")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "instructions")
+    parser.add_argument("--upstream", type=Path, metavar="DIR",
+                        help="a checkout of upstream FTorch (Cambridge-ICCS/FTorch): build it beside the "
+                             "benchmarks and add the FTorch idiom row against it")
     args = parser.parse_args()
 
     commands = bench.build(args.build_dir)
+    if args.upstream is not None:
+        commands["upstream"] = bench.build_upstream(args.upstream.resolve(), args.build_dir / "upstream")
     work = Path(tempfile.mkdtemp(prefix="ftorch-instructions-"))
     model = bench.write_models(work, [(1, 32)])[32]
     package = write_package(work) if args.all else None
-    table = cases(model, package)
+    table = cases(model, package, upstream=args.upstream is not None)
+
+    def sides(row):
+        """(program, arguments for n steps) of FTorch's side and of the reference's."""
+        make_args, _, reference, *own = row
+        program, program_args = own if own else ("fortran", make_args)
+        return [(program, program_args), (reference, make_args)]
+
     jobs = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for name, (make_args, _, reference) in table.items():
-            for program in ("fortran", reference):
+        for name, row in table.items():
+            for side, (program, make_args) in enumerate(sides(row)):
                 for n in LENGTHS:
-                    jobs[name, program, n] = pool.submit(bench.valgrind_instructions,
-                                                         [*commands[program], *make_args(n)])
+                    jobs[name, side, n] = pool.submit(bench.valgrind_instructions, [*commands[program], *make_args(n)])
     recorded_file = HERE / "results" / "instructions.json"
     recorded = json.loads(recorded_file.read_text()) if recorded_file.exists() else {}
     measured = {}
-    for name, (_, budget, reference) in table.items():
-        ours, theirs = (bench.per_step(jobs[name, p, LENGTHS[0]].result(), jobs[name, p, LENGTHS[1]].result())
-                        for p in ("fortran", reference))
+    for name, (_, budget, reference, *_own) in table.items():
+        ours, theirs = (bench.per_step(jobs[name, side, LENGTHS[0]].result(), jobs[name, side, LENGTHS[1]].result())
+                        for side in (0, 1))
         measured[name] = {"fortran": ours, "reference": theirs, "reference_program": reference,
                           "ratio": ours / theirs, "budget": budget}
     # Rows not measured now (a run without --all) keep what the last run measured: the table stays
     # whole, its rows in the order of the script's cases.
-    results = {name: measured.get(name, recorded.get(name)) for name in cases(model, Path("package.pt2"))
+    results = {name: measured.get(name, recorded.get(name)) for name in cases(model, Path("package.pt2"), True)
                if name in measured or name in recorded}
 
     lines = ["| instructions per step (valgrind) | FTorch (Fortran) | C++ LibTorch (or as named) | ratio | target |",

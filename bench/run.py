@@ -107,7 +107,29 @@ def build(build_dir: Path) -> dict:
          f"-DFTORCH_BENCH_TORCH_DIR={Path(torch.utils.cmake_prefix_path) / 'Torch'}"], env=env)
     run(["cmake", "--build", build_dir], env=env)
     return {"fortran": [build_dir / "bench_fortran"], "cpp": [build_dir / "bench_cpp"],
-            "python": [sys.executable, HERE / "python" / "bench.py"]}
+            "idiom": [build_dir / "bench_idiom"], "python": [sys.executable, HERE / "python" / "bench.py"]}
+
+
+def build_upstream(source: Path, build_dir: Path) -> list:
+    """Upstream FTorch (a Cambridge-ICCS/FTorch checkout at `source`) built and installed against
+    the running environment's torch, then bench/fortran/idiom.f90 built against it (bench/upstream):
+    the command of the same program as build()'s "idiom", on upstream's library. Side by side only
+    where that source is at hand (CI has no network: its rows stay against C++)."""
+    import torch.utils
+
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    generator = ["-G", "Ninja"] if shutil.which("ninja", path=env["PATH"]) else []
+    torch_prefix = Path(torch.utils.cmake_prefix_path)
+    build_dir = Path(build_dir).resolve()
+    library, prefix, program = build_dir / "ftorch", build_dir / "prefix", build_dir / "program"
+    run(["cmake", "-S", source, "-B", library, *generator, "-DCMAKE_BUILD_TYPE=Release",
+         f"-DCMAKE_INSTALL_PREFIX={prefix}", f"-DCMAKE_PREFIX_PATH={torch_prefix}", "-DGPU_DEVICE=NONE",
+         "-DFTORCH_BUILD_UNIT_TESTS=OFF", "-DFTORCH_BUILD_INTEGRATION_TESTS=OFF"], env=env)
+    run(["cmake", "--build", library, "--target", "install"], env=env)
+    run(["cmake", "-S", HERE / "upstream", "-B", program, *generator, "-DCMAKE_BUILD_TYPE=Release",
+         f"-DCMAKE_PREFIX_PATH={prefix};{torch_prefix}"], env=env)
+    run(["cmake", "--build", program], env=env)
+    return [program / "bench_idiom"]
 
 
 def parse(output: str) -> dict:

@@ -246,7 +246,9 @@ void check_lossless(const c10::Scalar &value, c10::ScalarType to, const char *in
 // pageable host memory (a Fortran array) and a CUDA device through page-locked staging buffers in
 // chunks, the host-side copy of one chunk overlapping the DMA of another, so that FTorch's GPU
 // idiom (host arrays copied to the GPU and back at every forward) moves data at the bus's speed
-// (transfer.cpp; FTORCH_STAGING_CHUNK_MIB, 0 turns it off). Anything else is LibTorch's copy_.
+// (transfer.cpp; FTORCH_STAGING_CHUNK_MIB, 0 turns it off). A small CPU copy between tensors of
+// one dtype with the elements in the same places is one memmove and a version bump; anything else
+// is LibTorch's copy_.
 void copy_values(at::Tensor &dst, const at::Tensor &src);
 
 // A Fortran pointer now points into t's memory (a no-copy view, a captured CUDA graph's input):

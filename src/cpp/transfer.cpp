@@ -148,11 +148,42 @@ void download(const at::Tensor &dst, const at::Tensor &src) {
   drain(chunks - 1);
 }
 
+// Whether copying src into dst is one memmove: both on the CPU, of one dtype, densely packed, with
+// the elements in the same places (the same sizes, and the same strides where a size exceeds 1; or
+// a 0-d src into a one-element dst, as copy_ broadcasts it), no lazy conjugate or negative bit, and
+// fewer elements than LibTorch hands to several threads (at::internal::GRAIN_SIZE): a result into
+// a tensor over a Fortran array of its layout, where TensorIterator's set-up costs more than the
+// copy itself.
+bool one_memmove(const at::Tensor &dst, const at::Tensor &src) {
+  if (!dst.device().is_cpu() || !src.device().is_cpu() || dst.scalar_type() != src.scalar_type()) return false;
+  const int64_t n = dst.numel();
+  if (n == 0 || n >= at::internal::GRAIN_SIZE || src.numel() != n) return false;
+  if (src.is_conj() || src.is_neg() || dst.is_conj() || dst.is_neg() || src._is_zerotensor()) return false;
+  if (!dst.has_storage() || !src.has_storage()) return false;
+  if (n > 1) {
+    if (dst.sizes() != src.sizes()) return false;
+    for (int64_t d = 0; d < dst.dim(); ++d) {
+      if (dst.size(d) > 1 && dst.stride(d) != src.stride(d)) return false;
+    }
+    if (!dst.is_non_overlapping_and_dense() || !src.is_non_overlapping_and_dense()) return false;
+  } else if (dst.sizes() != src.sizes() && src.dim() != 0) {
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 namespace ftc {
 
 void copy_values(at::Tensor &dst, const at::Tensor &src) {
+  if (one_memmove(dst, src)) {
+    // The elements' bytes are one block in each (dense, no negative strides), from data_ptr on;
+    // the version goes up as copy_'s would (a graph that saved dst reports the change at backward).
+    std::memmove(dst.data_ptr(), src.const_data_ptr(), static_cast<size_t>(dst.numel()) * dst.element_size());
+    dst.unsafeGetTensorImpl()->bump_version();
+    return;
+  }
   if (!staged(dst, src)) {
     dst.copy_(src);
     return;

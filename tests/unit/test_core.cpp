@@ -492,7 +492,7 @@ std::vector<double> gradient_of(ftc_tensor x) {
   return values;
 }
 
-TEST(Assignment, AResultWithHistoryContinuesItsGraphInTheLeftHandSideWithoutARecordedCopy) {
+TEST(Assign, AResultWithHistoryContinuesItsGraphInTheLeftHandSideWithoutARecordedCopy) {
   std::vector<double> a{1, 2}, b{0.5, 0.5}, o{0, 0}, s{0};
   ftc_tensor x = wrap(a), y = wrap(b), out = wrap(o), own = owned(2), scalar = wrap(s);
   ASSERT_EQ(ftc_tensor_set_requires_grad(x, 1), FTC_OK);
@@ -544,6 +544,39 @@ TEST(Assignment, AResultWithHistoryContinuesItsGraphInTheLeftHandSideWithoutARec
   EXPECT_NE(data_of(w), data_of(named));
   EXPECT_EQ(p, (std::vector<double>{0.25, 2.25}));
   for (ftc_tensor *t : {&x, &y, &out, &own, &scalar, &ones, &one, &copy, &named, &w}) ftc_tensor_delete(t);
+}
+
+TEST(Assign, ASmallCopyIsOneMemmoveThatStillBumpsTheVersion) {
+  std::vector<double> a{1, 2}, b{3, 4};
+  ftc_tensor ta = wrap(a), tb = wrap(b);
+  const auto version = [](ftc_tensor t) { return ftc::TensorTable::instance().find(t)->value._version(); };
+  const auto before = version(ta);
+  ASSERT_EQ(ftc_tensor_assign(&ta, tb), FTC_OK);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(data_of(ta), static_cast<const void *>(a.data()));
+  EXPECT_EQ(version(ta), before + 1) << "as copy_ counts an in-place write";
+  // A leaf that a graph saved, then written: backward reports it, as PyTorch does.
+  std::vector<double> xv{1, 2};
+  ftc_tensor x = wrap(xv), y = nullptr;
+  ASSERT_EQ(ftc_tensor_set_requires_grad(x, 1), FTC_OK);
+  ASSERT_EQ(ftc_tensor_binary(FTC_MUL, x, x, FTC_NAMED, &y), FTC_OK);
+  ASSERT_EQ(ftc_tensor_assign(&x, tb), FTC_OK);
+  const int64_t two[] = {2};
+  ftc_tensor ones = nullptr;
+  ASSERT_EQ(ftc_tensor_new(&ones, FTC_FILL_ONES, 1, two, FTC_FLOAT64, FTC_CPU, -1, 0), FTC_OK);
+  EXPECT_NE(ftc_tensor_backward(y, ones, 0), FTC_OK);
+  EXPECT_NE(last_error().find("inplace"), std::string::npos) << last_error();
+  // Other layouts take copy_: a row-major result into a column-major (Fortran) array of 2 x 3.
+  std::vector<double> f(6, 0);
+  const int64_t shape[] = {2, 3};
+  ftc_tensor tf = nullptr, rows = nullptr;
+  ASSERT_EQ(ftc_tensor_from_blob(&tf, f.data(), 2, shape, nullptr, nullptr, FTC_FLOAT64, FTC_CPU, -1, 0), FTC_OK);
+  ASSERT_EQ(ftc_tensor_new(&rows, FTC_FILL_ONES, 2, shape, FTC_FLOAT64, FTC_CPU, -1, 0), FTC_OK);
+  at::Tensor &r = ftc::TensorTable::instance().find(rows)->value;
+  r.copy_(at::arange(6, r.options()).view({2, 3}));  // element (i, j) = 3 i + j
+  ASSERT_EQ(ftc_tensor_assign(&tf, rows), FTC_OK);
+  EXPECT_EQ(f, (std::vector<double>{0, 3, 1, 4, 2, 5})) << "column-major order";
+  for (ftc_tensor *t : {&ta, &tb, &x, &y, &ones, &tf, &rows}) ftc_tensor_delete(t);
 }
 
 // ------------------------------------------------------------------------------ named options
