@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Today's distributions' Fortran compilers on a Debian 12 machine: gfortran 13 and 14 and LLVM flang 22
 # from a Debian 13 (trixie) root made with debootstrap (Debian 13 ships no flang 20; 22 is its
-# newest). Each compiler, and the programs it builds, run inside that root (chroot): the host's
-# working directories are bind-mounted at the same paths, so a CMake build on the host calls a
-# wrapper as its Fortran compiler and the test runs the program through `bin/in-root`.
+# newest). Each compiler, and each program it builds, runs with that root's /usr in a private mount
+# namespace (bin/in-root, below): a CMake build on the host calls a wrapper as its Fortran compiler,
+# and the test runs the program through `bin/in-root`.
 #
 # Usage: bash tools/newer_compilers.sh [DIR]     (DIR: $FTORCH_NEWER_COMPILERS or /opt/ftorch-newer)
 # Leaves DIR/root (the Debian 13 root, ~2.1 GB) and DIR/bin: gfortran-13, gfortran-14, flang-new-22,
-# in-root. Run as root; idempotent (the root is made once, the mounts are checked each time).
+# in-root. Run as root; idempotent (the root is made once; each run checks that every compiler
+# builds and runs a program in the checkout).
 # tests/conftest.py finds DIR/bin through $FTORCH_NEWER_COMPILERS (default /opt/ftorch-newer).
 set -euo pipefail
 dir="${1:-${FTORCH_NEWER_COMPILERS:-/opt/ftorch-newer}}"
@@ -21,52 +22,42 @@ if [ ! -x "$root/usr/bin/gfortran-14" ] || [ ! -e "$root/usr/bin/flang-new-22" ]
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
   echo "==> Debian 13 root with $packages in $root"
   # Never follow a bind mount of a host directory while removing an incomplete root.
-  grep -o " $root/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l
+  { grep -o " $root/[^ ]*" /proc/mounts || true; } | sort -r | xargs -r -n1 umount -l
   rm -rf --one-file-system "$root"
   mkdir -p "$dir"
   debootstrap --variant=minbase --include="$packages" trixie "$root" http://deb.debian.org/debian \
     >"$dir/debootstrap.log" 2>&1 || { tail -20 "$dir/debootstrap.log"; exit 1; }
 fi
 
-# What a compiler or a program inside the root must see: /proc (flang finds its libraries through
-# it), /dev, and the host directories that hold builds, sources and Python (the checkout, the
-# virtual environment, pytest's temporary directories). Each is bound recursively (--rbind): a
-# directory with other file systems mounted below it (a CI checkout on its own volume) shows them too.
-# A checkout or environment under a system directory the root has its own copy of (/opt, /usr, /var)
-# is bound at its own path instead of its top directory.
-mounts=(/proc /dev /tmp /root /home /work)
-system_dir() { case "$1" in /|/usr|/etc|/bin|/lib|/lib64|/sbin|/var|/opt|/boot|/sys|/srv|/run) return 0 ;; esac; return 1; }
-visible() {  # the directory that makes $1 visible inside the root
-  local p top; p="$(readlink -f "$1")"; top="${p#/}"; top="/${top%%/*}"
-  if system_dir "$top"; then echo "$p"; else echo "$top"; fi
-}
-mounts+=("$(visible "$repo")")
-venv="$(cd "$repo" && "${PYTHON:-$repo/.venv/bin/python}" -c 'import sys; print(sys.prefix)' 2>/dev/null || true)"
-[ -n "$venv" ] && [ -f "$venv/pyvenv.cfg" ] && mounts+=("$(visible "$venv")")
-for m in $(printf '%s\n' "${mounts[@]}" | sort -u); do
-  [ -d "$m" ] || continue
-  case "$m" in "$dir"|"$dir"/*) continue ;; esac   # never the root inside itself
-  [ "$m" != /proc ] && system_dir "$m" && continue   # nor over the root's own system directories
-  mkdir -p "$root$m"
-  if ! mountpoint -q "$root$m"; then
-    if [ "$m" = /proc ]; then mount -t proc proc "$root/proc"; else mount --rbind "$m" "$root$m"; fi
-  fi
-done
-# Checked once here rather than met as a missing source file in the middle of a test run.
-for must in "$repo/pyproject.toml" ${venv:+"$venv/pyvenv.cfg"}; do
-  chroot "$root" test -e "$must" || { echo "newer_compilers.sh: $must is not visible inside $root" >&2; exit 1; }
-done
+# A compiler from the root, and each program it builds, runs in a private mount namespace of its own
+# (unshare) in which the root's /usr is mounted over the host's /usr (Debian 12 and 13 both keep
+# /bin, /lib and /lib64 as links into /usr) and the root's ld.so.cache over the host's. It sees the
+# newer C library, compilers and runtime libraries, and every host directory as it is: the checkout,
+# the virtual environment and pytest's temporary directories, wherever they live and whatever is
+# mounted there. (A chroot had to bind each host directory into the root, and a CI checkout on a
+# volume that a bind mount did not carry stayed invisible inside it.) Nothing is mounted on the host.
+# Bind mounts that an earlier version of this script left inside the root are released.
+{ grep -o " $root/[^ ]*" /proc/mounts || true; } | sort -r | xargs -r -n1 umount -l
+command -v unshare >/dev/null || { echo "newer_compilers.sh: unshare (util-linux) is missing" >&2; exit 1; }
 
 mkdir -p "$dir/bin"
-# in-root CMD ARGS...: CMD run inside the root, in the caller's directory, with the caller's environment.
+# in-root CMD ARGS...: CMD run with the root's /usr, in the caller's directory and environment.
 cat >"$dir/bin/in-root" <<EOF
 #!/bin/sh
-exec chroot "$root" /bin/sh -c 'cd "\$0" && exec "\$@"' "\$PWD" "\$@"
+exec unshare --mount --propagation private /bin/sh -c \\
+  'mount --bind "\$0/usr" /usr && mount --bind "\$0/etc/ld.so.cache" /etc/ld.so.cache && exec "\$@"' \\
+  "$root" "\$@"
 EOF
 for fc in "${compilers[@]}"; do
   printf '#!/bin/sh\nexec "%s/bin/in-root" /usr/bin/%s "$@"\n' "$dir" "$fc" >"$dir/bin/$fc"
 done
 chmod +x "$dir/bin/"*
+# Each compiler builds and runs a program in the checkout's build directory before any test does.
+smoke="$repo/build/newer-compilers-smoke"
+mkdir -p "$smoke"
+printf 'program smoke\n  use iso_fortran_env, only: compiler_version\n  print "(a)", compiler_version()\nend program\n' >"$smoke/smoke.f90"
 for fc in "${compilers[@]}"; do
-  echo "$fc: $("$dir/bin/$fc" --version | head -1)"
+  (cd "$smoke" && "$dir/bin/$fc" smoke.f90 -o "smoke-$fc" && "$dir/bin/in-root" "./smoke-$fc") >"$smoke/$fc.log" 2>&1 ||
+    { cat "$smoke/$fc.log" >&2; echo "newer_compilers.sh: $fc cannot build and run a program in $smoke" >&2; exit 1; }
+  echo "$fc: $(head -1 "$smoke/$fc.log")"
 done
