@@ -7,8 +7,9 @@ file(MAKE_DIRECTORY "${_gen}")
 
 set(FTORCH_FORTRAN_SOURCES)
 foreach(_name IN ITEMS ftorch_kinds ftorch_c_api ftorch_types ftorch_devices ftorch_errors ftorch_interop ftorch_runtime ftorch_tensor_type ftorch_callbacks ftorch_math
-                       ftorch_autograd ftorch_tensor ftorch_function ftorch_functional
-                       ftorch_arglist ftorch_model ftorch_optim ftorch_loss ftorch_distributed ftorch_train ftorch_python
+                       ftorch_autograd ftorch_tensor ftorch_function ftorch_saved_tensors ftorch_functional
+                       ftorch_arglist ftorch_model ftorch_optim ftorch_loss ftorch_distributed ftorch_node_shared
+                       ftorch_data_parallel ftorch_checkpoint ftorch_train ftorch_python
                        ftorch_test_utils ftorch torch_ftn torchfort)
   if(_name STREQUAL "ftorch_c_api")
     list(APPEND FTORCH_FORTRAN_SOURCES "${FTORCH_C_API_FORTRAN}")  # (cmake/FTorchCAPI.cmake)

@@ -176,7 +176,7 @@ def test_check_fails_on_undocumented_public_entity(tmp_path):
     require_ford()
     src = tmp_path / "fortran"
     shutil.copytree(REPO / "src" / "fortran", src)
-    runtime = src / "ftorch_runtime.f90"
+    runtime = src / "ftorch_runtime.fypp"
     text = runtime.read_text()
     assert "implicit none\n" in text and "end module ftorch_runtime" in text
     # A public subroutine without any comment, and a private one (private helpers need none).
@@ -194,8 +194,8 @@ def test_check_fails_on_undocumented_public_entity(tmp_path):
     assert proc.returncode == 1, f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
     reported = [line for line in proc.stdout.splitlines() if line.startswith("undocumented public entity:")]
     # The subroutine and its argument, named with their module and the file to edit.
-    assert "undocumented public entity: ftorch_runtime::ftorch_probe_undocumented [ftorch_runtime.f90]" in reported
-    assert "undocumented public entity: ftorch_runtime::ftorch_probe_undocumented(n) [ftorch_runtime.f90]" in reported
+    assert "undocumented public entity: ftorch_runtime::ftorch_probe_undocumented [ftorch_runtime.fypp]" in reported
+    assert "undocumented public entity: ftorch_runtime::ftorch_probe_undocumented(n) [ftorch_runtime.fypp]" in reported
     assert not [line for line in reported if "ftorch_runtime::" in line and "probe_undocumented" not in line]
     assert "check failed" in proc.stderr
     assert "ftorch_probe_private" not in proc.stdout

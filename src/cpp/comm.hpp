@@ -1,5 +1,6 @@
-// comm.hpp - a communicator over the caller's collectives (ftorch_c_distributed.h), shared by the
-// data-parallel layer (distributed.cpp) and node-shared models (node_shared.cpp).
+// comm.hpp - a communicator over the caller’s collectives (ftorch_c_distributed.h), shared by the
+// collectives (distributed.cpp), data parallelism (data_parallel.cpp), checkpoints of data-parallel
+// runs (checkpoint.cpp) and node-shared models (node_shared.cpp).
 #pragma once
 
 #include <ATen/DeviceAccelerator.h>
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -154,6 +156,26 @@ inline at::Tensor wire_buffer(const Comm &c, const at::Tensor &t) {
   const auto device = reachable ? t.device() : c10::Device(c10::kCPU);
   return t.to(device, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true, c10::MemoryFormat::Contiguous);
 }
+
+// buf summed over the ranks, in place (buf: a wire_buffer).
+inline void sum_across(Comm &c, const at::Tensor &buf) {
+  settle(buf);
+  c.allreduce(buf.data_ptr(), buf.numel(), wire_dtype(buf.scalar_type()), buf.element_size(), FTC_OP_SUM);
+}
+
+// The values of `buffer` into t (nothing to do when the buffer is t's own memory). Tensors
+// changed behind autograd's back get a new version, so that a graph that saved them notices.
+inline void land(const at::Tensor &t, const at::Tensor &buffer) {
+  at::NoGradGuard no_grad;
+  if (buffer.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+    t.unsafeGetTensorImpl()->bump_version();
+  } else {
+    t.copy_(buffer);
+  }
+}
+
+// A digest of a string, the same on every rank (agreement checks compare digests, not strings).
+inline int64_t digest_of(const std::string &s) { return static_cast<int64_t>(std::hash<std::string>{}(s)); }
 
 // "1, 3": the ranks of comm for which pred(rank) holds.
 template <class Pred>

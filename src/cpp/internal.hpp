@@ -18,7 +18,7 @@
 
 namespace ftc {
 
-// What a data-parallel wrapper (distributed.cpp) does around the updates of its optimizer.
+// What a data-parallel wrapper (data_parallel.cpp) does around the updates of its optimizer.
 struct GradientSync {
   virtual ~GradientSync() = default;
   // Average the gradients across ranks now, and the loss weighted as the gradients are; returns
@@ -101,7 +101,7 @@ struct Scheduler {
   void set_state(const std::vector<double> &values);
 };
 
-// Checkpoints (train.cpp) in two phases, so that ranks can agree before any of them changes:
+// Checkpoints (checkpoint.cpp) in two phases, so that ranks can agree before any of them changes:
 // stage reads and checks a file against the objects (nothing changes); apply changes them all or,
 // failing part way, none (and returns what undo_checkpoint puts back).
 struct StagedCheckpoint;
@@ -114,7 +114,7 @@ void undo_checkpoint(CheckpointUndo &undo, const StagedCheckpoint &st) noexcept;
 
 double get_lr(const Optim &o);
 
-// The value of a checkpoint's "format" entry (train.cpp writes it; model.cpp refuses to load such a
+// The value of a checkpoint's "format" entry (checkpoint.cpp writes it; model.cpp refuses to load such a
 // file as a model; python/ftorch/_inspect.py recognizes it).
 constexpr const char *kCheckpointFormat = "ftorch-checkpoint-1";
 void set_lr(Optim &o, double lr);

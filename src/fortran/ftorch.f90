@@ -30,10 +30,10 @@ module ftorch
                              torch_grad_hook, torch_tensor_register_hook, torch_tensor_remove_hook, &
                              torch_autograd_set_detect_anomaly, torch_autograd_detect_anomaly_enabled
   use ftorch_function, only: torch_function, torch_function_ctx, torch_function_forward, torch_function_backward, &
-                             torch_tensor_function, torch_function_define, torch_function_apply, torch_pack_hook, &
-                             torch_unpack_hook, torch_saved_tensors_hooks_begin, torch_saved_tensors_to_cpu_begin, &
-                             torch_saved_tensors_to_files_begin, torch_saved_tensors_hooks_end, &
-                             torch_saved_tensors_files, torch_checkpoint_segment
+                             torch_tensor_function, torch_function_define, torch_function_apply
+  use ftorch_saved_tensors, only: torch_pack_hook, torch_unpack_hook, torch_saved_tensors_hooks_begin, &
+                                  torch_saved_tensors_to_cpu_begin, torch_saved_tensors_to_files_begin, &
+                                  torch_saved_tensors_hooks_end, torch_saved_tensors_files, torch_checkpoint_segment
   use ftorch_functional, only: torch_autograd_grad, torch_autograd_jacobian, torch_autograd_jvp, torch_autograd_vjp, &
                                torch_gradcheck, torch_gradcheck_result
   use ftorch_model, only: torch_model, torch_model_load, torch_model_forward, torch_model_save, &
@@ -56,11 +56,12 @@ module ftorch
                          torch_kBCEWithLogitsLoss
   use ftorch_distributed, only: torch_comm, torch_comm_rank, torch_comm_size, torch_comm_delete, &
                                 torch_comm_collective_count, torch_allreduce, torch_broadcast, torch_allgather, &
-                                torch_barrier, torch_ddp, torch_ddp_init, torch_ddp_delete, torch_ddp_set_weight, &
-                                torch_ddp_sync_gradients, torch_ddp_bucket_count, torch_ddp_broadcast_parameters, &
-                                torch_model_load_shared, torch_model_is_leader, &
-                                torch_kReduceSum, torch_kReduceMean, torch_kReduceMax, torch_kReduceMin
-  use ftorch_train, only: torch_train_step, torch_checkpoint_save, torch_checkpoint_load
+                                torch_barrier, torch_kReduceSum, torch_kReduceMean, torch_kReduceMax, torch_kReduceMin
+  use ftorch_node_shared, only: torch_model_load_shared, torch_model_is_leader
+  use ftorch_data_parallel, only: torch_ddp, torch_ddp_init, torch_ddp_delete, torch_ddp_set_weight, &
+                                  torch_ddp_sync_gradients, torch_ddp_bucket_count, torch_ddp_broadcast_parameters
+  use ftorch_checkpoint, only: torch_checkpoint_save, torch_checkpoint_load
+  use ftorch_train, only: torch_train_step
   use ftorch_arglist, only: torch_arglist, torch_arglist_add, torch_arglist_get, torch_arglist_size, &
                             torch_arglist_kind, torch_arglist_clear, torch_arglist_delete, torch_kArgTensor, &
                             torch_kArgInt, torch_kArgReal, torch_kArgLogical, torch_kArgString

@@ -1,9 +1,9 @@
 !> Conversions between Fortran and C values shared by the FTorch modules (not part of the API).
 module ftorch_interop
-  use, intrinsic :: iso_c_binding, only: c_associated, c_char, c_f_pointer, c_int, c_null_char, c_ptr
+  use, intrinsic :: iso_c_binding, only: c_associated, c_char, c_f_pointer, c_int, c_intptr_t, c_null_char, c_ptr
   implicit none
   private
-  public :: c_flag, c_device_index, c_string, f_string
+  public :: c_flag, c_device_index, c_string, f_string, c_given
 
 contains
 
@@ -16,6 +16,16 @@ contains
       if (value) c_flag = 1
     end if
   end function c_flag
+
+  !> The handle of an object passed as an optional argument that is given: its own handle, or,
+  !> when it is not constructed, the C layer’s "unconstructed" value (-1), which a C call rejects
+  !> as an error after releasing any expression arguments -- never mistaken for "absent" (null).
+  type(c_ptr) function c_given(p)
+    !> The object’s handle (null when not constructed).
+    type(c_ptr), intent(in) :: p
+    c_given = p
+    if (.not. c_associated(p)) c_given = transfer(-1_c_intptr_t, p)
+  end function c_given
 
   !> The device index, or -1 (the device type’s default) when absent.
   integer(c_int) function c_device_index(device_index)
