@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "comm.hpp"
-#include "ftorch_c_train.h"
+#include "ftorch_c_checkpoint.h"
 
 namespace {
 

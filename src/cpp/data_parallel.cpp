@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "comm.hpp"
+#include "ftorch_c_data_parallel.h"
 
 namespace ftc {
 
