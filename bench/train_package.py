@@ -23,6 +23,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -30,6 +31,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import instructions  # noqa: E402  (bench/instructions.py: whether valgrind can run the kernels)
 import run as bench  # noqa: E402  (bench/run.py: builds the programs, the MLP)
 
 TARGETS = {(1, 32): 0.3, (64, 256): 0.7}
@@ -79,12 +81,24 @@ def main() -> int:
                 out = bench.parse(bench.run(cmd, env={**env, **extra}))
                 times[key].append(out["seconds"] / n)
         med = {k: statistics.median(v) for k, v in times.items()}
+        # Instructions of the two forward-only rows at batch 1 (where the calls' overhead shows; at the
+        # larger size the kernels are all), where valgrind runs the kernels (no AVX-512: the packages
+        # are compiled for the CPU they run on).
+        counts = None
+        if (shutil.which("valgrind") is not None and not instructions.avx512() and not args.quick
+                and (batch, hidden) == (1, 32)):
+            counts = {}
+            for key in ("package_inference_fortran", "pt2_inference_fortran"):
+                cmd = runs[key][0][:-1]
+                counts[key] = bench.per_step(*(bench.valgrind_instructions([*cmd, n_])
+                                               for n_ in bench.INSTRUCTION_LENGTHS))
         rows[f"batch {batch}, hidden {hidden}"] = {
             "median_seconds": med,
             "package_over_cpp": med["package_fortran"] / med["libtorch_cpp"],
             "uncompiled_step_over_cpp": med["package_fortran_uncompiled_step"] / med["libtorch_cpp"],
             "package_over_python": med["package_fortran"] / med["pytorch_python"],
             "inference_package_over_pt2": med["package_inference_fortran"] / med["pt2_inference_fortran"],
+            "inference_instructions": counts,
             "target": TARGETS.get((batch, hidden)),
         }
     cpu = "?"
@@ -107,11 +121,13 @@ def main() -> int:
                      f"{m['pytorch_python'] * us:.3g} µs | {r['package_over_cpp']:.2f} | "
                      f"{'<= ' + str(r['target']) if r['target'] is not None else ''} |")
     lines += ["", "| forward only (inference), from Fortran | training package (eval mode) | inference package "
-              "(--pt2) | ratio | target |", "|---|---|---|---|---|"]
+              "(--pt2) | ratio | instructions per call (package / --pt2) | target |", "|---|---|---|---|---|---|"]
     for name, r in rows.items():
-        m = r["median_seconds"]
+        m, c = r["median_seconds"], r["inference_instructions"]
+        counted = (f"{c['package_inference_fortran']:.0f} / {c['pt2_inference_fortran']:.0f} = "
+                   f"{c['package_inference_fortran'] / c['pt2_inference_fortran']:.3f}" if c else "not counted")
         lines.append(f"| {name} | {m['package_inference_fortran'] * us:.3g} µs | {m['pt2_inference_fortran'] * us:.3g} µs"
-                     f" | {r['inference_package_over_pt2']:.2f} | <= 1 |")
+                     f" | {r['inference_package_over_pt2']:.2f} | {counted} | <= 1 |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "train_package.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "train_package.md").write_text("\n".join(lines) + "\n")

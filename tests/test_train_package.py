@@ -181,7 +181,7 @@ def read_got(path) -> dict:
     got = {}
     for line in path.read_text().splitlines():
         parts = line.split()
-        if parts[0] in ("grad", "param"):
+        if parts[0] in ("grad", "param", "evalgrad"):
             got[parts[0] + " " + parts[1]] = np.array([float(v) for v in parts[2:]])
         else:
             got[parts[0]] = np.array([float(v) for v in parts[1:]])
@@ -190,6 +190,7 @@ def read_got(path) -> dict:
 
 # The package each test of this module needs (by test name; the parametrized one by its `name`).
 PACKAGE_OF_TEST = {"test_dropout_masks_follow_the_seed_set_from_fortran": "dropout", "test_package_errors": "kwargs",
+                   "test_forwards_without_gradients_read_the_state_where_it_is": "kwargs",
                    "test_package_training_loop_keeps_handles_flat": "batch_norm",
                    "test_inspect_describes_a_training_package": "batch_norm",
                    "test_hooks_on_a_package_see_its_gradients": "dataclass_config",
@@ -291,10 +292,19 @@ def test_models_torchscript_rejects_train_from_fortran(cmake_consumer, model_dir
     assert list(state) == list(model.state_dict())
     for key, value in model.state_dict().items():
         np.testing.assert_allclose(state[key].numpy(), value.numpy(), rtol=RTOL, atol=ATOL, err_msg=key)
-    # Eval mode on the initial state.
+    # Eval mode on the initial state, without gradients and with them (batch norm on its running
+    # statistics).
     fresh = train_models.build(name).eval()
     with torch.no_grad():
         np.testing.assert_allclose(got["eval"], fresh(x).reshape(-1).numpy(), rtol=RTOL, atol=ATOL)
+    xe = x.detach().clone().requires_grad_(True)
+    out_e = fresh(xe)
+    (out_e * g).sum().backward()
+    np.testing.assert_allclose(got["evalout"], out_e.detach().reshape(-1).numpy(), rtol=RTOL, atol=ATOL)
+    for n, p in fresh.named_parameters():
+        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        np.testing.assert_allclose(got["evalgrad " + n], grad.reshape(-1).numpy(), rtol=RTOL, atol=ATOL, err_msg=n)
+    np.testing.assert_allclose(got["evalxgrad"], xe.grad.reshape(-1).numpy(), rtol=RTOL, atol=ATOL)
     # One Adam step: the state_dict and the updated package hold the stepped parameters. Adam's
     # first step is lr * g / (|g| + eps), eps = 1e-8: a gradient that vanishes mathematically (the
     # attention's key bias, to which softmax is invariant) is rounding noise of ~1e-17 there, and
@@ -320,6 +330,11 @@ def test_models_torchscript_rejects_train_from_fortran(cmake_consumer, model_dir
             model.train(), dict(model.named_parameters()) | dict(zip([n for n, _ in model.named_buffers()],
                                                                      packed["buffers"])), (x.detach(),)).numpy(),
             rtol=RTOL, atol=ATOL)
+    # The forward without gradients after the step (training mode): the stepped parameters. Adam's
+    # step magnifies rounding noise in a vanishing gradient (see above): atol 1e-8 again.
+    with torch.no_grad():
+        np.testing.assert_allclose(got["stepped"], model.train()(x.detach()).reshape(-1).numpy(), rtol=RTOL,
+                                   atol=1e-8)
 
 
 @pytest.mark.parametrize("compiler", COMPILERS)
@@ -334,6 +349,12 @@ def test_package_errors(cmake_consumer, model_dir, compiler):
     assert_all_passed(run([cmake_consumer(compiler) / "test_train_package", packaged(model_dir, "kwargs"), "errors",
                            "kwargs"],
                           check=False))
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_forwards_without_gradients_read_the_state_where_it_is(cmake_consumer, model_dir, compiler):
+    assert_all_passed(run([cmake_consumer(compiler) / "test_train_package", packaged(model_dir, "kwargs"), "bound",
+                           "kwargs"], check=False))
 
 
 @pytest.mark.parametrize("compiler", PACKAGE_COMPILERS)
@@ -429,7 +450,8 @@ def test_inspect_describes_a_training_package(model_dir):
     proc = run([sys.executable, "-m", "ftorch", "inspect", packaged(model_dir, "batch_norm") / "batch_norm.pt2"])
     out = proc.stdout
     assert "(training package, class BatchNormModel)" in out, out
-    assert "eval mode runs its own compiled forward" in out
+    assert "eval mode runs its own compiled forward, with its own backward" in out
+    assert "forwards without gradients run the inference model" in out
     assert "torch_train_step with MSE and Adam/AdamW runs the compiled training step" in out
     assert "net.1.running_mean" in out and "trainable" in out
     assert "batch: dim 0 of every input may be 2..any" in out

@@ -241,6 +241,11 @@ def _pt2_child() -> None:
                     from torch._inductor.package import load_package
 
                     packages[model_name] = load_package(job["path"], model_name)
+                    constants = (job.get("constants") or {}).get(model_name)
+                    if constants:  # a model whose constants are not stored in it (those it reads)
+                        used = set(packages[model_name].get_constant_fqns())
+                        packages[model_name].load_constants({k: v for k, v in constants.items() if k in used},
+                                                            check_full_update=False)
         except Exception as exc:
             done["load_error"] = _error_text(exc)
             save()
@@ -256,9 +261,11 @@ def _pt2_child() -> None:
             save()
 
 
-def _run_pt2_in_child(path, inputs: list, models: list | None = None) -> tuple[str | None, list]:
+def _run_pt2_in_child(path, inputs: list, models: list | None = None,
+                      constants: dict | None = None) -> tuple[str | None, list]:
     """Load and run a package in a child process: (load error, one result per input set), where a
-    result is {"outputs": [...]} or {"error": text}. A crash of the child is reported, not shared."""
+    result is {"outputs": [...]} or {"error": text}. A crash of the child is reported, not shared.
+    ``constants``: per model name, the constants to load into it first ({name: tensor})."""
     import signal
     import subprocess
     import tempfile
@@ -267,7 +274,7 @@ def _run_pt2_in_child(path, inputs: list, models: list | None = None) -> tuple[s
 
     with tempfile.TemporaryDirectory() as d:
         src, dst = os.path.join(d, "job.pt"), os.path.join(d, "done.pt")
-        torch.save({"path": str(path), "runs": inputs, "models": models}, src)
+        torch.save({"path": str(path), "runs": inputs, "models": models, "constants": constants}, src)
         code = "from ftorch._export_pt2 import _pt2_child; _pt2_child()"
         try:
             proc = subprocess.run([sys.executable, "-c", code, src, dst], capture_output=True, text=True,

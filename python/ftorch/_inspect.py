@@ -389,7 +389,10 @@ def _inspect_train_package(path: Path, meta: dict, inputs) -> dict:
     info["parameter_count"] = sum(_numel(p["shape"]) for p in info["parameters"])
     info["exported_with"] = {"ftorch": meta.get("ftorch_version"), "torch": meta.get("torch_version")}
     info["eval_mode"] = ("the training-mode code (the model computes the same in both modes)"
-                         if meta.get("eval") == "forward" else "its own compiled forward (no gradients in eval mode)")
+                         if meta.get("eval") == "forward" else
+                         "its own compiled forward" + (", with its own backward" if meta.get("eval_backward") else
+                                                       " (no gradients in eval mode: exported by an earlier FTorch)"))
+    info["inference_model"] = bool(meta.get("infer"))
     info["compiled_step"] = meta.get("step")
     info["random_values"] = meta.get("random_values", 0)
     info["returns"] = ("Tensor" if len(info["outputs"]) == 1 else
@@ -413,6 +416,8 @@ def format_inspection(info: dict) -> str:
         out.append(f"mode: trainable (forward and backward compiled by AOTInductor, parameters and buffers held by "
                    f"FTorch); device {info['device']}")
         out.append(f"  eval mode runs {info['eval_mode']}")
+        if info.get("inference_model"):
+            out.append("  forwards without gradients run the inference model (it reads the parameters in place)")
         if info.get("compiled_step"):
             out.append("  torch_train_step with MSE and Adam/AdamW runs the compiled training step")
         if info.get("random_values"):

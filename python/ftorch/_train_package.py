@@ -10,7 +10,12 @@ forward and of the vector-Jacobian product. That graph is split into
   gradients, gradients of the floating-point inputs); it recomputes the forward, taking the random
   values (dropout masks) the forward drew, so both see the same masks;
 * ``eval``: (parameters, buffers, inputs) -> outputs, eval mode, only when eval mode computes
-  something else than training mode (dropout, batch norm); otherwise ``forward`` serves both.
+  something else than training mode (dropout, batch norm); otherwise ``forward`` serves both;
+* ``eval_backward``: (parameters, buffers, inputs, output gradients) -> the same gradients as
+  ``backward``, of the eval-mode forward (only with ``eval``);
+* ``infer``: inputs -> outputs, the eval-mode forward with the parameters and buffers as the
+  compiled model's constants (``state.K``, not stored in it): FTorch binds its own tensors to them
+  (user-managed constants, no copy), so a forward without gradients passes only the inputs.
 
 Each is exported with ``torch.export`` and compiled by AOTInductor into one ``.pt2`` archive, with
 the initial parameters and buffers (``ftorch/state.pt``) and what FTorch's C++ layer needs to
@@ -32,6 +37,8 @@ STATE_RECORD = "ftorch/state.pt"  # not under extra/: torch reads those as text
 META_RECORD = "extra/ftorch_train.json"
 RECORD_FOR_CPP = "extra/ftorch_train.txt"
 STEP_MODEL = "step_mse_adam"  # the compiled training step (MSE loss, Adam or AdamW)
+INFER_MODEL = "infer"  # the forward without gradients, parameters and buffers as bound constants
+STATE_ATTR = "state_{}"  # the infer model's constants: parameters, then buffers, in that order
 BATCH = "batch"
 
 
@@ -68,6 +75,24 @@ def _strip_meta(gm) -> None:
     for node in gm.graph.nodes:
         for key in ("val", "tensor_meta", "example_value"):
             node.meta.pop(key, None)
+
+
+def _with_constants(gm, state: list):
+    """The graph module with its first len(state) placeholders made constants of its own (buffers
+    STATE_ATTR.format(k) holding copies of state[k]): the model AOTInductor compiles for ``infer``;
+    and whether it had constants before (tensors the model makes in its forward: they are then
+    stored in the compiled code, FTorch's state with them)."""
+    g = gm.graph
+    had_constants = any(n.op == "get_attr" for n in g.nodes)
+    for k, ph in enumerate(_placeholders(g)[:len(state)]):
+        name = STATE_ATTR.format(k)
+        gm.register_buffer(name, state[k].detach().clone())
+        with g.inserting_before(ph):
+            attr = g.get_attr(name)
+        ph.replace_all_uses_with(attr)
+        g.erase_node(ph)
+    gm.recompile()
+    return gm, had_constants
 
 
 def _split(joint, n_state_inputs: int, n_outputs: int, n_buffers: int, n_grads: int):
@@ -163,7 +188,7 @@ def _module_of(program):
 
 
 def _compile(gm, args, dynamic_shapes, metadata: dict, label: str, what: str, min_batch: int,
-             max_batch: int | None):
+             max_batch: int | None, constants_in_code: bool = True):
     """AOTInductor files of one graph module (torch.export first) and its exported program."""
     import torch
     import torch._inductor
@@ -182,10 +207,17 @@ def _compile(gm, args, dynamic_shapes, metadata: dict, label: str, what: str, mi
         err = _export_error(label, exc, dynamic_shapes is not None)
         raise ExportError(f"{what}: {err}") from None
     metadata = dict(metadata)
-    rules = _rules(program, None, min_batch, max_batch)
+    # The inputs FTorch passes: every placeholder, or only the user's when the state is constants.
+    rules = _rules(program, None if constants_in_code else len(args), min_batch, max_batch)
     if rules is not None:  # FTorch checks the inputs against these (the package's own checks stay off)
         metadata["ftorch_inputs"] = rules
     options: dict[str, Any] = {"aot_inductor.package": True, "aot_inductor.metadata": metadata}
+    if not constants_in_code:  # the loader binds them (load_constants): not a second copy in the file
+        options["aot_inductor.package_constants_in_so"] = False
+    if what == "inference forward":
+        # Every tensor of the state stays a constant that FTorch binds: none inlined into the
+        # kernels as numbers (Inductor does so with small ones, e.g. a bias of 3 values).
+        options["always_keep_tensor_constants"] = True
     if dynamic_shapes is not None and min_batch < 2:
         options["aot_inductor.check_lowerbound"] = False
     try:
@@ -261,6 +293,21 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
         grads = [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt)]
         return (*[r.detach() for r in results], *[b.detach() for b in bs], *grads)
 
+    def eval_joint(*flat):  # the gradients of the eval-mode forward (batch norm on its statistics)
+        ps = [p.detach().requires_grad_(True) for p in flat[:n_p]]
+        bs = list(flat[n_p:n_p + n_b])
+        inputs = list(flat[n_p + n_b:n_p + n_b + n_x])
+        for i in grad_inputs:
+            inputs[i] = inputs[i].detach().requires_grad_(True)
+        gs = flat[n_p + n_b + n_x:]
+        with torch.enable_grad():
+            results = run(ps, bs, inputs, False)
+            wrt = ps + [inputs[i] for i in grad_inputs]
+            live = [k for k, r in enumerate(results) if r.requires_grad]
+            grads = torch.autograd.grad([results[k] for k in live], wrt, [gs[k] for k in live],
+                                        allow_unused=True) if live else [None] * len(wrt)
+        return tuple(torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt))
+
     def forward_only(training: bool):
         def f(*flat):
             with torch.no_grad():
@@ -279,6 +326,8 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
             joint_gm = make_fx(torch.func.functionalize(joint_gm), tracing_mode=mode)(*params, *buffers, *xs, *gs)
             train_gm = make_fx(forward_only(True), tracing_mode=mode)(*params, *buffers, *xs)
             eval_gm = make_fx(forward_only(False), tracing_mode=mode)(*params, *buffers, *xs)
+            infer_gm = make_fx(forward_only(False), tracing_mode=mode)(*params, *buffers, *xs)
+            eval_bw_gm = make_fx(eval_joint, tracing_mode=mode)(*params, *buffers, *xs, *gs)
     except Exception as exc:
         raise ExportError(f"cannot trace the forward and backward of {label}: {_error_text(exc)}"
                           f"{_user_frame(exc, None)}") from None
@@ -391,6 +440,14 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
             files, _ = _compile(eval_gm, [*params, *buffers, *xs], shapes(n_p + n_b, x_dims), meta_common, label,
                                 "eval", min_batch, max_batch)
             aoti["eval"] = files
+            files, _ = _compile(eval_bw_gm, [*params, *buffers, *xs, *gs],
+                                shapes(n_p + n_b, x_dims + out_batch_dims), meta_common, label, "eval-mode backward",
+                                min_batch, max_batch)
+            aoti["eval_backward"] = files
+        infer_gm, had_constants = _with_constants(infer_gm, [*params, *buffers])
+        files, _ = _compile(infer_gm, list(xs), shapes(0, x_dims), meta_common, label, "inference forward",
+                            min_batch, max_batch, constants_in_code=had_constants)
+        aoti[INFER_MODEL] = files
     finally:
         model.train(was_training)
 
@@ -402,6 +459,7 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
     def sym_shape(t, dims):
         return [BATCH if d in dims else int(s) for d, s in enumerate(t.shape)]
 
+    infer_fqns = ["gm." + STATE_ATTR.format(k) for k in range(n_p + n_b)]  # gm: _as_module's attribute
     meta = {
         "format": FORMAT,
         "model": name,
@@ -416,6 +474,9 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
         "input_gradients": [i + 1 for i in grad_inputs],
         "random_values": n_random,
         "eval": "forward" if eval_same else "eval",
+        "eval_backward": None if eval_same else "eval_backward",
+        "infer": INFER_MODEL,
+        "infer_state": infer_fqns,
         "step": STEP_MODEL if n_o >= 1 else None,
         "dynamic_batch": [min_batch, max_batch] if dynamic_batch else None,
         "input_rules": _rules(fw_program, n_x, min_batch, max_batch),
@@ -438,6 +499,10 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
         "eval": meta["eval"],
         "input_rules": meta["input_rules"] or "",
         "step": STEP_MODEL if STEP_MODEL in aoti else "",
+        "eval_backward": "eval_backward" if "eval_backward" in aoti else "",
+        "infer": INFER_MODEL,
+        # The infer model's constants, parameters then buffers (their names in the compiled model).
+        "infer_state": ",".join(infer_fqns),
     }
     state = io.BytesIO()
     torch.save({"parameters": [p.cpu() for p in params], "buffers": [b.cpu() for b in buffers]}, state)
@@ -449,7 +514,8 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
         writer.write_bytes(STATE_RECORD, state.getvalue())
         writer.write_string(META_RECORD, json.dumps(meta))
         writer.write_string(RECORD_FOR_CPP, "".join(f"{k}={v}\n" for k, v in record.items()))
-    return {"meta": meta, "backward_graph": bw_gm, "grad_inputs": grad_inputs, "pnames": pnames, "bnames": bnames}
+    return {"meta": meta, "backward_graph": bw_gm, "grad_inputs": grad_inputs, "pnames": pnames, "bnames": bnames,
+            "infer_state": infer_fqns}
 
 
 def check(model, name: str, path: Path, written: dict, example: list, second: list, draw, extra_batches: list,
@@ -491,10 +557,24 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
             with torch.no_grad():
                 evals = _flatten_outputs(torch.func.functional_call(model, dict(zip(pnames, params)) |
                                                                     dict(zip(bnames, buffers)), tuple(xs)), name)
+            eval_grads = None
+            if meta.get("eval_backward"):  # the eval-mode gradients, on the buffers as they were
+                ps = [p.clone().requires_grad_(True) for p in params]
+                xs = [a.contiguous().clone() for a in args]
+                for i in grad_inputs:
+                    xs[i].requires_grad_(True)
+                with torch.enable_grad():
+                    state = dict(zip(pnames, ps)) | dict(zip(bnames, buffers))
+                    outs_e = _flatten_outputs(torch.func.functional_call(model, state, tuple(xs)), name)
+                    wrt_e = ps + [xs[i] for i in grad_inputs]
+                    live = [k for k, o in enumerate(outs_e) if o.requires_grad]
+                    eval_grads = torch.autograd.grad([outs_e[k] for k in live], wrt_e, [gs[k] for k in live],
+                                                     allow_unused=True)
+                eval_grads = [torch.zeros_like(w) if g is None else g.detach() for g, w in zip(eval_grads, wrt_e)]
         finally:
             model.train(was_training)
         grads = [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt)]
-        return [o.detach() for o in outs], bs, [g.detach() for g in grads], evals
+        return [o.detach() for o in outs], bs, [g.detach() for g in grads], evals, eval_grads
 
     runs_spec = [("example inputs", example), ("second draw", second)]
     runs_spec += [(f"batch {b}", draw(b)) for b in extra_batches]
@@ -523,6 +603,12 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
 
     # Child process, step 1: training forwards and eval forwards. Step 2: backwards on the random
     # values step 1 drew.
+    # The infer model (if the package has one) gets the state as its constants, and the inputs:
+    # parameters other than the exported ones (scaled by 1.25), so that a parameter the compiled
+    # code holds as numbers of its own, not reading the bound tensor, cannot pass.
+    infer = meta.get("infer")
+    moved = [p * 1.25 for p in params]
+    constants = {infer: dict(zip(written["infer_state"], [package_input(t) for t in moved + buffers]))} if infer else None
     calls, models = [], []
     for args, _, _ in refs:
         state = [package_input(t) for t in params + buffers]
@@ -532,16 +618,40 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
         if meta["eval"] == "eval":
             calls.append(state + xs)
             models.append("eval")
-    load_error, results = _run_pt2_in_child(path, calls, models)
+        if infer:
+            calls.append(xs)
+            models.append(infer)
+    load_error, results = _run_pt2_in_child(path, calls, models, constants)
     if load_error is not None:
         fc.runs.append(RunCheck("load", [], load_error))
         report.checks.append(fc)
         return
     forwards = iter(results)
     back_calls, back_refs = [], []
-    for (label, _), (args, gs, (outs, bs, grads, evals)) in zip(runs_spec, refs):
+    eval_back_calls, eval_back_refs = [], []
+    for (label, _), (args, gs, (outs, bs, grads, evals, eval_grads)) in zip(runs_spec, refs):
         fw = next(forwards)
         ev = next(forwards) if meta["eval"] == "eval" else None
+        inf = next(forwards) if infer else None
+        if inf is not None:
+            if "error" in inf:
+                fc.runs.append(RunCheck(f"{label} (inference)", [], inf["error"]))
+            else:
+                was = model.training
+                model.eval()
+                try:
+                    with torch.no_grad():
+                        ref = _flatten_outputs(torch.func.functional_call(
+                            model, dict(zip(pnames, moved)) | dict(zip(bnames, buffers)),
+                            tuple(a.contiguous() for a in args)), name)
+                finally:
+                    model.train(was)
+                fc.runs.append(RunCheck(f"{label} (inference, other parameters)",
+                                        _compare(ref, inf["outputs"][:n_o], rtol, atol)))
+        if eval_grads is not None:
+            eval_back_calls.append([package_input(t) for t in params + buffers] + [package_input(a) for a in args] +
+                                   [package_input(g) for g in gs])
+            eval_back_refs.append((f"{label} (eval-mode backward)", eval_grads))
         if "error" in fw:
             fc.runs.append(RunCheck(f"{label} (forward)", [], fw["error"]))
             back_refs.append(None)
@@ -567,18 +677,20 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
                 grads = list(written["backward_graph"](*params, *buffers, *[a.contiguous() for a in args],
                                                        *randoms, *gs))
         back_refs.append((label, grads))
-    if back_calls:
-        load_error, results = _run_pt2_in_child(path, back_calls, ["backward"] * len(back_calls))
+    back_refs = [(f"{label} (backward)", grads) for label, grads in (r for r in back_refs if r is not None)]
+    calls = back_calls + eval_back_calls
+    if calls:
+        load_error, results = _run_pt2_in_child(path, calls, ["backward"] * len(back_calls) +
+                                                ["eval_backward"] * len(eval_back_calls))
         if load_error is not None:
             fc.runs.append(RunCheck("load backward", [], load_error))
         else:
             names = [f"gradient of {n}" for n in pnames] + [f"gradient of input {i + 1}" for i in grad_inputs]
-            for ref, res in zip([r for r in back_refs if r is not None], results):
-                label, grads = ref
+            for (label, grads), res in zip(back_refs + eval_back_refs, results):
                 if "error" in res:
-                    fc.runs.append(RunCheck(f"{label} (backward)", [], res["error"]))
+                    fc.runs.append(RunCheck(label, [], res["error"]))
                     continue
-                run = RunCheck(f"{label} (backward)", _compare(grads, res["outputs"], rtol, atol))
+                run = RunCheck(label, _compare(grads, res["outputs"], rtol, atol))
                 for o, nm in zip(run.outputs, names):
                     o.name = nm
                 fc.runs.append(run)

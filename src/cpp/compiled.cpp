@@ -415,6 +415,28 @@ std::shared_ptr<CompiledModel> load_compiled(const std::string &file, const c10:
   }
 }
 
+void bind_constants(CompiledModel &model, const std::vector<std::string> &names, std::vector<at::Tensor> &tensors) {
+  auto *runner = model.loader.get_runner();
+  if (runner == nullptr) fail(FTC_ERR_INTERNAL, "the compiled model has no runner to bind constants to");
+  try {
+    std::unordered_map<std::string, std::string> internal;  // exported name -> the compiled code's name
+    for (const auto &[name, exported] : runner->getConstantNamesToOriginalFQNs()) internal[exported] = name;
+    torch::inductor::TensorConstantMap constants;
+    for (size_t k = 0; k < names.size() && k < tensors.size(); ++k) {
+      const auto it = internal.find(names[k]);
+      if (it != internal.end()) constants.emplace(it->second, &tensors[k]);
+    }
+    // Not through the loader's load_constants: it passes the runner a map of its own, whose
+    // elements' addresses the model would keep after that map is gone.
+    runner->update_constant_buffer(constants, /*use_inactive=*/false, /*check_full_update=*/false,
+                                   /*user_managed=*/true);
+  } catch (const Error &) {
+    throw;
+  } catch (const std::exception &e) {
+    fail(FTC_ERR_IO, std::string("cannot bind the state to the compiled model: ") + message_of(e));
+  }
+}
+
 const std::vector<InputRule> *input_rules(const CompiledModel &model) {
   return model.rules ? &*model.rules : nullptr;
 }

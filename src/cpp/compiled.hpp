@@ -47,6 +47,13 @@ std::vector<std::string> archive_records(const std::string &file, std::string *a
 // The input rules a package records (null when it records none).
 const std::vector<InputRule> *input_rules(const CompiledModel &model);
 
+// Bind `tensors` to the model's constants whose exported names are `names` (`names[k]` to
+// `tensors[k]`; a name the compiled code does not read is passed over), user-managed: the compiled
+// code reads their memory where it is, without a copy. The model keeps the addresses of the
+// elements of `tensors` and the memory they point to: the vector must stay unchanged while the model
+// lives, and a tensor whose memory moved must be bound again (this call again) before the next run.
+void bind_constants(CompiledModel &model, const std::vector<std::string> &names, std::vector<at::Tensor> &tensors);
+
 // Run it on tensors (in the row-major layout the compiled code expects: a copy only when the
 // memory layout differs, as for Fortran arrays of several non-unit dimensions). The
 // results are new tensors; no graph is recorded.

@@ -60,11 +60,11 @@ c10::IValue call_compiled(ftc::CompiledModel &compiled, const std::vector<c10::I
 
 // forward of a training package (its operator, without the TorchScript interpreter); a failure
 // reported as a forward's (forward_failed).
-std::vector<at::Tensor> package_results(ftc::Model &model, const std::vector<c10::IValue> &args, int requires_grad) {
+std::vector<at::Tensor> package_results(ftc::Model &model, std::vector<at::Tensor> inputs, int requires_grad) {
   try {
-    return ftc::package_forward(model, tensor_args(args), requires_grad != 0);
+    return ftc::package_forward(model, inputs, requires_grad != 0);
   } catch (const std::exception &e) {
-    ftc::forward_failed(e, args);
+    ftc::forward_failed(e, std::vector<c10::IValue>(inputs.begin(), inputs.end()));
   }
 }
 
@@ -78,7 +78,7 @@ namespace ftc {
 c10::IValue forward_here(Model &model, std::vector<c10::IValue> args, int requires_grad) {
   if (model.compiled) return call_compiled(*model.compiled, args, requires_grad);
   if (model.package) {
-    const auto results = package_results(model, args, requires_grad);
+    const auto results = package_results(model, tensor_args(args), requires_grad);
     if (results.size() == 1) return results[0];
     return c10::ivalue::Tuple::create(std::vector<c10::IValue>(results.begin(), results.end()));
   }
@@ -151,8 +151,11 @@ void run_forward(ftc_model m, std::vector<at::Tensor> inputs, const ftc_tensor *
                  int requires_grad) {
   auto &model = checked_forward(m, outputs, n_outputs);
   if (model.package) {
-    store_results(package_results(model, std::vector<c10::IValue>(inputs.begin(), inputs.end()), requires_grad),
-                  outputs, n_outputs);
+    if (auto *inference = ftc::package_inference(model, requires_grad)) {
+      store_results(compiled_forward(*inference, std::move(inputs), 0), outputs, n_outputs);
+    } else {
+      store_results(package_results(model, std::move(inputs), requires_grad), outputs, n_outputs);
+    }
   } else if (model.compiled) {
     store_results(compiled_forward(*model.compiled, std::move(inputs), requires_grad), outputs, n_outputs);
   } else {

@@ -33,6 +33,16 @@ struct TrainingPackage {
   c10::Device device{c10::kCPU};
   std::shared_ptr<CompiledModel> forward, backward, eval;  // eval null: forward serves eval mode too
   std::shared_ptr<CompiledModel> step;  // the compiled training step (MSE, Adam/AdamW), if the package has one
+  std::shared_ptr<CompiledModel> eval_backward;  // the gradients of the eval forward (null: none, or eval is null)
+  // The eval-mode forward without gradients, the state bound to its constants (null: an older
+  // package). `bound` holds the params, then the buffers, detached (the same memory; views of
+  // them, which the compiled code makes, cost no autograd bookkeeping), its elements never
+  // resized away (the compiled model keeps their addresses); `bound_at` their memory when bound.
+  std::shared_ptr<CompiledModel> infer;
+  std::vector<std::string> infer_state;
+  std::vector<at::Tensor> bound;
+  std::vector<const void *> bound_at;
+  std::mutex bind_mutex;
   std::vector<std::string> param_names, buffer_names;
   std::vector<std::string> state_dict;  // the state_dict's keys, in its order
   std::vector<at::Tensor> params, buffers;  // the module's own tensors
@@ -144,28 +154,30 @@ struct PackageNode : public torch::autograd::Function<PackageNode> {
                                at::TensorList inputs) {
     const auto p = package_of(id);
     const std::vector<at::Tensor> params_vec = params.vec(), inputs_vec = inputs.vec();
-    auto results = run_compiled(*p->forward, with_state(params_vec, p->buffers, {&inputs_vec}));
-    const size_t n_out = p->n_outputs, n_buf = p->buffers.size();
-    if (results.size() != n_out + n_buf + p->n_random) {
+    // Eval mode of a package whose eval forward is another: that one, which draws nothing and
+    // updates no buffer.
+    const bool own_eval = !training && p->eval;
+    auto results = run_compiled(own_eval ? *p->eval : *p->forward, with_state(params_vec, p->buffers, {&inputs_vec}));
+    const size_t n_out = p->n_outputs, n_buf = own_eval ? 0 : p->buffers.size();
+    const size_t n_random = own_eval ? 0 : p->n_random;
+    if (results.size() != n_out + n_buf + n_random) {
       fail(FTC_ERR_INTERNAL, "the compiled forward returned " + std::to_string(results.size()) + " tensors, expected " +
-                                 std::to_string(n_out + n_buf + p->n_random));
+                                 std::to_string(n_out + n_buf + n_random));
     }
-    // Buffers as the forward read them, for the backward; a training forward then updates them
-    // (batch-norm running statistics) in place, where every holder of the buffer sees them.
+    // Buffers as the forward read them, for the backward (a copy: a later training forward updates
+    // them); a training forward then updates them (batch-norm running statistics) in place, where
+    // every holder of the buffer sees them.
     std::vector<at::Tensor> buffers_read;
-    buffers_read.reserve(n_buf);
-    for (size_t k = 0; k < n_buf; ++k) {
-      if (training) {
-        buffers_read.push_back(p->buffers[k].clone());
-        p->buffers[k].copy_(results[n_out + k]);
-      } else {
-        buffers_read.push_back(p->buffers[k]);
-      }
+    buffers_read.reserve(p->buffers.size());
+    for (size_t k = 0; k < p->buffers.size(); ++k) {
+      buffers_read.push_back(p->buffers[k].clone());
+      if (training) p->buffers[k].copy_(results[n_out + k]);
     }
     std::vector<at::Tensor> saved(params.begin(), params.end());
     saved.insert(saved.end(), inputs.begin(), inputs.end());
     ctx->save_for_backward(saved);
     ctx->saved_data["id"] = id;
+    ctx->saved_data["eval"] = own_eval;
     ctx->saved_data["buffers"] = c10::List<at::Tensor>(buffers_read);
     ctx->saved_data["random"] = c10::List<at::Tensor>(
         std::vector<at::Tensor>(results.begin() + static_cast<std::ptrdiff_t>(n_out + n_buf), results.end()));
@@ -193,7 +205,9 @@ struct PackageNode : public torch::autograd::Function<PackageNode> {
                           ? grad_outputs[k]
                           : at::zeros(ctx->saved_data["shape" + std::to_string(k)].toIntVector(), like[k].options()));
     }
-    auto results = run_compiled(*p->backward, with_state(params, buffers, {&inputs, &random, &grads}));
+    auto results = ctx->saved_data["eval"].toBool()
+                       ? run_compiled(*p->eval_backward, with_state(params, buffers, {&inputs, &grads}))
+                       : run_compiled(*p->backward, with_state(params, buffers, {&inputs, &random, &grads}));
     variable_list out;
     out.reserve(2 + n_params + inputs.size());
     out.emplace_back();  // id
@@ -207,6 +221,36 @@ struct PackageNode : public torch::autograd::Function<PackageNode> {
   }
 };
 
+// Where a tensor's memory is (its storage's allocation; a parameter or buffer has one).
+const void *memory_of(const at::Tensor &t) {
+  return t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()->data();
+}
+
+// The state bound to the infer model's constants (again, when a tensor's memory moved since).
+void bind_state(TrainingPackage &p) {
+  std::lock_guard<std::mutex> lock(p.bind_mutex);
+  const size_t n_params = p.params.size();
+  for (size_t k = 0; k < p.bound.size(); ++k) {
+    const at::Tensor &t = k < n_params ? p.params[k] : p.buffers[k - n_params];
+    p.bound[k] = t.detach();  // assigned into the element: its address stays
+    p.bound_at[k] = memory_of(t);
+  }
+  bind_constants(*p.infer, p.infer_state, p.bound);
+}
+
+// The infer model, its state current: the state is read where it is (bound constants), only the
+// inputs are passed. FTorch writes parameters and buffers in place (optimizers, `=`,
+// checkpoints), so their memory stays; should a tensor's memory have moved all the same, it is
+// bound again first (a compare per tensor), rather than the compiled code reading the old memory.
+CompiledModel &infer_model(TrainingPackage &p) {
+  const void *const *at = p.bound_at.data();
+  bool moved = false;
+  for (const auto &t : p.params) moved |= memory_of(t) != *at++;
+  for (const auto &t : p.buffers) moved |= memory_of(t) != *at++;
+  if (moved) bind_state(p);
+  return *p.infer;
+}
+
 // forward of package p on inputs: one autograd node when a graph is to be recorded, else the
 // compiled forward alone.
 std::vector<at::Tensor> run_package_on(TrainingPackage *p, bool training, std::vector<at::Tensor> inputs) {
@@ -215,17 +259,21 @@ std::vector<at::Tensor> run_package_on(TrainingPackage *p, bool training, std::v
     fail(FTC_ERR_INVALID_ARGUMENT, "the training package takes " + std::to_string(p->n_inputs) + " input" +
                                        (p->n_inputs == 1 ? "" : "s") + ", got " + std::to_string(inputs.size()));
   }
-  if (p->input_rules) check_inputs(*p->input_rules, inputs);
   bool wants_graph = false;
   if (at::GradMode::is_enabled()) {
     for (const auto &t : p->params) wants_graph = wants_graph || t.requires_grad();
     for (const auto &t : inputs) wants_graph = wants_graph || t.requires_grad();
   }
-  if (wants_graph && !training && p->eval) {
+  // No graph, and a forward that changes nothing (eval mode, or a training mode that computes the
+  // same): the infer model, which checks the inputs against the same rules itself.
+  if (!wants_graph && p->infer && (!training || !p->eval)) return run_compiled(infer_model(*p), std::move(inputs));
+  if (p->input_rules) check_inputs(*p->input_rules, inputs);
+  if (wants_graph && !training && p->eval && !p->eval_backward) {
     fail(FTC_ERR_INVALID_ARGUMENT,
          "this training package computes something else in eval mode than in training mode (dropout, batch "
-         "norm) and has no eval-mode backward: run the eval-mode forward without recording a graph "
-         "(requires_grad=.false.), or switch the model to training mode for gradients");
+         "norm) and has no eval-mode backward (it was exported by an earlier FTorch: export it again for one): "
+         "run the eval-mode forward without recording a graph (requires_grad=.false.), or switch the model to "
+         "training mode for gradients");
   }
   if (wants_graph) return PackageNode::apply(id, training, at::TensorList(p->params), at::TensorList(inputs));
   // No graph to record: the compiled forward alone (a training one still updates the buffers).
@@ -311,6 +359,12 @@ std::vector<at::Tensor> package_forward(const Model &model, std::vector<at::Tens
   return run_package_on(model.package.get(), model.module.is_training(), std::move(inputs));
 }
 
+CompiledModel *package_inference(const Model &model, int requires_grad) {
+  TrainingPackage *p = model.package.get();
+  if (requires_grad != 0 || !p->infer || (p->eval && model.module.is_training())) return nullptr;
+  return &infer_model(*p);
+}
+
 TrainingPackage::~TrainingPackage() {
   auto &r = Registry::instance();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -369,6 +423,16 @@ std::shared_ptr<Model> load_training_package(const std::string &file, const c10:
   p->backward = load_compiled(file, device, "backward");
   if (meta["eval"] == "eval") p->eval = load_compiled(file, device, "eval");
   if (!meta["step"].empty()) p->step = load_compiled(file, device, meta["step"]);
+  if (p->eval && !meta["eval_backward"].empty()) p->eval_backward = load_compiled(file, device, meta["eval_backward"]);
+  if (!meta["infer"].empty()) {
+    p->infer = load_compiled(file, device, meta["infer"]);
+    p->infer_state = split(meta["infer_state"], ',');
+    if (p->infer_state.size() != params.size() + buffers.size()) {
+      fail(FTC_ERR_IO, "'" + file + "': the training record names " + std::to_string(p->infer_state.size()) +
+                           " constants of the inference model for " + std::to_string(params.size() + buffers.size()) +
+                           " parameters and buffers");
+    }
+  }
 
   auto cu = std::make_shared<torch::jit::CompilationUnit>();
   torch::jit::Module module(c10::QualifiedName("__torch__.ftorch.TrainingPackage"), cu, /*shouldMangle=*/true);
@@ -387,6 +451,11 @@ std::shared_ptr<Model> load_training_package(const std::string &file, const c10:
     at::Tensor t = buffers[k].to(device).detach().clone();
     owner.register_buffer(leaf, t);
     p->buffers.push_back(t);
+  }
+  if (p->infer) {  // sized once, here: the compiled model keeps the addresses of its elements
+    p->bound.resize(p->params.size() + p->buffers.size());
+    p->bound_at.assign(p->bound.size(), nullptr);
+    bind_state(*p);
   }
   {
     auto &r = Registry::instance();

@@ -30,6 +30,12 @@ std::shared_ptr<Model> load_training_package(const std::string &file, const c10:
 // recorded when requires_grad.
 std::vector<at::Tensor> package_forward(const Model &model, std::vector<at::Tensor> inputs, bool requires_grad);
 
+// The compiled model that a forward of a training package's model without gradients runs
+// directly, as an inference package's (its state bound, checked to be current): the package's
+// inference model when the call records no graph (requires_grad 0) and the forward changes
+// nothing (eval mode, or a training mode that computes the same); null otherwise (package_forward).
+CompiledModel *package_inference(const Model &model, int requires_grad);
+
 // Write the model's current parameters and buffers: an updated package when `file` ends in ".pt2"
 // (the compiled code of the loaded package, the new state), else the state_dict that Python's
 // torch.load reads (a dict of name -> tensor, on the CPU).

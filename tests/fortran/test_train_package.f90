@@ -3,12 +3,16 @@
 !>   grads <case>    <case>.pt2 on <case>_x.txt: the training-mode forward recorded, a loss built
 !>                   in Fortran from the outputs (sum(out * g) with g from <case>_g.txt), its
 !>                   backward; writes the outputs, every parameter gradient, the input gradient and
-!>                   the eval-mode outputs to <case>_got.txt, the state after that forward to
+!>                   the eval-mode outputs (without and with gradients: the gradients of an
+!>                   eval-mode forward too) to <case>_got.txt, the state after that forward to
 !>                   <case>_state.pt, and after one Adam step the state and the package
-!>                   (<case>_stepped.pt, <case>_stepped.pt2), then loads the saved package back
+!>                   (<case>_stepped.pt, <case>_stepped.pt2) and the outputs of a forward
+!>                   without gradients, then loads the saved package back
 !>   dropout <case>  the same seed gives the same dropout masks (outputs and gradients), another
 !>                   seed others
 !>   errors <case>   what a training package refuses, each with its reason
+!>   bound <case>    forwards without gradients (the inference model, which reads the state where
+!>                   it is) follow the parameters written by `=`, trainable and frozen
 !>   memory <case>   200 training steps of forward, Fortran loss and backward: live handles flat
 !>   hooks <case>    as grads, with gradient hooks on the package's output (doubles the gradient)
 !>                   and on its first parameter (halves it): writes <case>_hooked.txt
@@ -63,6 +67,8 @@ program test_train_package
     call hooks()
   case ("float32")
     call float32_training()
+  case ("bound")
+    call bound_state()
   case default
     call check(.false., "unknown mode " // trim(mode))
   end select
@@ -128,8 +134,8 @@ contains
   subroutine gradients()
     type(torch_model) :: model, evaluated, reloaded
     type(torch_optim) :: optim
-    type(torch_tensor), allocatable :: params(:), again(:)
-    type(torch_tensor) :: tx, grad, inputs(1), outputs(1)
+    type(torch_tensor), allocatable :: params(:), again(:), eparams(:)
+    type(torch_tensor) :: tx, ex, grad, inputs(1), outputs(1)
     real(real64), allocatable, target :: out(:, :), evals(:, :)
     integer :: unit, i, n
 
@@ -160,13 +166,33 @@ contains
     call torch_tensor_from_array(outputs(1), evals, torch_kCPU)
     call torch_model_forward(evaluated, inputs, outputs)
     call write_values(unit, "eval", reshape(transpose(evals), [size(evals)]))
-    close(unit)
+    ! Eval-mode gradients of the same model (batch norm on its running statistics, no dropout).
+    allocate(eparams(n))
+    call torch_model_parameters(evaluated, eparams)
+    call forward_backward(evaluated, evals, ex)
+    call write_values(unit, "evalout", reshape(transpose(evals), [size(evals)]))
+    do i = 1, n
+      call torch_tensor_get_gradient(grad, eparams(i))
+      call write_values(unit, "evalgrad " // torch_model_parameter_name(evaluated, i), values_of(grad))
+      call torch_delete(grad)
+    end do
+    call torch_tensor_get_gradient(grad, ex)
+    call write_values(unit, "evalxgrad", values_of(grad))
+    call torch_delete(grad)
+    call torch_delete(eparams)
+    call torch_delete(ex)
 
     ! One Adam step on those gradients; the new state and an updated package written.
     call torch_optim_Adam(optim, params, learning_rate=0.01_real64)
     call torch_optim_step(optim)
     call torch_model_save(model, data_path(trim(name) // "_stepped.pt"))
     call torch_model_save(model, data_path(trim(name) // "_stepped.pt2"))
+    ! A forward without gradients after the step reads the stepped parameters (the inference
+    ! model reads the state where the optimizer wrote it).
+    call torch_tensor_from_array(outputs(1), out, torch_kCPU)
+    call torch_model_forward(model, inputs, outputs)
+    call write_values(unit, "stepped", reshape(transpose(out), [size(out)]))
+    close(unit)
     ! The saved package loads with the stepped parameters.
     call torch_model_load(reloaded, data_path(trim(name) // "_stepped.pt2"), torch_kCPU, is_training=.true.)
     allocate(again(n))
@@ -310,6 +336,46 @@ contains
     call torch_delete(model)
     call check(ftorch_live_handles() == 0, "every handle released")
   end subroutine dropout
+
+  subroutine bound_state()
+    type(torch_model) :: model
+    type(torch_tensor) :: inputs(1), outputs(1), grad_out(1)
+    type(torch_tensor), allocatable :: params(:)
+    real(real64), allocatable, target :: out(:, :), first(:, :), recorded(:, :)
+    real(real64), allocatable :: w(:)
+
+    call torch_model_load(model, data_path(trim(name) // ".pt2"), torch_kCPU, is_training=.true.)
+    allocate(params(torch_model_parameter_count(model)))
+    call torch_model_parameters(model, params)
+    allocate(out(size(g, 1), size(g, 2)), recorded(size(g, 1), size(g, 2)))
+    call torch_tensor_from_array(inputs(1), x, torch_kCPU)
+    call torch_tensor_from_array(outputs(1), out, torch_kCPU)
+    call torch_tensor_from_array(grad_out(1), recorded, torch_kCPU)
+    call torch_model_forward(model, inputs, outputs)
+    first = out
+    ! `=` into a parameter's handle writes in place (tensors.md), trainable or frozen: the next
+    ! forward without gradients reads the new values, as the recorded forward does.
+    w = values_of(params(1))
+    call torch_no_grad_begin()
+    params(1) = params(1) * 2.0_real64
+    call torch_no_grad_end()
+    call check(all(values_of(params(1)) == 2 * w), "the handle holds the doubled values")
+    call torch_model_forward(model, inputs, outputs)
+    call check(any(out /= first), "a doubled parameter: other outputs")
+    call torch_model_forward(model, inputs, grad_out, requires_grad=.true.)
+    call check(all(abs(out - recorded) <= 1e-12_real64 * (1 + abs(recorded))), &
+               "the forward without gradients equals the recorded one")
+    call torch_model_freeze(model, "")
+    params(1) = params(1) * 0.5_real64
+    call torch_model_forward(model, inputs, outputs)
+    call check(all(abs(out - first) <= 1e-12_real64 * (1 + abs(first))), "a frozen parameter halved back")
+    call torch_delete(params)
+    call torch_delete(model)
+    call torch_delete(inputs)
+    call torch_delete(outputs)
+    call torch_delete(grad_out)
+    call check(ftorch_live_handles() == 0, "every handle released")
+  end subroutine bound_state
 
   subroutine errors()
     type(torch_model) :: model
