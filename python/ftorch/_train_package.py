@@ -11,7 +11,7 @@ forward and of the vector-Jacobian product. That graph is split into
   values (dropout masks) the forward drew, so both see the same masks;
 * ``eval``: (parameters, buffers, inputs) -> outputs, eval mode, only when eval mode computes
   something else than training mode (dropout, batch norm); otherwise ``forward`` serves both;
-* ``eval_backward``: (parameters, buffers, inputs, output gradients) -> the same gradients as
+* ``gradients_eval``: (parameters, buffers, inputs, output gradients) -> the same gradients as
   ``backward``, of the eval-mode forward (only with ``eval``);
 * ``infer``: inputs -> outputs, the eval-mode forward with the parameters and buffers as the
   compiled model's constants (``state.K``, not stored in it): FTorch binds its own tensors to them
@@ -37,6 +37,9 @@ STATE_RECORD = "ftorch/state.pt"  # not under extra/: torch reads those as text
 META_RECORD = "extra/ftorch_train.json"
 RECORD_FOR_CPP = "extra/ftorch_train.txt"
 STEP_MODEL = "step_mse_adam"  # the compiled training step (MSE loss, Adam or AdamW)
+# No model's name may begin with another's: torch 2.11's package loader finds a model's files by
+# that prefix ("eval" would load the files of an "eval_backward").
+EVAL_BACKWARD_MODEL = "gradients_eval"  # the gradients of the eval-mode forward
 INFER_MODEL = "infer"  # the forward without gradients, parameters and buffers as bound constants
 STATE_ATTR = "state_{}"  # the infer model's constants: parameters, then buffers, in that order
 BATCH = "batch"
@@ -443,7 +446,7 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
             files, _ = _compile(eval_bw_gm, [*params, *buffers, *xs, *gs],
                                 shapes(n_p + n_b, x_dims + out_batch_dims), meta_common, label, "eval-mode backward",
                                 min_batch, max_batch)
-            aoti["eval_backward"] = files
+            aoti[EVAL_BACKWARD_MODEL] = files
         infer_gm, had_constants = _with_constants(infer_gm, [*params, *buffers])
         files, _ = _compile(infer_gm, list(xs), shapes(0, x_dims), meta_common, label, "inference forward",
                             min_batch, max_batch, constants_in_code=had_constants)
@@ -474,7 +477,7 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
         "input_gradients": [i + 1 for i in grad_inputs],
         "random_values": n_random,
         "eval": "forward" if eval_same else "eval",
-        "eval_backward": None if eval_same else "eval_backward",
+        "eval_backward": None if eval_same else EVAL_BACKWARD_MODEL,
         "infer": INFER_MODEL,
         "infer_state": infer_fqns,
         "step": STEP_MODEL if n_o >= 1 else None,
@@ -499,7 +502,7 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
         "eval": meta["eval"],
         "input_rules": meta["input_rules"] or "",
         "step": STEP_MODEL if STEP_MODEL in aoti else "",
-        "eval_backward": "eval_backward" if "eval_backward" in aoti else "",
+        "eval_backward": EVAL_BACKWARD_MODEL if EVAL_BACKWARD_MODEL in aoti else "",
         "infer": INFER_MODEL,
         # The infer model's constants, parameters then buffers (their names in the compiled model).
         "infer_state": ",".join(infer_fqns),
@@ -681,7 +684,7 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
     calls = back_calls + eval_back_calls
     if calls:
         load_error, results = _run_pt2_in_child(path, calls, ["backward"] * len(back_calls) +
-                                                ["eval_backward"] * len(eval_back_calls))
+                                                [meta["eval_backward"]] * len(eval_back_calls))
         if load_error is not None:
             fc.runs.append(RunCheck("load backward", [], load_error))
         else:
