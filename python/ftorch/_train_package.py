@@ -279,37 +279,30 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
 
     unused: set[int] = set()  # parameters whose gradient autograd leaves None (not used by forward)
 
-    def joint(*flat):
+    def vjp(flat, training: bool, bs: list):
+        """(outputs, gradients) of the forward in the given mode on (state, inputs, output gradients):
+        the gradients of the parameters and floating-point inputs, None where autograd leaves none."""
         ps = [p.detach().requires_grad_(True) for p in flat[:n_p]]
-        bs = [b.clone() for b in flat[n_p:n_p + n_b]]  # a training forward updates copies
         inputs = list(flat[n_p + n_b:n_p + n_b + n_x])
         for i in grad_inputs:
             inputs[i] = inputs[i].detach().requires_grad_(True)
         gs = flat[n_p + n_b + n_x:]
         with torch.enable_grad():
-            results = run(ps, bs, inputs, True)
+            results = run(ps, bs, inputs, training)
             wrt = ps + [inputs[i] for i in grad_inputs]
             live = [k for k, r in enumerate(results) if r.requires_grad]
             grads = torch.autograd.grad([results[k] for k in live], wrt, [gs[k] for k in live],
                                         allow_unused=True) if live else [None] * len(wrt)
-        unused.update(k for k, g in enumerate(grads[:n_p]) if g is None)
-        grads = [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt)]
+        return results, [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt)], grads
+
+    def joint(*flat):
+        bs = [b.clone() for b in flat[n_p:n_p + n_b]]  # a training forward updates copies
+        results, grads, raw = vjp(flat, True, bs)
+        unused.update(k for k, g in enumerate(raw[:n_p]) if g is None)
         return (*[r.detach() for r in results], *[b.detach() for b in bs], *grads)
 
     def eval_joint(*flat):  # the gradients of the eval-mode forward (batch norm on its statistics)
-        ps = [p.detach().requires_grad_(True) for p in flat[:n_p]]
-        bs = list(flat[n_p:n_p + n_b])
-        inputs = list(flat[n_p + n_b:n_p + n_b + n_x])
-        for i in grad_inputs:
-            inputs[i] = inputs[i].detach().requires_grad_(True)
-        gs = flat[n_p + n_b + n_x:]
-        with torch.enable_grad():
-            results = run(ps, bs, inputs, False)
-            wrt = ps + [inputs[i] for i in grad_inputs]
-            live = [k for k, r in enumerate(results) if r.requires_grad]
-            grads = torch.autograd.grad([results[k] for k in live], wrt, [gs[k] for k in live],
-                                        allow_unused=True) if live else [None] * len(wrt)
-        return tuple(torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt))
+        return tuple(vjp(flat, False, list(flat[n_p:n_p + n_b]))[1])
 
     def forward_only(training: bool):
         def f(*flat):
