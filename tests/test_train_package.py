@@ -193,6 +193,7 @@ PACKAGE_OF_TEST = {"test_dropout_masks_follow_the_seed_set_from_fortran": "dropo
                    "test_forwards_without_gradients_read_the_state_where_it_is": "kwargs",
                    "test_package_training_loop_keeps_handles_flat": "batch_norm",
                    "test_inspect_describes_a_training_package": "batch_norm",
+                   "test_package_of_an_earlier_ftorch_still_trains": "batch_norm",
                    "test_hooks_on_a_package_see_its_gradients": "dataclass_config",
                    "test_float32_package_trains_like_eager": "ensemble:float32"}
 # Compilers of the tests below beyond COMPILERS: gfortran 11 builds only this program.
@@ -355,6 +356,42 @@ def test_package_errors(cmake_consumer, model_dir, compiler):
 def test_forwards_without_gradients_read_the_state_where_it_is(cmake_consumer, model_dir, compiler):
     assert_all_passed(run([cmake_consumer(compiler) / "test_train_package", packaged(model_dir, "kwargs"), "bound",
                            "kwargs"], check=False))
+
+
+# What PT2ArchiveWriter writes into every archive itself.
+WRITTEN_BY_EVERY_ARCHIVE = {"archive_format", "archive_version", ".data/version", "byteorder", ".data/serialization_id"}
+
+
+def as_earlier_ftorch(package: Path, out: Path) -> None:
+    """`package` as FTorch wrote it before packages held a compiled step, an inference model and an
+    eval-mode backward: its record for FTorch's C++ layer names none of them (the files may stay:
+    only what the record names is loaded)."""
+    from torch.export.pt2_archive._package import PT2ArchiveReader, PT2ArchiveWriter
+
+    record = "extra/ftorch_train.txt"
+    dropped = ("step=", "eval_backward=", "infer=", "infer_state=")
+    with PT2ArchiveReader(str(package)) as reader, PT2ArchiveWriter(str(out)) as writer:
+        names = reader.get_file_names()
+        assert record in names, names
+        for name in names:
+            if name == record:
+                lines = reader.read_string(name).splitlines(keepends=True)
+                kept = [ln for ln in lines if not ln.startswith(dropped)]
+                assert len(lines) - len(kept) == 4, lines
+                writer.write_string(name, "".join(kept))
+            elif name not in WRITTEN_BY_EVERY_ARCHIVE:
+                writer.write_bytes(name, reader.read_bytes(name))
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_package_of_an_earlier_ftorch_still_trains(cmake_consumer, model_dir, compiler):
+    """A package exported before the compiled step, the inference model and eval-mode gradients
+    existed: trained on the eager step, the same numbers as today's package; its eval forwards as
+    the inference model's; eval-mode gradients refused with what to do."""
+    as_earlier_ftorch(packaged(model_dir, "batch_norm") / "batch_norm.pt2", model_dir / "batch_norm_older.pt2")
+    env = dict(os.environ, FTORCH_COMPILED_STEP="0")
+    assert_all_passed(run([cmake_consumer(compiler) / "test_train_package", model_dir, "older", "batch_norm"],
+                          check=False, env=env))
 
 
 @pytest.mark.parametrize("compiler", PACKAGE_COMPILERS)

@@ -13,6 +13,10 @@
 !>   errors <case>   what a training package refuses, each with its reason
 !>   bound <case>    forwards without gradients (the inference model, which reads the state where
 !>                   it is) follow the parameters written by `=`, trainable and frozen
+!>   older <case>    <case>_older.pt2 (the same package as an earlier FTorch recorded it: no
+!>                   compiled step, inference model or eval-mode backward) trains as <case>.pt2 on
+!>                   the eager step (run with FTORCH_COMPILED_STEP=0), infers as it in eval mode,
+!>                   and refuses eval-mode gradients saying to export it again
 !>   memory <case>   200 training steps of forward, Fortran loss and backward: live handles flat
 !>   hooks <case>    as grads, with gradient hooks on the package's output (doubles the gradient)
 !>                   and on its first parameter (halves it): writes <case>_hooked.txt
@@ -69,6 +73,8 @@ program test_train_package
     call float32_training()
   case ("bound")
     call bound_state()
+  case ("older")
+    call older_package()
   case default
     call check(.false., "unknown mode " // trim(mode))
   end select
@@ -376,6 +382,67 @@ contains
     call torch_delete(grad_out)
     call check(ftorch_live_handles() == 0, "every handle released")
   end subroutine bound_state
+
+  ! A package of an earlier FTorch against this one's: the same steps, the same eval outputs; the
+  ! eval-mode gradients it cannot compute refused with the reason.
+  subroutine older_package()
+    character(len=*), parameter :: suffix(2) = [character(len=10) :: ".pt2", "_older.pt2"]
+    type(torch_model) :: models(2), evaluated(2)
+    type(torch_optim) :: optims(2)
+    type(torch_tensor), allocatable :: params(:)
+    type(torch_tensor) :: tx, ty, inputs(1), outputs(1)
+    real(real64), allocatable, target :: out(:, :, :)
+    real(real64), allocatable :: trained(:, :)
+    real(real64) :: losses(3, 2)
+    integer :: k, i, step, stat
+    character(len=1024) :: msg
+
+    allocate(out(size(g, 1), size(g, 2), 2))
+    call torch_tensor_from_array(tx, x, torch_kCPU)
+    call torch_tensor_from_array(ty, g, torch_kCPU)
+    do k = 1, 2
+      call torch_model_load(models(k), data_path(trim(name) // trim(suffix(k))), torch_kCPU, is_training=.true.)
+      allocate(params(torch_model_parameter_count(models(k))))
+      call torch_model_parameters(models(k), params)
+      call torch_optim_Adam(optims(k), params, learning_rate=0.01_real64)
+      do step = 1, 3
+        call torch_train_step(models(k), optims(k), [tx], ty, loss=losses(step, k))
+      end do
+      if (k == 1) allocate(trained(sum([(size(values_of(params(i))), i = 1, size(params))]), 2))
+      trained(:, k) = [(values_of(params(i)), i = 1, size(params))]
+      call torch_delete(params)
+      deallocate(params)
+      ! Eval mode (a fresh load): forwards without gradients.
+      call torch_model_load(evaluated(k), data_path(trim(name) // trim(suffix(k))), torch_kCPU)
+      call torch_tensor_from_array(inputs(1), x, torch_kCPU)
+      call torch_tensor_from_array(outputs(1), out(:, :, k), torch_kCPU)
+      call torch_model_forward(evaluated(k), inputs, outputs)
+      call torch_delete(inputs)
+      call torch_delete(outputs)
+    end do
+    ! The same compiled forward and backward, and LibTorch's Adam on both: the same numbers.
+    call check(all(losses(:, 2) == losses(:, 1)), "the earlier package: the same losses")
+    call check(all(trained(:, 2) == trained(:, 1)), "the earlier package: the same trained parameters")
+    ! Its eval model against this package's inference model: other compiled kernels for the same
+    ! float64 arithmetic (rounding only).
+    call check(all(abs(out(:, :, 2) - out(:, :, 1)) <= 1e-12_real64 * (1 + abs(out(:, :, 1)))), &
+               "the earlier package: the same eval-mode outputs")
+    ! Eval-mode gradients need the model it lacks.
+    call torch_tensor_from_array(inputs(1), x, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_from_array(outputs(1), out(:, :, 2), torch_kCPU)
+    msg = ""
+    call torch_model_forward(evaluated(2), inputs, outputs, requires_grad=.true., stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "export it again") > 0, "the earlier package: eval-mode gradients refused: " &
+               // trim(msg))
+    call torch_delete(inputs)
+    call torch_delete(outputs)
+    call torch_delete(tx)
+    call torch_delete(ty)
+    call torch_delete(optims)
+    call torch_delete(evaluated)
+    call torch_delete(models)
+    call check(ftorch_live_handles() == 0, "every handle released")
+  end subroutine older_package
 
   subroutine errors()
     type(torch_model) :: model
