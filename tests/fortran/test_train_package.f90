@@ -120,6 +120,24 @@ contains
     write(unit, *)
   end subroutine write_values
 
+  ! The gradients of the model's parameters (keys "<prefix> <name>") and of the input tx (key xkey).
+  subroutine write_gradients(unit, model, params, tx, prefix, xkey)
+    integer, intent(in) :: unit
+    type(torch_model), intent(in) :: model
+    type(torch_tensor), intent(in) :: params(:), tx
+    character(len=*), intent(in) :: prefix, xkey
+    type(torch_tensor) :: grad
+    integer :: i
+    do i = 1, size(params)
+      call torch_tensor_get_gradient(grad, params(i))
+      call write_values(unit, prefix // " " // torch_model_parameter_name(model, i), values_of(grad))
+      call torch_delete(grad)
+    end do
+    call torch_tensor_get_gradient(grad, tx)
+    call write_values(unit, xkey, values_of(grad))
+    call torch_delete(grad)
+  end subroutine write_gradients
+
   ! Forward (recorded), loss = sum(out * g) in Fortran, backward; the outputs and gradients.
   subroutine forward_backward(model, out, tx)
     type(torch_model), intent(in) :: model
@@ -141,7 +159,7 @@ contains
     type(torch_model) :: model, evaluated, reloaded
     type(torch_optim) :: optim
     type(torch_tensor), allocatable :: params(:), again(:), eparams(:)
-    type(torch_tensor) :: tx, ex, grad, inputs(1), outputs(1)
+    type(torch_tensor) :: tx, ex, inputs(1), outputs(1)
     real(real64), allocatable, target :: out(:, :), evals(:, :)
     integer :: unit, i, n
 
@@ -154,14 +172,7 @@ contains
     call forward_backward(model, out, tx)
     open(newunit=unit, file=data_path(trim(name) // "_got.txt"), status="replace", action="write")
     call write_values(unit, "out", reshape(transpose(out), [size(out)]))
-    do i = 1, n
-      call torch_tensor_get_gradient(grad, params(i))
-      call write_values(unit, "grad " // torch_model_parameter_name(model, i), values_of(grad))
-      call torch_delete(grad)
-    end do
-    call torch_tensor_get_gradient(grad, tx)
-    call write_values(unit, "xgrad", values_of(grad))
-    call torch_delete(grad)
+    call write_gradients(unit, model, params, tx, "grad", "xgrad")
     ! The state after one training-mode forward (batch-norm statistics updated once).
     call torch_model_save(model, data_path(trim(name) // "_state.pt"))
 
@@ -177,14 +188,7 @@ contains
     call torch_model_parameters(evaluated, eparams)
     call forward_backward(evaluated, evals, ex)
     call write_values(unit, "evalout", reshape(transpose(evals), [size(evals)]))
-    do i = 1, n
-      call torch_tensor_get_gradient(grad, eparams(i))
-      call write_values(unit, "evalgrad " // torch_model_parameter_name(evaluated, i), values_of(grad))
-      call torch_delete(grad)
-    end do
-    call torch_tensor_get_gradient(grad, ex)
-    call write_values(unit, "evalxgrad", values_of(grad))
-    call torch_delete(grad)
+    call write_gradients(unit, evaluated, eparams, ex, "evalgrad", "evalxgrad")
     call torch_delete(eparams)
     call torch_delete(ex)
 
@@ -224,9 +228,9 @@ contains
   subroutine hooks()
     type(torch_model) :: model
     type(torch_tensor), allocatable :: params(:)
-    type(torch_tensor) :: tx, tg, loss, grad, outputs(1)
+    type(torch_tensor) :: tx, tg, loss, outputs(1)
     real(real64), allocatable, target :: out(:, :)
-    integer :: unit, i, n
+    integer :: unit, n
     allocate(out(size(g, 1), size(g, 2)))
     call torch_tensor_from_array(outputs(1), out, torch_kCPU)
     call torch_model_load(model, data_path(trim(name) // ".pt2"), torch_kCPU, is_training=.true.)
@@ -241,15 +245,8 @@ contains
     loss = torch_sum(outputs(1) * tg)
     call torch_tensor_backward(loss)
     open(newunit=unit, file=data_path(trim(name) // "_hooked.txt"), status="replace", action="write")
-    do i = 1, n
-      call torch_tensor_get_gradient(grad, params(i))
-      call write_values(unit, "grad " // torch_model_parameter_name(model, i), values_of(grad))
-      call torch_delete(grad)
-    end do
-    call torch_tensor_get_gradient(grad, tx)
-    call write_values(unit, "xgrad", values_of(grad))
+    call write_gradients(unit, model, params, tx, "grad", "xgrad")
     close(unit)
-    call torch_delete(grad)
     call torch_delete(loss)
     call torch_delete(tg)
     call torch_delete(tx)
