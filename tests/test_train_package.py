@@ -368,7 +368,8 @@ def as_earlier_ftorch(package: Path, out: Path) -> None:
     only what the record names is loaded)."""
     from torch.export.pt2_archive._package import PT2ArchiveReader, PT2ArchiveWriter
 
-    record = "extra/ftorch_train.txt"
+    from ftorch._train_package import RECORD_FOR_CPP as record
+
     dropped = ("step=", "eval_backward=", "infer=", "infer_state=")
     with PT2ArchiveReader(str(package)) as reader, PT2ArchiveWriter(str(out)) as writer:
         names = reader.get_file_names()

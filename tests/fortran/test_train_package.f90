@@ -389,7 +389,7 @@ contains
     type(torch_tensor), allocatable :: params(:)
     type(torch_tensor) :: tx, ty, inputs(1), outputs(1)
     real(real64), allocatable, target :: out(:, :, :)
-    real(real64), allocatable :: trained(:, :)
+    real(real64), allocatable :: flat(:), trained(:, :)
     real(real64) :: losses(3, 2)
     integer :: k, i, step, stat
     character(len=1024) :: msg
@@ -405,8 +405,9 @@ contains
       do step = 1, 3
         call torch_train_step(models(k), optims(k), [tx], ty, loss=losses(step, k))
       end do
-      if (k == 1) allocate(trained(sum([(size(values_of(params(i))), i = 1, size(params))]), 2))
-      trained(:, k) = [(values_of(params(i)), i = 1, size(params))]
+      flat = [(values_of(params(i)), i = 1, size(params))]
+      if (k == 1) allocate(trained(size(flat), 2))
+      trained(:, k) = flat
       call torch_delete(params)
       deallocate(params)
       ! Eval mode (a fresh load): forwards without gradients.
