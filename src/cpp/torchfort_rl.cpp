@@ -1004,42 +1004,21 @@ Systems<System> systems("off-policy", "torchfort_rl_off_policy_create_system");
 
 // ---------------------------------------------------------------------------- arrays
 
-torchfort_result_t predict_arrays(const char *fn, const char *name, void *state, size_t state_dim,
-                                  int64_t *state_shape, void *action, size_t action_dim, int64_t *action_shape,
-                                  torchfort_datatype_t dtype, cudaStream_t stream, bool fortran, bool explore) {
-  return systems.with(fn, name, [&](System &sys) {
-    const at::Tensor s = wrap(state, state_dim, state_shape, dtype, fortran, "state", true);
-    at::Tensor out = wrap(action, action_dim, action_shape, dtype, fortran, "action", true);
-    StreamScope scope(sys.model_device, stream);
-    torch::NoGradGuard no_grad;
-    sys.policy.module.eval();
-    const at::Tensor x = sys.state_in(batch_of(s, out));
-    if (sys.sac()) {  // the mean action, or a draw of the policy, in [a_low, a_high]
-      const at::Tensor act = explore ? squashed_gaussian(sys.policy, x).action : at::tanh(forward(sys.policy, {x}));
-      deliver(sys.unscale(act), out, "action");
-      return;
-    }
-    at::Tensor act = explore ? (*sys.noise_explore)(sys.policy, x) : forward(sys.policy, {x});
-    deliver(sys.clamp(act), out, "action");
-  });
+// The policy's actions for a batch of states (predict_arrays).
+at::Tensor action_of(System &sys, const at::Tensor &x, bool explore) {
+  sys.policy.module.eval();
+  if (sys.sac())  // the mean action, or a draw of the policy, in [a_low, a_high]
+    return sys.unscale(explore ? squashed_gaussian(sys.policy, x).action : at::tanh(forward(sys.policy, {x})));
+  return sys.clamp(explore ? (*sys.noise_explore)(sys.policy, x) : forward(sys.policy, {x}));
 }
 
-torchfort_result_t evaluate_arrays(const char *fn, const char *name, void *state, size_t state_dim,
-                                   int64_t *state_shape, void *action, size_t action_dim, int64_t *action_shape,
-                                   void *reward, size_t reward_dim, int64_t *reward_shape, torchfort_datatype_t dtype,
-                                   cudaStream_t stream, bool fortran) {
-  return systems.with(fn, name, [&](System &sys) {
-    const at::Tensor s = wrap(state, state_dim, state_shape, dtype, fortran, "state", true);
-    const at::Tensor a = wrap(action, action_dim, action_shape, dtype, fortran, "action", true);
-    at::Tensor out = wrap(reward, reward_dim, reward_shape, dtype, fortran, "reward", true);
-    StreamScope scope(sys.model_device, stream);
-    torch::NoGradGuard no_grad;
-    Net &q = sys.critics[0];
-    q.module.eval();
-    at::Tensor act = sys.input(a.dim() == 1 ? a.unsqueeze(0) : a);
-    if (sys.sac()) act = sys.scale(act);  // (SAC's critics see actions in [-1, 1])
-    deliver(q_value(q, sys.state_in(batch_of(s, a)), act), out, "reward");
-  });
+// The first critic's value of each (state, action) pair (evaluate_arrays).
+at::Tensor value_of(System &sys, const at::Tensor &x, const at::Tensor &a) {
+  Net &q = sys.critics[0];
+  q.module.eval();
+  at::Tensor act = sys.input(a);
+  if (sys.sac()) act = sys.scale(act);  // (SAC's critics see actions in [-1, 1])
+  return q_value(q, x, act);
 }
 
 // One transition per environment into the buffer (s, a, sp with the environment first).
@@ -1101,138 +1080,21 @@ torchfort_result_t update_multi_arrays(const char *fn, const char *name, void *s
 using namespace tf;
 using namespace tf::rl;
 
-torchfort_result_t torchfort_rl_off_policy_create_system(const char *name, const char *config_fname, int model_device,
-                                                         int rb_device) {
-  return systems.create(__func__, name, [&] { return create_system(name, config_fname, model_device, rb_device); });
-}
+TORCHFORT_RL_SHARED_ENTRY_POINTS(off_policy, tf::rl)
 
-torchfort_result_t ftc_torchfort_rl_off_policy_create_distributed(const char *name, const char *config_fname,
-                                                                  ftc_comm comm, int model_device, int rb_device) {
-  return systems.create_distributed("torchfort_rl_off_policy_create_distributed_system", name, comm,
-                                    [&] { return create_system(name, config_fname, model_device, rb_device); });
-}
-
-// Without torchfort_mpi.c in the program (which defines it with the program's MPI).
-torchfort_result_t torchfort_rl_off_policy_create_distributed_system_F(const char *name, const char *config_fname,
-                                                                       int mpi_comm_f, int model_device,
-                                                                       int rb_device) {
-  (void)name, (void)config_fname, (void)mpi_comm_f, (void)model_device, (void)rb_device;
-  return boundary("torchfort_rl_off_policy_create_distributed_system", [] { mpi_missing(); });
-}
-
-torchfort_result_t torchfort_rl_off_policy_train_step(const char *name, float *p_loss_val, float *q_loss_val,
-                                                      cudaStream_t stream) {
-  return systems.with(__func__, name, [&](System &sys) {
-    if (p_loss_val == nullptr || q_loss_val == nullptr) usage("p_loss_val and q_loss_val must not be null pointers");
-    StreamScope scope(sys.model_device, stream);
-    train_step(sys, *p_loss_val, *q_loss_val);
-  });
-}
-
-torchfort_result_t torchfort_rl_off_policy_predict_explore(const char *name, void *state, size_t state_dim,
-                                                           int64_t *state_shape, void *action, size_t action_dim,
-                                                           int64_t *action_shape, torchfort_datatype_t dtype,
-                                                           cudaStream_t stream) {
-  return predict_arrays(__func__, name, state, state_dim, state_shape, action, action_dim, action_shape, dtype, stream,
-                        false, true);
-}
-torchfort_result_t torchfort_rl_off_policy_predict_explore_F(const char *name, void *state, size_t state_dim,
-                                                             int64_t *state_shape, void *action, size_t action_dim,
-                                                             int64_t *action_shape, torchfort_datatype_t dtype,
-                                                             cudaStream_t stream) {
-  return predict_arrays("torchfort_rl_off_policy_predict_explore", name, state, state_dim, state_shape, action,
-                        action_dim, action_shape, dtype, stream, true, true);
-}
-torchfort_result_t torchfort_rl_off_policy_predict(const char *name, void *state, size_t state_dim,
-                                                   int64_t *state_shape, void *action, size_t action_dim,
-                                                   int64_t *action_shape, torchfort_datatype_t dtype,
-                                                   cudaStream_t stream) {
-  return predict_arrays(__func__, name, state, state_dim, state_shape, action, action_dim, action_shape, dtype, stream,
-                        false, false);
-}
-torchfort_result_t torchfort_rl_off_policy_predict_F(const char *name, void *state, size_t state_dim,
-                                                     int64_t *state_shape, void *action, size_t action_dim,
-                                                     int64_t *action_shape, torchfort_datatype_t dtype,
-                                                     cudaStream_t stream) {
-  return predict_arrays("torchfort_rl_off_policy_predict", name, state, state_dim, state_shape, action, action_dim,
-                        action_shape, dtype, stream, true, false);
-}
-
-torchfort_result_t torchfort_rl_off_policy_evaluate(const char *name, void *state, size_t state_dim,
-                                                    int64_t *state_shape, void *action, size_t action_dim,
-                                                    int64_t *action_shape, void *reward, size_t reward_dim,
-                                                    int64_t *reward_shape, torchfort_datatype_t dtype,
-                                                    cudaStream_t stream) {
-  return evaluate_arrays(__func__, name, state, state_dim, state_shape, action, action_dim, action_shape, reward,
-                         reward_dim, reward_shape, dtype, stream, false);
-}
-torchfort_result_t torchfort_rl_off_policy_evaluate_F(const char *name, void *state, size_t state_dim,
-                                                      int64_t *state_shape, void *action, size_t action_dim,
-                                                      int64_t *action_shape, void *reward, size_t reward_dim,
-                                                      int64_t *reward_shape, torchfort_datatype_t dtype,
-                                                      cudaStream_t stream) {
-  return evaluate_arrays("torchfort_rl_off_policy_evaluate", name, state, state_dim, state_shape, action, action_dim,
-                         action_shape, reward, reward_dim, reward_shape, dtype, stream, true);
-}
-
-torchfort_result_t torchfort_rl_off_policy_update_replay_buffer(const char *name, void *state_old, void *state_new,
-                                                                size_t state_dim, int64_t *state_shape,
-                                                                void *action_old, size_t action_dim,
-                                                                int64_t *action_shape, const void *reward,
-                                                                bool final_state, torchfort_datatype_t dtype,
-                                                                cudaStream_t stream) {
-  return update_arrays(__func__, name, state_old, state_new, state_dim, state_shape, action_old, action_dim,
-                       action_shape, reward, final_state, dtype, stream, false);
-}
-torchfort_result_t torchfort_rl_off_policy_update_replay_buffer_F(const char *name, void *state_old, void *state_new,
-                                                                  size_t state_dim, int64_t *state_shape,
-                                                                  void *action_old, size_t action_dim,
-                                                                  int64_t *action_shape, const void *reward,
-                                                                  bool final_state, torchfort_datatype_t dtype,
-                                                                  cudaStream_t stream) {
-  return update_arrays("torchfort_rl_off_policy_update_replay_buffer", name, state_old, state_new, state_dim,
-                       state_shape, action_old, action_dim, action_shape, reward, final_state, dtype, stream, true);
-}
-torchfort_result_t torchfort_rl_off_policy_update_replay_buffer_multi(
-    const char *name, void *state_old, void *state_new, size_t state_dim, int64_t *state_shape, void *action_old,
-    size_t action_dim, int64_t *action_shape, void *reward, size_t reward_dim, int64_t *reward_shape, void *final_state,
-    size_t final_state_dim, int64_t *final_state_shape, torchfort_datatype_t dtype, cudaStream_t stream) {
-  return update_multi_arrays(__func__, name, state_old, state_new, state_dim, state_shape, action_old, action_dim,
-                             action_shape, reward, reward_dim, reward_shape, final_state, final_state_dim,
-                             final_state_shape, dtype, stream, false);
-}
-torchfort_result_t torchfort_rl_off_policy_update_replay_buffer_multi_F(
-    const char *name, void *state_old, void *state_new, size_t state_dim, int64_t *state_shape, void *action_old,
-    size_t action_dim, int64_t *action_shape, void *reward, size_t reward_dim, int64_t *reward_shape, void *final_state,
-    size_t final_state_dim, int64_t *final_state_shape, torchfort_datatype_t dtype, cudaStream_t stream) {
-  return update_multi_arrays("torchfort_rl_off_policy_update_replay_buffer_multi", name, state_old, state_new,
-                             state_dim, state_shape, action_old, action_dim, action_shape, reward, reward_dim,
-                             reward_shape, final_state, final_state_dim, final_state_shape, dtype, stream, true);
-}
-
-torchfort_result_t torchfort_rl_off_policy_save_checkpoint(const char *name, const char *checkpoint_dir) {
-  return systems.save(__func__, name, checkpoint_dir);
-}
-torchfort_result_t torchfort_rl_off_policy_load_checkpoint(const char *name, const char *checkpoint_dir) {
-  return systems.load(__func__, name, checkpoint_dir);
-}
-torchfort_result_t torchfort_rl_off_policy_load_model(const char *name, const char *checkpoint_dir) {
-  return systems.load_models(__func__, name, checkpoint_dir);
-}
-
-torchfort_result_t torchfort_rl_off_policy_is_ready(const char *name, bool *ready) {
-  return systems.is_ready(__func__, name, ready);
-}
-
-torchfort_result_t torchfort_rl_off_policy_wandb_log_int(const char *name, const char *metric_name, int64_t step,
-                                                         int value) {
-  return systems.wandb_log(__func__, name, metric_name, step, value);
-}
-torchfort_result_t torchfort_rl_off_policy_wandb_log_float(const char *name, const char *metric_name, int64_t step,
-                                                           float value) {
-  return systems.wandb_log(__func__, name, metric_name, step, value);
-}
-torchfort_result_t torchfort_rl_off_policy_wandb_log_double(const char *name, const char *metric_name, int64_t step,
-                                                            double value) {
-  return systems.wandb_log(__func__, name, metric_name, step, value);
-}
+TORCHFORT_RL_ARRAYS_ENTRY(torchfort_rl_off_policy_update_replay_buffer,
+                          (const char *name, void *state_old, void *state_new, size_t state_dim, int64_t *state_shape,
+                           void *action_old, size_t action_dim, int64_t *action_shape, const void *reward,
+                           bool final_state, torchfort_datatype_t dtype, cudaStream_t stream),
+                          update_arrays,
+                          (name, state_old, state_new, state_dim, state_shape, action_old, action_dim, action_shape,
+                           reward, final_state, dtype, stream))
+TORCHFORT_RL_ARRAYS_ENTRY(torchfort_rl_off_policy_update_replay_buffer_multi,
+                          (const char *name, void *state_old, void *state_new, size_t state_dim, int64_t *state_shape,
+                           void *action_old, size_t action_dim, int64_t *action_shape, void *reward, size_t reward_dim,
+                           int64_t *reward_shape, void *final_state, size_t final_state_dim,
+                           int64_t *final_state_shape, torchfort_datatype_t dtype, cudaStream_t stream),
+                          update_multi_arrays,
+                          (name, state_old, state_new, state_dim, state_shape, action_old, action_dim, action_shape,
+                           reward, reward_dim, reward_shape, final_state, final_state_dim, final_state_shape, dtype,
+                           stream))

@@ -488,5 +488,131 @@ class Systems : public Registry<System> {
   }
 };
 
+// ---------------------------------------------------------------------------- arrays in, arrays out
+
+// torchfort_rl_*_predict(_explore): the policy's actions for the states, into the action array.
+// What a kind adds is action_of(sys, states, explore) (found by argument-dependent lookup in the
+// kind's namespace): the actions of a batch of states as the caller receives them.
+template <class System>
+torchfort_result_t predict_arrays(const char *fn, Systems<System> &systems, const char *name, void *state,
+                                  size_t state_dim, int64_t *state_shape, void *action, size_t action_dim,
+                                  int64_t *action_shape, torchfort_datatype_t dtype, cudaStream_t stream, bool explore,
+                                  bool fortran) {
+  return systems.with(fn, name, [&](System &sys) {
+    const at::Tensor s = wrap(state, state_dim, state_shape, dtype, fortran, "state", true);
+    at::Tensor out = wrap(action, action_dim, action_shape, dtype, fortran, "action", true);
+    StreamScope scope(sys.model_device, stream);
+    torch::NoGradGuard no_grad;
+    deliver(action_of(sys, sys.state_in(batch_of(s, out)), explore), out, "action");
+  });
+}
+
+// torchfort_rl_*_evaluate: the critic's value of the states and actions, into the reward array.
+// What a kind adds is value_of(sys, states, actions): one value per sample.
+template <class System>
+torchfort_result_t evaluate_arrays(const char *fn, Systems<System> &systems, const char *name, void *state,
+                                   size_t state_dim, int64_t *state_shape, void *action, size_t action_dim,
+                                   int64_t *action_shape, void *reward, size_t reward_dim, int64_t *reward_shape,
+                                   torchfort_datatype_t dtype, cudaStream_t stream, bool fortran) {
+  return systems.with(fn, name, [&](System &sys) {
+    const at::Tensor s = wrap(state, state_dim, state_shape, dtype, fortran, "state", true);
+    const at::Tensor a = wrap(action, action_dim, action_shape, dtype, fortran, "action", true);
+    at::Tensor out = wrap(reward, reward_dim, reward_shape, dtype, fortran, "reward", true);
+    StreamScope scope(sys.model_device, stream);
+    torch::NoGradGuard no_grad;
+    deliver(value_of(sys, sys.state_in(batch_of(s, a)), a.dim() == 1 ? a.unsqueeze(0) : a), out, "reward");
+  });
+}
+
 }  // namespace rl
 }  // namespace tf
+
+
+// ---------------------------------------------------------------------------- the shared C API
+
+// Each torchfort_rl_* call on arrays comes twice: FN reads C-ordered arrays, FN_F the Fortran
+// module's (column-major, shapes as Fortran declares them). One definition makes both; messages name
+// FN. PARAMS is the parenthesised parameter list, IMPL(fn, ARGS..., fortran) the implementation.
+#define TORCHFORT_RL_UNPAREN(...) __VA_ARGS__
+#define TORCHFORT_RL_ARRAYS_ENTRY(FN, PARAMS, IMPL, ARGS)                               \
+  torchfort_result_t FN PARAMS { return IMPL(#FN, TORCHFORT_RL_UNPAREN ARGS, false); } \
+  torchfort_result_t FN##_F PARAMS { return IMPL(#FN, TORCHFORT_RL_UNPAREN ARGS, true); }
+
+// The entry points that off-policy and on-policy systems share (all but their buffer updates and
+// on-policy's reset), defined once for a kind: KIND is off_policy or on_policy, NS the namespace
+// holding its System, its systems registry, create_system, train_step, action_of and value_of.
+// The definitions are checked against torchfort_rl.h (from src/capi/torchfort_rl.capi): an
+// extern "C" function cannot be defined with another signature than the one declared.
+#define TORCHFORT_RL_SHARED_ENTRY_POINTS(KIND, NS)                                                                   \
+  torchfort_result_t torchfort_rl_##KIND##_create_system(const char *name, const char *config_fname,                \
+                                                         int model_device, int rb_device) {                          \
+    return NS::systems.create(__func__, name,                                                                        \
+                              [&] { return NS::create_system(name, config_fname, model_device, rb_device); });      \
+  }                                                                                                                  \
+  torchfort_result_t ftc_torchfort_rl_##KIND##_create_distributed(const char *name, const char *config_fname,        \
+                                                                  ftc_comm comm, int model_device, int rb_device) {  \
+    return NS::systems.create_distributed("torchfort_rl_" #KIND "_create_distributed_system", name, comm, [&] {      \
+      return NS::create_system(name, config_fname, model_device, rb_device);                                         \
+    });                                                                                                              \
+  }                                                                                                                  \
+  /* Without torchfort_mpi.c in the program (which defines it with the program's MPI). */                          \
+  torchfort_result_t torchfort_rl_##KIND##_create_distributed_system_F(const char *name, const char *config_fname,  \
+                                                                       int mpi_comm_f, int model_device,             \
+                                                                       int rb_device) {                              \
+    (void)name, (void)config_fname, (void)mpi_comm_f, (void)model_device, (void)rb_device;                           \
+    return ::tf::boundary("torchfort_rl_" #KIND "_create_distributed_system", [] { ::tf::rl::mpi_missing(); });     \
+  }                                                                                                                  \
+  torchfort_result_t torchfort_rl_##KIND##_train_step(const char *name, float *p_loss_val, float *q_loss_val,       \
+                                                      cudaStream_t stream) {                                         \
+    return NS::systems.with(__func__, name, [&](NS::System &sys) {                                                   \
+      if (p_loss_val == nullptr || q_loss_val == nullptr)                                                            \
+        ::tf::usage("p_loss_val and q_loss_val must not be null pointers");                                          \
+      ::tf::StreamScope scope(sys.model_device, stream);                                                             \
+      NS::train_step(sys, *p_loss_val, *q_loss_val);                                                                 \
+    });                                                                                                              \
+  }                                                                                                                  \
+  TORCHFORT_RL_ARRAYS_ENTRY(torchfort_rl_##KIND##_predict_explore,                                                  \
+                            (const char *name, void *state, size_t state_dim, int64_t *state_shape, void *action,    \
+                             size_t action_dim, int64_t *action_shape, torchfort_datatype_t dtype,                   \
+                             cudaStream_t stream),                                                                   \
+                            ::tf::rl::predict_arrays,                                                                \
+                            (NS::systems, name, state, state_dim, state_shape, action, action_dim, action_shape,     \
+                             dtype, stream, true))                                                                   \
+  TORCHFORT_RL_ARRAYS_ENTRY(torchfort_rl_##KIND##_predict,                                                          \
+                            (const char *name, void *state, size_t state_dim, int64_t *state_shape, void *action,    \
+                             size_t action_dim, int64_t *action_shape, torchfort_datatype_t dtype,                   \
+                             cudaStream_t stream),                                                                   \
+                            ::tf::rl::predict_arrays,                                                                \
+                            (NS::systems, name, state, state_dim, state_shape, action, action_dim, action_shape,     \
+                             dtype, stream, false))                                                                  \
+  TORCHFORT_RL_ARRAYS_ENTRY(torchfort_rl_##KIND##_evaluate,                                                         \
+                            (const char *name, void *state, size_t state_dim, int64_t *state_shape, void *action,    \
+                             size_t action_dim, int64_t *action_shape, void *reward, size_t reward_dim,              \
+                             int64_t *reward_shape, torchfort_datatype_t dtype, cudaStream_t stream),                \
+                            ::tf::rl::evaluate_arrays,                                                               \
+                            (NS::systems, name, state, state_dim, state_shape, action, action_dim, action_shape,     \
+                             reward, reward_dim, reward_shape, dtype, stream))                                       \
+  torchfort_result_t torchfort_rl_##KIND##_save_checkpoint(const char *name, const char *checkpoint_dir) {           \
+    return NS::systems.save(__func__, name, checkpoint_dir);                                                         \
+  }                                                                                                                  \
+  torchfort_result_t torchfort_rl_##KIND##_load_checkpoint(const char *name, const char *checkpoint_dir) {           \
+    return NS::systems.load(__func__, name, checkpoint_dir);                                                         \
+  }                                                                                                                  \
+  torchfort_result_t torchfort_rl_##KIND##_load_model(const char *name, const char *checkpoint_dir) {                \
+    return NS::systems.load_models(__func__, name, checkpoint_dir);                                                  \
+  }                                                                                                                  \
+  torchfort_result_t torchfort_rl_##KIND##_is_ready(const char *name, bool *ready) {                                 \
+    return NS::systems.is_ready(__func__, name, ready);                                                              \
+  }                                                                                                                  \
+  torchfort_result_t torchfort_rl_##KIND##_wandb_log_int(const char *name, const char *metric_name, int64_t step,    \
+                                                         int value) {                                                \
+    return NS::systems.wandb_log(__func__, name, metric_name, step, value);                                          \
+  }                                                                                                                  \
+  torchfort_result_t torchfort_rl_##KIND##_wandb_log_float(const char *name, const char *metric_name, int64_t step,  \
+                                                           float value) {                                            \
+    return NS::systems.wandb_log(__func__, name, metric_name, step, value);                                          \
+  }                                                                                                                  \
+  torchfort_result_t torchfort_rl_##KIND##_wandb_log_double(const char *name, const char *metric_name,               \
+                                                            int64_t step, double value) {                            \
+    return NS::systems.wandb_log(__func__, name, metric_name, step, value);                                          \
+  }

@@ -618,41 +618,18 @@ Systems<System> systems("on-policy", "torchfort_rl_on_policy_create_system");
 
 // ---------------------------------------------------------------------------- arrays
 
-torchfort_result_t predict_arrays(const char *fn, const char *name, void *state, size_t state_dim,
-                                  int64_t *state_shape, void *action, size_t action_dim, int64_t *action_shape,
-                                  torchfort_datatype_t dtype, cudaStream_t stream, bool fortran, bool explore) {
-  return systems.with(fn, name, [&](System &sys) {
-    const at::Tensor s = wrap(state, state_dim, state_shape, dtype, fortran, "state", true);
-    at::Tensor out = wrap(action, action_dim, action_shape, dtype, fortran, "action", true);
-    StreamScope scope(sys.model_device, stream);
-    torch::NoGradGuard no_grad;
-    sys.net.module.eval();
-    const at::Tensor x = sys.state_in(batch_of(s, out));
-    at::Tensor act;
-    if (explore) {
-      act = draw(sys, x);
-    } else {
-      const at::Tensor mu = run(sys.net, x).mu;
-      act = sys.squashed() ? at::tanh(mu) : mu;
-    }
-    deliver(sys.action_scale(act), out, "action");
-  });
+// The policy's actions for a batch of states (predict_arrays): a draw, or the mean.
+at::Tensor action_of(System &sys, const at::Tensor &x, bool explore) {
+  sys.net.module.eval();
+  if (explore) return sys.action_scale(draw(sys, x));
+  const at::Tensor mu = run(sys.net, x).mu;
+  return sys.action_scale(sys.squashed() ? at::tanh(mu) : mu);
 }
 
-torchfort_result_t evaluate_arrays(const char *fn, const char *name, void *state, size_t state_dim,
-                                   int64_t *state_shape, void *action, size_t action_dim, int64_t *action_shape,
-                                   void *reward, size_t reward_dim, int64_t *reward_shape, torchfort_datatype_t dtype,
-                                   cudaStream_t stream, bool fortran) {
-  return systems.with(fn, name, [&](System &sys) {
-    const at::Tensor s = wrap(state, state_dim, state_shape, dtype, fortran, "state", true);
-    const at::Tensor a = wrap(action, action_dim, action_shape, dtype, fortran, "action", true);
-    at::Tensor out = wrap(reward, reward_dim, reward_shape, dtype, fortran, "reward", true);
-    StreamScope scope(sys.model_device, stream);
-    torch::NoGradGuard no_grad;
-    sys.net.module.eval();
-    // the value of the states (PPO's critic values states; the actions are not used)
-    deliver(run(sys.net, sys.state_in(batch_of(s, a))).value, out, "reward");
-  });
+// The value of each state (evaluate_arrays: PPO's critic values states; the actions are not used).
+at::Tensor value_of(System &sys, const at::Tensor &x, const at::Tensor & /*actions*/) {
+  sys.net.module.eval();
+  return run(sys.net, x).value;
 }
 
 torchfort_result_t update_arrays(const char *fn, const char *name, void *state, size_t state_dim, int64_t *state_shape,
@@ -694,113 +671,23 @@ torchfort_result_t update_multi_arrays(const char *fn, const char *name, void *s
 using namespace tf;
 namespace on = tf::rl::on_policy;
 
+TORCHFORT_RL_SHARED_ENTRY_POINTS(on_policy, tf::rl::on_policy)
 
-torchfort_result_t torchfort_rl_on_policy_create_system(const char *name, const char *config_fname, int model_device,
-                                                        int rb_device) {
-  return on::systems.create(__func__, name,
-                            [&] { return on::create_system(name, config_fname, model_device, rb_device); });
-}
-
-torchfort_result_t ftc_torchfort_rl_on_policy_create_distributed(const char *name, const char *config_fname,
-                                                                 ftc_comm comm, int model_device, int rb_device) {
-  return on::systems.create_distributed("torchfort_rl_on_policy_create_distributed_system", name, comm,
-                                        [&] { return on::create_system(name, config_fname, model_device, rb_device); });
-}
-
-// Without torchfort_mpi.c in the program (which defines it with the program's MPI).
-torchfort_result_t torchfort_rl_on_policy_create_distributed_system_F(const char *name, const char *config_fname,
-                                                                      int mpi_comm_f, int model_device,
-                                                                      int rb_device) {
-  (void)name, (void)config_fname, (void)mpi_comm_f, (void)model_device, (void)rb_device;
-  return boundary("torchfort_rl_on_policy_create_distributed_system", [] { tf::rl::mpi_missing(); });
-}
-
-torchfort_result_t torchfort_rl_on_policy_train_step(const char *name, float *p_loss_val, float *q_loss_val,
-                                                     cudaStream_t stream) {
-  return on::systems.with(__func__, name, [&](on::System &sys) {
-    if (p_loss_val == nullptr || q_loss_val == nullptr) usage("p_loss_val and q_loss_val must not be null pointers");
-    StreamScope scope(sys.model_device, stream);
-    on::train_step(sys, *p_loss_val, *q_loss_val);
-  });
-}
-
-torchfort_result_t torchfort_rl_on_policy_predict_explore(const char *name, void *state, size_t state_dim,
-                                                          int64_t *state_shape, void *action, size_t action_dim,
-                                                          int64_t *action_shape, torchfort_datatype_t dtype,
-                                                          cudaStream_t stream) {
-  return on::predict_arrays(__func__, name, state, state_dim, state_shape, action, action_dim, action_shape, dtype,
-                            stream, false, true);
-}
-torchfort_result_t torchfort_rl_on_policy_predict_explore_F(const char *name, void *state, size_t state_dim,
-                                                            int64_t *state_shape, void *action, size_t action_dim,
-                                                            int64_t *action_shape, torchfort_datatype_t dtype,
-                                                            cudaStream_t stream) {
-  return on::predict_arrays("torchfort_rl_on_policy_predict_explore", name, state, state_dim, state_shape, action,
-                            action_dim, action_shape, dtype, stream, true, true);
-}
-torchfort_result_t torchfort_rl_on_policy_predict(const char *name, void *state, size_t state_dim, int64_t *state_shape,
-                                                  void *action, size_t action_dim, int64_t *action_shape,
-                                                  torchfort_datatype_t dtype, cudaStream_t stream) {
-  return on::predict_arrays(__func__, name, state, state_dim, state_shape, action, action_dim, action_shape, dtype,
-                            stream, false, false);
-}
-torchfort_result_t torchfort_rl_on_policy_predict_F(const char *name, void *state, size_t state_dim,
-                                                    int64_t *state_shape, void *action, size_t action_dim,
-                                                    int64_t *action_shape, torchfort_datatype_t dtype,
-                                                    cudaStream_t stream) {
-  return on::predict_arrays("torchfort_rl_on_policy_predict", name, state, state_dim, state_shape, action, action_dim,
-                            action_shape, dtype, stream, true, false);
-}
-
-torchfort_result_t torchfort_rl_on_policy_evaluate(const char *name, void *state, size_t state_dim,
-                                                   int64_t *state_shape, void *action, size_t action_dim,
-                                                   int64_t *action_shape, void *reward, size_t reward_dim,
-                                                   int64_t *reward_shape, torchfort_datatype_t dtype,
-                                                   cudaStream_t stream) {
-  return on::evaluate_arrays(__func__, name, state, state_dim, state_shape, action, action_dim, action_shape, reward,
-                             reward_dim, reward_shape, dtype, stream, false);
-}
-torchfort_result_t torchfort_rl_on_policy_evaluate_F(const char *name, void *state, size_t state_dim,
-                                                     int64_t *state_shape, void *action, size_t action_dim,
-                                                     int64_t *action_shape, void *reward, size_t reward_dim,
-                                                     int64_t *reward_shape, torchfort_datatype_t dtype,
-                                                     cudaStream_t stream) {
-  return on::evaluate_arrays("torchfort_rl_on_policy_evaluate", name, state, state_dim, state_shape, action,
-                             action_dim, action_shape, reward, reward_dim, reward_shape, dtype, stream, true);
-}
-
-torchfort_result_t torchfort_rl_on_policy_update_rollout_buffer(const char *name, void *state, size_t state_dim,
-                                                                int64_t *state_shape, void *action, size_t action_dim,
-                                                                int64_t *action_shape, const void *reward,
-                                                                bool final_state, torchfort_datatype_t dtype,
-                                                                cudaStream_t stream) {
-  return on::update_arrays(__func__, name, state, state_dim, state_shape, action, action_dim, action_shape, reward,
-                           final_state, dtype, stream, false);
-}
-torchfort_result_t torchfort_rl_on_policy_update_rollout_buffer_F(const char *name, void *state, size_t state_dim,
-                                                                  int64_t *state_shape, void *action,
-                                                                  size_t action_dim, int64_t *action_shape,
-                                                                  const void *reward, bool final_state,
-                                                                  torchfort_datatype_t dtype, cudaStream_t stream) {
-  return on::update_arrays("torchfort_rl_on_policy_update_rollout_buffer", name, state, state_dim, state_shape, action,
-                           action_dim, action_shape, reward, final_state, dtype, stream, true);
-}
-torchfort_result_t torchfort_rl_on_policy_update_rollout_buffer_multi(
-    const char *name, void *state, size_t state_dim, int64_t *state_shape, void *action, size_t action_dim,
-    int64_t *action_shape, void *reward, size_t reward_dim, int64_t *reward_shape, void *final_state,
-    size_t final_state_dim, int64_t *final_state_shape, torchfort_datatype_t dtype, cudaStream_t stream) {
-  return on::update_multi_arrays(__func__, name, state, state_dim, state_shape, action, action_dim, action_shape,
-                                 reward, reward_dim, reward_shape, final_state, final_state_dim, final_state_shape,
-                                 dtype, stream, false);
-}
-torchfort_result_t torchfort_rl_on_policy_update_rollout_buffer_multi_F(
-    const char *name, void *state, size_t state_dim, int64_t *state_shape, void *action, size_t action_dim,
-    int64_t *action_shape, void *reward, size_t reward_dim, int64_t *reward_shape, void *final_state,
-    size_t final_state_dim, int64_t *final_state_shape, torchfort_datatype_t dtype, cudaStream_t stream) {
-  return on::update_multi_arrays("torchfort_rl_on_policy_update_rollout_buffer_multi", name, state, state_dim,
-                                 state_shape, action, action_dim, action_shape, reward, reward_dim, reward_shape,
-                                 final_state, final_state_dim, final_state_shape, dtype, stream, true);
-}
+TORCHFORT_RL_ARRAYS_ENTRY(torchfort_rl_on_policy_update_rollout_buffer,
+                          (const char *name, void *state, size_t state_dim, int64_t *state_shape, void *action,
+                           size_t action_dim, int64_t *action_shape, const void *reward, bool final_state,
+                           torchfort_datatype_t dtype, cudaStream_t stream),
+                          on::update_arrays,
+                          (name, state, state_dim, state_shape, action, action_dim, action_shape, reward, final_state,
+                           dtype, stream))
+TORCHFORT_RL_ARRAYS_ENTRY(torchfort_rl_on_policy_update_rollout_buffer_multi,
+                          (const char *name, void *state, size_t state_dim, int64_t *state_shape, void *action,
+                           size_t action_dim, int64_t *action_shape, void *reward, size_t reward_dim,
+                           int64_t *reward_shape, void *final_state, size_t final_state_dim,
+                           int64_t *final_state_shape, torchfort_datatype_t dtype, cudaStream_t stream),
+                          on::update_multi_arrays,
+                          (name, state, state_dim, state_shape, action, action_dim, action_shape, reward, reward_dim,
+                           reward_shape, final_state, final_state_dim, final_state_shape, dtype, stream))
 
 torchfort_result_t torchfort_rl_on_policy_reset_rollout_buffer(const char *name) {
   return on::systems.with(__func__, name, [&](on::System &sys) {
@@ -808,31 +695,4 @@ torchfort_result_t torchfort_rl_on_policy_reset_rollout_buffer(const char *name)
     sys.advantages_normalized = false;
     sys.returns_normalized = false;
   });
-}
-
-torchfort_result_t torchfort_rl_on_policy_save_checkpoint(const char *name, const char *checkpoint_dir) {
-  return on::systems.save(__func__, name, checkpoint_dir);
-}
-torchfort_result_t torchfort_rl_on_policy_load_checkpoint(const char *name, const char *checkpoint_dir) {
-  return on::systems.load(__func__, name, checkpoint_dir);
-}
-torchfort_result_t torchfort_rl_on_policy_load_model(const char *name, const char *checkpoint_dir) {
-  return on::systems.load_models(__func__, name, checkpoint_dir);
-}
-
-torchfort_result_t torchfort_rl_on_policy_is_ready(const char *name, bool *ready) {
-  return on::systems.is_ready(__func__, name, ready);
-}
-
-torchfort_result_t torchfort_rl_on_policy_wandb_log_int(const char *name, const char *metric_name, int64_t step,
-                                                        int value) {
-  return on::systems.wandb_log(__func__, name, metric_name, step, value);
-}
-torchfort_result_t torchfort_rl_on_policy_wandb_log_float(const char *name, const char *metric_name, int64_t step,
-                                                          float value) {
-  return on::systems.wandb_log(__func__, name, metric_name, step, value);
-}
-torchfort_result_t torchfort_rl_on_policy_wandb_log_double(const char *name, const char *metric_name, int64_t step,
-                                                           double value) {
-  return on::systems.wandb_log(__func__, name, metric_name, step, value);
 }
