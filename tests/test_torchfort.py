@@ -327,6 +327,10 @@ def test_c_program_through_torchfort_h(installed, torchfort_dir, tmp_path):
     ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\nlr_scheduler:\n"
      "  type: step\n", "lr_scheduler.parameters needs the key 'step_size'"),
     ("model:\n  type: torchscript\n  parameters:\n    filename: nowhere.pt\n", "the model file nowhere.pt"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\n  general:\n"
+     "    max_grad_norm: -1\n", "optimizer.general.max_grad_norm must be >= 0, not -1"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\n  general:\n"
+     "    max_grad_norm: .nan\n", "optimizer.general.max_grad_norm must be a number, not '.nan'"),
 ])
 def test_configuration_errors_name_the_file_key_and_what_is_allowed(installed, tmp_path, text, message):
     """Each mistake is TORCHFORT_RESULT_INVALID_USAGE with the file, line and key in the message."""

@@ -408,8 +408,9 @@ int ftc_ctx_value_size(ftc_function_ctx ctx, const char *key, int64_t key_len, i
     FunctionNode &node = node_of(ctx);
     const std::string k(key == nullptr ? "" : std::string(key, static_cast<size_t>(std::max<int64_t>(key_len, 0))));
     auto it = node.values.find(k);
-    if (it == node.values.end()) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "no value saved under '" + k + "' in " + node.label());
+    if (it == node.values.end()) {  // (not an error here: the caller may accept a missing key)
+      ftc::out_arg(n, "n") = -1;
+      return;
     }
     if (it->second.kind != kind) {
       ftc::fail(FTC_ERR_DTYPE, "the value saved under '" + k + "' is " + value_kind_name(it->second.kind) + ", not " +
@@ -424,13 +425,15 @@ int ftc_ctx_load_value(ftc_function_ctx ctx, const char *key, int64_t key_len, i
   const int status = ftc_ctx_value_size(ctx, key, key_len, kind, &have);
   if (status != FTC_OK) return status;
   return ftc::guard([&] {
+    const std::string k(key == nullptr ? "" : std::string(key, static_cast<size_t>(std::max<int64_t>(key_len, 0))));
+    if (have < 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "no value saved under '" + k + "' in " + node_of(ctx).label());
     if (have != n) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the value saved under '" + std::string(key, static_cast<size_t>(key_len)) +
-                                              "' has " + std::to_string(have) + " elements, not " + std::to_string(n));
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+                "the value saved under '" + k + "' has " + std::to_string(have) + " elements, not " + std::to_string(n));
     }
     if (n == 0) return;
     if (data == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "value buffer is null");
-    const Value &v = node_of(ctx).values.at(std::string(key, static_cast<size_t>(key_len)));
+    const Value &v = node_of(ctx).values.at(k);
     if (kind == FTC_VALUE_REAL) {
       std::copy(v.reals.begin(), v.reals.end(), static_cast<double *>(data));
     } else {

@@ -44,6 +44,31 @@ std::vector<int64_t> dims_of(int ndims, const int64_t *dims) {
   return std::vector<int64_t>(dims, dims + ndims);
 }
 
+// A dimension of t named by the caller: 0-based in the C API, never counted from the end as
+// LibTorch would (Fortran passes its 1-based dim minus one, so a dim of 0 or -1 there must fail,
+// not reduce or swap another dimension).
+int64_t checked_dim(const at::Tensor &t, int64_t dim) {
+  const int64_t rank = t.dim();
+  if (dim < 0 || dim >= rank) {
+    if (rank == 0) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "dimension " + std::to_string(dim + 1) +
+                                              " of a tensor of rank 0: it has no dimensions (reduce over all elements)");
+    }
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+              "dimension " + std::to_string(dim + 1) + " is out of range for a tensor of rank " + std::to_string(rank) +
+                  ": dimensions are numbered 1 to " + std::to_string(rank) + " from Fortran (0 to " +
+                  std::to_string(rank - 1) + " in the C API, which got " + std::to_string(dim) + ")");
+  }
+  return dim;
+}
+
+// Every dimension of a list, checked.
+std::vector<int64_t> checked_dims(const at::Tensor &t, int ndims, const int64_t *dims) {
+  std::vector<int64_t> d = dims_of(ndims, dims);
+  for (const int64_t x : d) checked_dim(t, x);
+  return d;
+}
+
 // Whether anything but this handle refers to t's memory: a graph that saved it for backward,
 // a view, another tensor over the same storage.
 bool is_shared(const at::Tensor &t) { return t.use_count() > 1 || t.storage().use_count() > 1; }
@@ -465,7 +490,7 @@ int ftc_tensor_reduce(int op, ftc_tensor a, int ndims, const int64_t *dims, int 
                       ftc_tensor *out) {
   return ftc::guard([&] {
     const at::Tensor &x = ftc::tensor_of(a);
-    const auto d = dims_of(ndims, dims);
+    const auto d = checked_dims(x, ndims, dims);
     at::Tensor r;
     if (op == FTC_SUM) {
       r = d.empty() ? x.sum() : x.sum(d, keepdim != 0);
@@ -483,11 +508,17 @@ int ftc_tensor_reshape(ftc_tensor a, int ndims, const int64_t *shape, int tempor
 }
 
 int ftc_tensor_permute(ftc_tensor a, int ndims, const int64_t *dims, int temporary, ftc_tensor *out) {
-  return ftc::guard([&] { finish(ftc::tensor_of(a).permute(dims_of(ndims, dims)), temporary, out); });
+  return ftc::guard([&] {
+    const at::Tensor &x = ftc::tensor_of(a);
+    finish(x.permute(checked_dims(x, ndims, dims)), temporary, out);
+  });
 }
 
 int ftc_tensor_transpose(ftc_tensor a, int64_t dim0, int64_t dim1, int temporary, ftc_tensor *out) {
-  return ftc::guard([&] { finish(ftc::tensor_of(a).transpose(dim0, dim1), temporary, out); });
+  return ftc::guard([&] {
+    const at::Tensor &x = ftc::tensor_of(a);
+    finish(x.transpose(checked_dim(x, dim0), checked_dim(x, dim1)), temporary, out);
+  });
 }
 
 }  // extern "C"

@@ -343,30 +343,34 @@ int ftc_callback_scope_begin(void) {
 }
 
 int ftc_callback_scope_end(int *status) {
-  ftc::ThreadState *ts = ftc::existing_thread_state();
-  ftc::CatchScopes none;  // (a thread without state has no scope open)
-  auto &scopes = ts != nullptr ? ts->catch_scopes : none;
-  int first = FTC_OK;
-  std::string message;
-  int left_open = 0;
-  // Unwind to the callback's own scope; the failure recorded first (outermost) wins.
-  while (!scopes.empty()) {
-    ftc::CatchScope scope = std::move(scopes.back());
-    scopes.pop_back();
-    if (scope.status != FTC_OK) {
-      first = scope.status;
-      message = std::move(scope.message);
+  try {  // (no ftc::guard: this call ends the scopes guard would report into; strings may still throw)
+    ftc::ThreadState *ts = ftc::existing_thread_state();
+    ftc::CatchScopes none;  // (a thread without state has no scope open)
+    auto &scopes = ts != nullptr ? ts->catch_scopes : none;
+    int first = FTC_OK;
+    std::string message;
+    int left_open = 0;
+    // Unwind to the callback's own scope; the failure recorded first (outermost) wins.
+    while (!scopes.empty()) {
+      ftc::CatchScope scope = std::move(scopes.back());
+      scopes.pop_back();
+      if (scope.status != FTC_OK) {
+        first = scope.status;
+        message = std::move(scope.message);
+      }
+      if (scope.barrier) break;
+      ++left_open;
     }
-    if (scope.barrier) break;
-    ++left_open;
+    if (first == FTC_OK && left_open > 0) {
+      first = FTC_ERR_INVALID_ARGUMENT;
+      message = "[torch_catch_begin] " + std::to_string(left_open) + " catch scope" + (left_open == 1 ? " was" : "s were") +
+                " begun in the callback and not ended (torch_catch_end)";
+    }
+    if (status != nullptr) *status = first;
+    if (first != FTC_OK) ftc::set_last_error(std::move(message));
+  } catch (...) {  // (out of memory for a message)
+    if (status != nullptr) *status = FTC_ERR_INTERNAL;
   }
-  if (first == FTC_OK && left_open > 0) {
-    first = FTC_ERR_INVALID_ARGUMENT;
-    message = "[torch_catch_begin] " + std::to_string(left_open) + " catch scope" + (left_open == 1 ? " was" : "s were") +
-              " begun in the callback and not ended (torch_catch_end)";
-  }
-  if (status != nullptr) *status = first;
-  if (first != FTC_OK) ftc::set_last_error(std::move(message));
   return 1;
 }
 

@@ -113,7 +113,7 @@ void read_optimizer(Block &b, OptimizerConfig &o, int64_t &grad_accumulation_ste
   p.done();
   Block g = b.block("general");
   grad_accumulation_steps = g.integer("grad_accumulation_steps", 1, false, 1);
-  max_grad_norm = g.real("max_grad_norm", 0);
+  max_grad_norm = g.real("max_grad_norm", 0, 0.0);  // (0: no clipping)
   g.done();
   b.done();
 }

@@ -12,8 +12,10 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -95,9 +97,17 @@ class Block {
       fail(*n, where(key) + " is '" + n->value + "', which is not one of: " + join(choices));
     return v;
   }
-  double real(const std::string &key, double fallback) {
+  // A number, at least `minimum` when one is given (NaN never passes such a bound).
+  double real(const std::string &key, double fallback, std::optional<double> minimum = std::nullopt) {
     const Node *n = find(key);
-    return n == nullptr ? fallback : to_real(*n, key);
+    if (n == nullptr) return fallback;
+    const double v = to_real(*n, key);
+    if (minimum && !(v >= *minimum)) {
+      char bound[32];
+      std::snprintf(bound, sizeof bound, "%g", *minimum);
+      fail(*n, where(key) + " must be >= " + bound + ", not " + n->value);
+    }
+    return v;
   }
   int64_t integer(const std::string &key, int64_t fallback, bool required = false, int64_t minimum = INT64_MIN) {
     const Node *n = find(key);

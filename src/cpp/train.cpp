@@ -1,6 +1,7 @@
 // train.cpp - C API for the one-call training step (checkpoints: checkpoint.cpp).
 #include <chrono>
 #include <functional>
+#include <sstream>
 
 #include "internal.hpp"
 #include "train_package.hpp"
@@ -31,6 +32,13 @@ TrainStep train_step_for(Model &model, ftc_optim o, ftc_scheduler s, std::vector
   if (reduction == 0) fail(FTC_ERR_INVALID_ARGUMENT, "a training step needs a reduced loss (mean or sum)");
   step.loss_kind = loss_kind;
   step.reduction = reduction;
+  // (0 means no clipping; a negative or NaN bound would silently mean the same)
+  if (!(max_grad_norm >= 0)) {
+    std::ostringstream text;
+    text << max_grad_norm;
+    fail(FTC_ERR_INVALID_ARGUMENT,
+         "max_grad_norm must be >= 0 (a gradient norm bound; leave it out for no clipping), not " + text.str());
+  }
   step.max_grad_norm = max_grad_norm;
   return step;
 }

@@ -652,10 +652,15 @@ contains
     block
       type(torch_model) :: unloaded
       type(torch_ddp) :: d2
+      type(torch_optim) :: never
       call torch_ddp_init(d2, comm, unloaded, stat=stat, errmsg=msg)
       call check(stat == FTORCH_ERR_NULL_HANDLE, "torch_ddp_init of an unloaded model")
       call torch_ddp_sync_gradients(d2, stat=stat, errmsg=msg)
       call check(stat == FTORCH_ERR_NULL_HANDLE, "sync of an unconstructed wrapper")
+      msg = ""
+      call torch_ddp_init(d2, comm, model, never, stat=stat, errmsg=msg)
+      call check(stat == FTORCH_ERR_NULL_HANDLE .and. index(msg, "not constructed") > 0, &
+                 "torch_ddp_init with an unconstructed optimizer is an error, never 'no optimizer': " // trim(msg))
     end block
     ! Deleting the wrapper detaches the optimizer: its steps are local again (no collective).
     block

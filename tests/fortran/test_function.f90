@@ -10,6 +10,7 @@ module custom_functions
 
   ! What the callbacks saw, for the checks in the program.
   logical :: needs(3) = .false., values_ok = .false., grad2_absent = .false., grad2_zero = .false.
+  logical :: value_errors_ok = .false.
   integer :: fail_backward = 0, fail_forward = 0, backward_calls = 0, pack_calls = 0, unpack_calls = 0
   integer :: bad_gradient = 0
   real(real64) :: hook_scale = 2.0_real64
@@ -84,6 +85,9 @@ contains
     real :: r32
     logical, allocatable :: flags(:)
     real(real64), allocatable :: coefs(:), alpha(:)
+    integer, allocatable :: ints(:)
+    integer :: s_narrow, s_kind, s_missing_ok, s_missing
+    character(len=200) :: m_narrow
     backward_calls = backward_calls + 1
     if (fail_backward /= 0) then
       stat = fail_backward
@@ -96,6 +100,18 @@ contains
     call ctx%load_value("flags", flags)
     call ctx%load_value("coefs", coefs)
     alpha = ctx%real_args()
+    ! Loads that cannot give the value saved are errors, never wrong or empty values.
+    n = -1
+    m_narrow = ""
+    call ctx%load_value("big", n, stat=s_narrow, errmsg=m_narrow)   ! 9e9 into a 32-bit integer
+    call ctx%load_value("coefs", ints, missing_ok=.true., stat=s_kind)  ! reals into integers
+    call ctx%load_value("absent", ints, missing_ok=.true., stat=s_missing_ok)
+    value_errors_ok = s_narrow == FTORCH_ERR_DTYPE .and. index(m_narrow, "32-bit") > 0 .and. &
+                      s_kind == FTORCH_ERR_DTYPE .and. s_missing_ok == 0
+    if (value_errors_ok) value_errors_ok = size(ints) == 0
+    call ctx%load_value("absent", ints, stat=s_missing)
+    value_errors_ok = value_errors_ok .and. s_missing == FTORCH_ERR_INVALID_ARGUMENT
+    call ctx%load_value("n", n)
     values_ok = n == 42 .and. big == 9000000000_int64 .and. r32 == 1.5 .and. size(flags) == 3 .and. &
                 size(coefs) == 2 .and. size(alpha) == 1
     if (values_ok) values_ok = flags(1) .and. .not. flags(2) .and. flags(3) .and. coefs(2) == -3.5_real64 .and. &
@@ -468,6 +484,8 @@ contains
     call torch_function_apply(cube, [tx], outs, real_args=[0.5_real64])
     call torch_tensor_backward(torch_sum(outs(1)))
     call check(values_ok, "ctx: saved integers, reals, logicals, arrays and non-tensor arguments")
+    call check(value_errors_ok, "ctx: a value too large for the integer, of another kind or missing is an error " // &
+               "(missing_ok: only a missing key gives an empty array)")
     call torch_tensor_get_gradient(g, tx)
     call record("cube_y", outs(1))
     call record("cube_gx", g)
@@ -557,6 +575,8 @@ contains
     real(real64), target :: x(3)
     type(torch_tensor) :: tx, outs(1), loss, g
     type(torch_function) :: cube
+    type(torch_function_ctx) :: dead
+    real(real64), allocatable :: dead_args(:)
     integer :: stat, before
     character(len=512) :: msg
     x = [0.5_real64, 1.0_real64, 1.5_real64]
@@ -586,6 +606,12 @@ contains
     call torch_tensor_get_gradient(g, tx)
     call check(all(abs(tensor_values(g, 3) - 1.5_real64 * x * x) < 1e-14_real64), &
                "callback: the graph is usable after a failed backward")
+    ! A context that is not live (a default one, outside any callback) has no arguments to give:
+    ! an error, not an empty array.
+    call torch_catch_begin()
+    dead_args = dead%real_args()
+    call torch_catch_end(stat, msg)
+    call check(stat /= 0, "ctx: real_args of a context that is not live is an error: " // trim(msg))
   end subroutine callback_errors
 
   subroutine wrong_gradients()

@@ -5,6 +5,7 @@
 program test_hardening
   use, intrinsic :: iso_c_binding, only: c_associated, c_int64_t
   use, intrinsic :: iso_fortran_env, only: int64, real64
+  use, intrinsic :: ieee_arithmetic, only: ieee_value, ieee_quiet_nan
   use ftorch
   use testing, only: check, check_close, summary, data_path, rss_kib
   implicit none
@@ -394,8 +395,46 @@ contains
                "catch scopes nest, and a library call works after a caught failure")
     call torch_catch_end(stat, msg)
     call check(stat /= 0, "ending a catch scope that was never begun is an error")
+    ! Dimensions are numbered from 1: 0 or -1 is an error, never LibTorch's counting from the end.
+    call dimension_errors(a)
     call torch_delete(a); call torch_delete(c); call torch_delete(d)
   end subroutine catch_scopes
+
+  subroutine dimension_errors(a)
+    type(torch_tensor), intent(in) :: a   ! rank 1
+    type(torch_tensor) :: m, r
+    real(real64), target :: mv(2, 3)
+    integer :: stat
+    character(len=256) :: msg
+    mv = 1
+    call torch_tensor_from_array(m, mv, torch_kCPU)
+    call torch_catch_begin()
+    r = torch_sum(a, dim=0)
+    call torch_catch_end(stat, msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "dimension 0 is out of range") > 0 .and. &
+               index(msg, "1 to 1") > 0 .and. .not. c_associated(r%p), "torch_sum(dim=0) is an error: " // trim(msg))
+    call torch_catch_begin()
+    r = torch_mean(m, dim=-1)
+    call torch_catch_end(stat)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. .not. c_associated(r%p), "torch_mean(dim=-1) is an error")
+    call torch_catch_begin()
+    r = torch_sum(m, dim=3)
+    call torch_catch_end(stat, msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "1 to 2") > 0, &
+               "torch_sum(dim=3) of a rank-2 tensor is an error naming the range")
+    call torch_catch_begin()
+    r = torch_permute(m, [0, 1])
+    call torch_catch_end(stat)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. .not. c_associated(r%p), &
+               "torch_permute(m, [0, 1]) is an error, not a transpose")
+    call torch_catch_begin()
+    r = torch_transpose(m, 0, 1)
+    call torch_catch_end(stat)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. .not. c_associated(r%p), "torch_transpose(m, 0, 1) is an error")
+    r = torch_sum(m, dim=2)
+    call check(all(values_of(r) == 3.0_real64), "torch_sum(dim=2) still sums along the second dimension")
+    call torch_delete(m); call torch_delete(r)
+  end subroutine dimension_errors
 
   subroutine unconstructed_objects()
     type(torch_model) :: model
@@ -404,6 +443,7 @@ contains
     type(torch_tensor) :: x, y
     integer :: stat
     character(len=256) :: msg
+    real(real64) :: w_before(5, 5), w_after(5, 5)   ! simplenet's fc.weight
     msg = ""
     call torch_checkpoint_save(data_path("never.ckpt"), model=model, stat=stat, errmsg=msg)
     call check(stat == FTORCH_ERR_NULL_HANDLE .and. index(msg, "model") > 0, &
@@ -417,8 +457,56 @@ contains
     call torch_train_step(model, opt, [y], y, scheduler=sched, stat=stat, errmsg=msg)
     call check(stat == FTORCH_ERR_NULL_HANDLE .and. index(msg, "scheduler") > 0, &
                "an unconstructed scheduler passed to train_step is an error")
+    call torch_tensor_to_array(x, w_before)
+    msg = ""
+    call torch_train_step(model, opt, [y], y, max_grad_norm=-1.0_real64, stat=stat, errmsg=msg)
+    call torch_tensor_to_array(x, w_after)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "max_grad_norm") > 0 .and. &
+               all(w_after == w_before), "a negative max_grad_norm is an error before the step: " // trim(msg))
+    call torch_train_step(model, opt, [y], y, max_grad_norm=ieee_value(1.0_real64, ieee_quiet_nan), stat=stat)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT, "a NaN max_grad_norm is an error")
+    msg = ""
+    call torch_train_step(model, opt, [y], y, log_every=1, log_unit=-7, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "log_unit -7") > 0, &
+               "a progress line that cannot be written is an error of the step, not a runtime stop: " // trim(msg))
     call torch_delete(model); call torch_delete(opt); call torch_delete(x); call torch_delete(y)
+    call unconstructed_tensors()
   end subroutine unconstructed_objects
+
+  ! A tensor passed for an optional one but never constructed is an error: never the implicit unit
+  ! gradient, nor a loss without its weight.
+  subroutine unconstructed_tensors()
+    real(real64), target :: xv(3), tv(3)
+    type(torch_tensor) :: xa, l, g, r, grads(1), t, w
+    integer :: stat
+    character(len=256) :: msg
+    integer(c_int64_t) :: before
+    before = ftorch_live_handles()
+    xv = [0.5_real64, -1.0_real64, 2.0_real64]
+    tv = [1.0_real64, 0.0_real64, 1.0_real64]
+    call torch_tensor_from_array(xa, xv, torch_kCPU, requires_grad=.true.)
+    call torch_tensor_from_array(t, tv, torch_kCPU)
+    l = torch_sum(xa * xa)
+    msg = ""
+    call torch_tensor_backward(l, g, retain_graph=.true., stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_NULL_HANDLE .and. index(msg, "not constructed") > 0, &
+               "backward with an unconstructed external gradient is an error: " // trim(msg))
+    call torch_autograd_vjp(r, l, xa, g, stat=stat)
+    call check(stat == FTORCH_ERR_NULL_HANDLE .and. .not. c_associated(r%p), &
+               "vjp with an unconstructed vector is an error")
+    call torch_autograd_grad(grads, [l], [xa], grad_outputs=[g], stat=stat)
+    call check(stat == FTORCH_ERR_NULL_HANDLE .and. .not. c_associated(grads(1)%p), &
+               "autograd_grad with an unconstructed grad_output is an error")
+    call torch_autograd_grad(r, l, xa, grad_output=g, stat=stat)
+    call check(stat == FTORCH_ERR_NULL_HANDLE, "autograd_grad (one output) with an unconstructed grad_output is an error")
+    call torch_loss_bce_with_logits(r, xa, t, weight=w, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_NULL_HANDLE .and. index(msg, "weight") > 0, &
+               "a loss with an unconstructed weight is an error: " // trim(msg))
+    call torch_loss_bce_with_logits(r, xa, t, pos_weight=w, stat=stat)
+    call check(stat == FTORCH_ERR_NULL_HANDLE, "a loss with an unconstructed pos_weight is an error")
+    call torch_delete(xa); call torch_delete(t); call torch_delete(l)
+    call check(ftorch_live_handles() == before, "the refused calls leave no handle behind")
+  end subroutine unconstructed_tensors
 
   ! A checkpoint whose parameters match but whose buffers do not is refused before anything of
   ! the target model changes.
