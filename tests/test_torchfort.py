@@ -6,8 +6,10 @@ schedules); checkpoints resume bit for bit; a C program reaches the same API thr
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -363,6 +365,81 @@ def test_distributed_model_equals_single_process_training(installed, tmp_path):
     proc = mpirun(1, bdir / "test_torchfort_distributed_without", tmp_path, check=False)
     assert proc.returncode != 0
     assert "distributed models need MPI, which FTorch takes from your program" in proc.stderr
+
+
+MPI_C_PROGRAM = r"""
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <torchfort.h>
+
+/* Two ranks train one distributed model on different data: after the steps, both hold the same
+   weights (their predictions agree exactly) and they differ from a rank-local model's. */
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int ok = torchfort_create_distributed_model("dist", argv[1], MPI_COMM_WORLD, TORCHFORT_DEVICE_CPU) ==
+           TORCHFORT_RESULT_SUCCESS;
+  ok = ok && torchfort_create_model("alone", argv[1], TORCHFORT_DEVICE_CPU) == TORCHFORT_RESULT_SUCCESS;
+  float x[6][4], y[6][3], out[6][3], alone[6][3], loss = 0;
+  int64_t xs[2] = {6, 4}, ys[2] = {6, 3};
+  for (int i = 0; i < 6; ++i) {
+    for (int j = 0; j < 4; ++j) x[i][j] = (float)sin(0.3 * (i + 1) * (j + 1) + rank);
+    for (int j = 0; j < 3; ++j) y[i][j] = (float)cos(0.2 * (i + j) - rank);
+  }
+  for (int step = 0; step < 3 && ok; ++step) {
+    ok = torchfort_train("dist", x, 2, xs, y, 2, ys, &loss, TORCHFORT_FLOAT, 0) == TORCHFORT_RESULT_SUCCESS &&
+         torchfort_train("alone", x, 2, xs, y, 2, ys, &loss, TORCHFORT_FLOAT, 0) == TORCHFORT_RESULT_SUCCESS;
+  }
+  /* the same input on both ranks: rank 0's x */
+  MPI_Bcast(x, 24, MPI_FLOAT, 0, MPI_COMM_WORLD);
+  ok = ok && torchfort_inference("dist", x, 2, xs, out, 2, ys, TORCHFORT_FLOAT, 0) == TORCHFORT_RESULT_SUCCESS;
+  ok = ok && torchfort_inference("alone", x, 2, xs, alone, 2, ys, TORCHFORT_FLOAT, 0) == TORCHFORT_RESULT_SUCCESS;
+  float other[6][3], other_alone[6][3];
+  MPI_Sendrecv(out, 18, MPI_FLOAT, 1 - rank, 0, other, 18, MPI_FLOAT, 1 - rank, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  MPI_Sendrecv(alone, 18, MPI_FLOAT, 1 - rank, 1, other_alone, 18, MPI_FLOAT, 1 - rank, 1, MPI_COMM_WORLD,
+               MPI_STATUS_IGNORE);
+  int same = 1, alone_differs = 0;
+  for (int i = 0; i < 6; ++i)
+    for (int j = 0; j < 3; ++j) {
+      same = same && out[i][j] == other[i][j];
+      alone_differs = alone_differs || alone[i][j] != other_alone[i][j];
+    }
+  printf("rank %d: %s\n", rank, ok && same && alone_differs ? "distributed ok" : "FAILED");
+  MPI_Finalize();
+  return ok && same && alone_differs ? 0 : 1;
+}
+"""
+
+
+def test_distributed_model_through_the_torchfort_mpi_source(installed, tmp_path):
+    """Without CMake, as the docs say: `mpicc -c $(python -m ftorch --torchfort-mpi-source)
+    $(pkg-config --cflags ftorch)`, linked into a C program with pkg-config's flags; two ranks that
+    train on different data end with the same weights (gradients averaged), unlike rank-local
+    models."""
+    from test_distributed import mpirun, require_mpi
+
+    require_mpi()
+    if shutil.which("pkg-config") is None or shutil.which("mpicc") is None:
+        pytest.skip("pkg-config or mpicc not installed")
+    env = dict(os.environ, PKG_CONFIG_PATH=installed["pkgconfig"])
+    source = run([sys.executable, "-m", "ftorch", "--torchfort-mpi-source"]).stdout.strip()
+    assert Path(source).is_file() and source.endswith("torchfort_mpi.c")
+    cflags = run(["pkg-config", "--cflags", "ftorch"], env=env).stdout.split()
+    libs = run(["pkg-config", "--libs", "ftorch"], env=env).stdout.split()
+    run(["mpicc", "-c", source, *cflags, "-o", tmp_path / "torchfort_mpi.o"])
+    (tmp_path / "main.c").write_text(MPI_C_PROGRAM)
+    libdir = helper("--libdir")
+    run(["mpicc", "-std=c99", tmp_path / "main.c", tmp_path / "torchfort_mpi.o", *cflags, *libs,
+         f"-Wl,-rpath,{libdir}", "-lm", "-o", tmp_path / "main"])
+    (tmp_path / "dist.yaml").write_text(_to_yaml({
+        "model": {"type": "mlp", "parameters": {"layer_sizes": [4, 8, 3]}},
+        "loss": {"type": "mse"},
+        "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2"}},
+    }))
+    proc = mpirun(2, tmp_path / "main", str(tmp_path / "dist.yaml"))
+    assert proc.stdout.count("distributed ok") == 2, proc.stdout + proc.stderr
 
 
 def test_wandb_hook_writes_the_metrics_log(installed, tmp_path, monkeypatch):

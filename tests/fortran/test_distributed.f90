@@ -991,6 +991,7 @@ contains
       call check(max_relative_difference(parameter_values(params), parameter_values(local_params)) <= tol, &
                  "... and the leader's parameters after 10 Adam steps")
     end if
+    call node_shared_limits(shared, optim, tx, ty)
     if (allocated(params)) call torch_delete(params)
     call torch_delete(local_params)
     call torch_delete(optim)
@@ -1022,6 +1023,37 @@ contains
     call torch_delete(pair)
     call torch_delete(node)
   end subroutine node_shared
+
+  ! What a node-shared model refuses, on every rank and before anything moves between them: the
+  ! CUDA-graph step, more than 16 tensors a call, a tensor of more than 8 dimensions.
+  subroutine node_shared_limits(shared, optim, tx, ty)
+    type(torch_model), intent(in) :: shared
+    type(torch_optim), intent(in) :: optim
+    type(torch_tensor), intent(in) :: tx(1), ty
+    type(torch_tensor) :: many(17), deep(1), outs(1)
+    integer :: stat, i
+    character(len=512) :: msg
+    msg = ""
+    call torch_train_step(shared, optim, tx, ty, stat=stat, errmsg=msg, cuda_graph=.true.)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "node-shared") > 0, &
+               "node-shared: the CUDA-graph step is refused on every rank: " // trim(msg))
+    do i = 1, size(many)
+      call torch_tensor_zeros(many(i), 2, [2_int64, 4_int64], torch_kFloat64, torch_kCPU)
+    end do
+    call torch_tensor_zeros(outs(1), 2, [2_int64, 4_int64], torch_kFloat64, torch_kCPU)
+    msg = ""
+    call torch_model_forward(shared, many, outs, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "1 to 16") > 0, &
+               "node-shared: 17 input tensors are refused: " // trim(msg))
+    call torch_tensor_zeros(deep(1), 9, [(1_int64, i = 1, 9)], torch_kFloat64, torch_kCPU)
+    msg = ""
+    call torch_model_forward(shared, deep, outs, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_SHAPE .and. index(msg, "1 to 8") > 0, &
+               "node-shared: an input of 9 dimensions is refused: " // trim(msg))
+    call torch_delete(many)
+    call torch_delete(deep)
+    call torch_delete(outs)
+  end subroutine node_shared_limits
 
   ! The single-process reference of the node-shared training cases: the model with Adam (lr 0.01)
   ! and the global rows 1..total as tensors.

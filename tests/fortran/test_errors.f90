@@ -2,7 +2,7 @@
 !> usable. One block per failure mode; each asserts the status, the procedure name and the reason.
 program test_errors
   use, intrinsic :: iso_c_binding, only: c_int64_t
-  use, intrinsic :: iso_fortran_env, only: real64
+  use, intrinsic :: iso_fortran_env, only: real32, real64
   use ftorch
   use ftorch_types, only: torch_kFloat16, torch_kUInt8
   use testing, only: check, summary, read_values, data_path
@@ -11,6 +11,7 @@ program test_errors
   type(torch_model) :: model, tuple_model
   type(torch_tensor) :: tin(1), tout(1), two(2), never, gpu
   real(real64), target :: x(5), y(5), x4(4), y4(4), a(2,3)
+  real(real32), target :: x32(5)
   real(real64), allocatable :: y_ref(:), x_ref(:)
   integer, target :: ints(3)
   integer :: stat, rank
@@ -46,6 +47,11 @@ program test_errors
   call torch_model_forward(model, [tin(1), two(2)], tout, stat=stat, errmsg=msg)
   call expect(FTORCH_ERR_TORCH, "torch_model_forward", "argument", "wrong number of inputs")
   call forward_still_works("the model works after a wrong number of inputs")
+  x32 = 0.5
+  call torch_tensor_from_array(two(1), x32, torch_kCPU)
+  call torch_model_forward(model, two(1:1), tout, stat=stat, errmsg=msg)
+  call expect(FTORCH_ERR_DTYPE, "torch_model_forward", "dtype", "a float32 input to a float64 model: a dtype error")
+  call forward_still_works("the model works after an input of the wrong dtype")
   call torch_tensor_from_array(two(1), y4, torch_kCPU)
   call torch_model_forward(model, tin, two(1:1), stat=stat, errmsg=msg)
   call expect(FTORCH_ERR_INVALID_ARGUMENT, "torch_model_forward", "has shape [4]", "output tensor of the wrong shape")
