@@ -331,6 +331,10 @@ def test_c_program_through_torchfort_h(installed, torchfort_dir, tmp_path):
     ("model:\n  type: torchscript\n  parameters:\n    filename: nowhere.pt\n", "the model file nowhere.pt"),
     ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\n  general:\n"
      "    max_grad_norm: -1\n", "optimizer.general.max_grad_norm must be >= 0, not -1"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\nlr_scheduler:\n"
+     "  type: multistep\n  parameters:\n    milestones: [2, 2]\n", "milestones must be strictly increasing"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\nlr_scheduler:\n"
+     "  type: linear\n  parameters:\n    total_iters: 5\n    start_factor: 0\n", "start_factor must be in (0, 1]"),
     ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\n  general:\n"
      "    max_grad_norm: .nan\n", "optimizer.general.max_grad_norm must be a number, not '.nan'"),
 ])

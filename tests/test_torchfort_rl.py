@@ -494,6 +494,71 @@ def test_ppo_learns_the_tracking_problem(compiler, cmake_consumer, tmp_path):
     assert reward > -0.08, proc.stdout
 
 
+_TD3_BUILTIN = {
+    "algorithm": _algorithm("td3", policy_lag=1), "actor": _actor("space_noise", sigma_explore=0.1, sigma_train=0.2,
+                                                                  clip=0.5),
+    "replay_buffer": {"type": "uniform", "parameters": {"max_size": 20, "min_size": 10}},
+    "policy_model": {"type": "mlp", "parameters": {"layer_sizes": [3, 2]}},
+    "critic_model": {"type": "criticmlp", "parameters": {"layer_sizes": [5, 1]}},
+    "optimizer": {"type": "sgd"}}
+_PPO_BUILTIN = {
+    "algorithm": {"type": "ppo", "parameters": {"batch_size": 4, "gamma": 0.9, "gae_lambda": 0.9,
+                                                "target_kl_divergence": 0.0}},
+    "actor": {"type": "gaussian_ac", "parameters": {"a_low": -1.0, "a_high": 1.0}},
+    "rollout_buffer": {"type": "gae_lambda", "parameters": {"size": 8}},
+    "actor_critic_model": {"type": "ActorCriticMLP", "parameters": {
+        "encoder_layer_sizes": [3, 8], "actor_layer_sizes": [8, 2], "value_layer_sizes": [8, 1]}},
+    "optimizer": {"type": "sgd"}}
+
+
+def _changed(base, path, value):
+    import copy
+
+    config = copy.deepcopy(base)
+    node = config
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    return config
+
+
+@pytest.mark.parametrize("kind, config, message", [
+    ("off", _changed(_TD3_BUILTIN, ("actor", "parameters", "clip"), -0.5),
+     "actor.parameters.clip must be >= 0 (0: the noise is not clipped)"),
+    ("off", {**_TD3_BUILTIN, "algorithm": {"type": "sac", "parameters": {"batch_size": 6, "gamma": 0.9, "rho": 0.8}},
+             "actor": _actor("squashed_gaussian"),
+             "policy_model": {"type": "SACMLP", "parameters": {"layer_sizes": [3, 8, 2]}},
+             "alpha_optimizer": {"type": "sgd", "general": {"max_grad_norm": 1.0}}},
+     "alpha_optimizer.general is not used"),
+    ("off", _changed(_TD3_BUILTIN, ("policy_lr_scheduler",), {"type": "linear", "parameters": {"total_iters": 5,
+                                                                                        "start_factor": 0}}),
+     "start_factor must be in (0, 1]"),
+    ("on", _changed(_PPO_BUILTIN, ("algorithm", "parameters", "target_kl_divergence"), -0.01),
+     "target_kl_divergence must be >= 0"),
+    ("on", _changed(_PPO_BUILTIN, ("algorithm", "parameters", "value_loss_coefficient"), -0.5),
+     "value_loss_coefficient must be >= 0"),
+])
+def test_configuration_values_that_would_train_something_else_are_errors(installed, tmp_path, kind, config,
+                                                                          message):
+    """Values TorchFort would take and then silently train otherwise (a negative clip meaning none,
+    an alpha_optimizer.general block that is ignored, a linear schedule from 0 whose rate becomes
+    NaN, a negative KL target meaning no early stop, a negative value-loss weight maximising the
+    value error): TORCHFORT_RESULT_INVALID_USAGE naming the key. The unchanged configurations load."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
+    lib.ftc_last_error.restype = ctypes.c_char_p
+    create = lib.torchfort_rl_off_policy_create_system if kind == "off" else lib.torchfort_rl_on_policy_create_system
+    good = tmp_path / "good.yaml"
+    good.write_text(_to_yaml(_TD3_BUILTIN if kind == "off" else _PPO_BUILTIN))
+    assert create(f"good{abs(hash(message))}".encode(), str(good).encode(), -1, -1) == 0, lib.ftc_last_error()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(_to_yaml(config))
+    assert create(f"bad{abs(hash(message))}".encode(), str(bad).encode(), -1, -1) == 1
+    error = lib.ftc_last_error().decode()
+    assert message in error and str(bad) in error, error
+
+
 def test_a_loss_that_is_not_finite_stops_before_changing_anything(installed, rl_dir, tmp_path):
     """A critic returning NaN: train_step fails with TORCHFORT_RESULT_INTERNAL_ERROR naming the loss,
     and the policy acts as before."""

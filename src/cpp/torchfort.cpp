@@ -437,18 +437,25 @@ void save_state(const Pack &p, const std::string &path) {
   torch::serialize::OutputArchive archive;
   archive.write("step_train", c10::IValue(p.step_train));
   archive.write("step_inference", c10::IValue(p.step_inference));
+  archive.write("step_train_current", c10::IValue(p.step_train_current));  // (the accumulation cycle)
   archive.write("device", c10::IValue(p.device));
   archive.save_to(path);
 }
 
-// The step counters (training, inference) of a state.pt.
-std::pair<int64_t, int64_t> load_state(const std::string &path) {
+// The step counters of a state.pt: training, inference, and training calls (within accumulation
+// cycles; a checkpoint of an earlier FTorch has none: its cycle starts again).
+struct StepCounts {
+  int64_t train = 0, inference = 0, current = 0;
+};
+StepCounts load_state(const std::string &path) {
   torch::serialize::InputArchive archive;
   archive.load_from(path);
-  c10::IValue train, inference;
+  c10::IValue train, inference, current;
   if (!archive.try_read("step_train", train) || !archive.try_read("step_inference", inference))
     usage(path + " is not a TorchFort model state (step_train and step_inference missing)");
-  return {train.toInt(), inference.toInt()};
+  StepCounts counts{train.toInt(), inference.toInt(), 0};
+  if (archive.try_read("step_train_current", current)) counts.current = current.toInt();
+  return counts;
 }
 
 
@@ -647,6 +654,7 @@ torchfort_result_t torchfort_save_checkpoint(const char *name, const char *check
     write_atomically(dir / "model.pt", [&](const std::string &f) { p.module.save(f); });
     write_atomically(dir / "optimizer.pt", [&](const std::string &f) { torch::save(*p.opt, f); });
     if (p.schedule) write_atomically(dir / "lr.pt", [&](const std::string &f) { p.schedule->save(f); });
+    write_atomically(dir / "grads.pt", [&](const std::string &f) { save_grads(p.params, f); });
     write_atomically(dir / "state.pt", [&](const std::string &f) { save_state(p, f); });
   });
 }
@@ -662,13 +670,14 @@ torchfort_result_t torchfort_load_checkpoint(const char *name, const char *check
     if (p.schedule) require_file(dir / "lr.pt");
     // Read everything first; the model's values change only once every file has been read.
     torch::jit::Module loaded = load_script((dir / "model.pt").string(), p.device, "the checkpoint's model");
-    const auto [steps_trained, steps_inferred] = load_state((dir / "state.pt").string());
+    const StepCounts counts = load_state((dir / "state.pt").string());
     copy_state(p.module, loaded, (dir / "model.pt").string());
     torch::load(*p.opt, (dir / "optimizer.pt").string(), p.device);
     if (p.schedule) p.schedule->load((dir / "lr.pt").string());
-    p.step_train = steps_trained;
-    p.step_inference = steps_inferred;
-    p.step_train_current = 0;
+    load_grads(p.params, dir / "grads.pt");  // (gradients accumulated within the cycle)
+    p.step_train = counts.train;
+    p.step_inference = counts.inference;
+    p.step_train_current = counts.current;
     if (step_train != nullptr) *step_train = p.step_train;
     if (step_inference != nullptr) *step_inference = p.step_inference;
   });

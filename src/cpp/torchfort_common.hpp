@@ -224,6 +224,31 @@ std::vector<at::Tensor> parameters_of(const torch::jit::Module &m);
 
 // ---------------------------------------------------------------------------- files
 
+// The gradients accumulated but not yet applied (grad_accumulation_steps > 1): grads.pt in a
+// checkpoint directory, so that a checkpoint taken within an accumulation cycle resumes it exactly
+// (a file without a parameter's entry: that gradient is undefined; no file: nothing changes).
+inline void save_grads(const std::vector<at::Tensor> &params, const std::string &file) {
+  torch::serialize::OutputArchive archive;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].grad().defined()) archive.write("g" + std::to_string(i), params[i].grad());
+  archive.save_to(file);
+}
+
+inline void load_grads(std::vector<at::Tensor> &params, const fs::path &file) {
+  if (!fs::exists(file)) return;
+  torch::serialize::InputArchive archive;
+  archive.load_from(file.string());
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor g;
+    if (archive.try_read("g" + std::to_string(i), g)) {
+      if (g.sizes() != params[i].sizes()) usage(file.string() + " holds gradients of another network");
+      params[i].mutable_grad() = g.to(params[i].device(), params[i].scalar_type());
+    } else {
+      params[i].mutable_grad() = at::Tensor();
+    }
+  }
+}
+
 // The parameters and buffers of `from` into the same-named ones of `to`, after checking that every
 // name and shape agrees (nothing changes otherwise).
 // What a TorchScript module returns for args (a tensor, or the items of a tuple or list of

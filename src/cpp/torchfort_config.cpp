@@ -128,8 +128,10 @@ void read_scheduler(Block &b, SchedulerConfig &s, const std::string &file, const
     s.milestones = p.integers("milestones", true);
     for (size_t i = 0; i < s.milestones.size(); ++i) {
       if (s.milestones[i] < 0) throw ConfigError(file + ": " + where + ".parameters.milestones must be >= 0");
-      if (i > 0 && s.milestones[i] < s.milestones[i - 1])
-        throw ConfigError(file + ": " + where + ".parameters.milestones must be in increasing order");
+      // (a repeated milestone is refused: PyTorch decays gamma^k there, TorchFort once)
+      if (i > 0 && s.milestones[i] <= s.milestones[i - 1])
+        throw ConfigError(file + ": " + where + ".parameters.milestones must be strictly increasing (a repeated "
+                          "milestone has no agreed meaning: give the combined gamma another way)");
     }
     s.gamma = p.real("gamma", s.gamma);
   } else if (s.type == "polynomial") {
@@ -142,6 +144,9 @@ void read_scheduler(Block &b, SchedulerConfig &s, const std::string &file, const
     s.total_iters = p.integer("total_iters", 0, true, 1);
     s.start_factor = p.real("start_factor", s.start_factor);
     s.end_factor = p.real("end_factor", s.end_factor);
+    // (as PyTorch's LinearLR: a start of 0 would make the second rate 0 * inf)
+    if (!(s.start_factor > 0 && s.start_factor <= 1) || !(s.end_factor >= 0 && s.end_factor <= 1))
+      throw ConfigError(file + ": " + where + ".parameters: start_factor must be in (0, 1] and end_factor in [0, 1]");
   }
   p.done();
   b.done();

@@ -946,7 +946,7 @@ void load_checkpoint(System &sys, const fs::path &dir, const std::function<void(
   for (auto &[sub, net] : nets(sys)) {
     copy_state(net->module, modules[i++], (dir / sub / "model.pt").string());
     if (net->optim) torch::load(*net->optim->opt, (dir / sub / "optimizer.pt").string(), sys.model_device);
-    if (net->optim) load_grads(*net, dir / sub / "grads.pt");
+    if (net->optim) load_grads(net->params, dir / sub / "grads.pt");
     if (net->schedule) net->schedule->load((dir / sub / "lr.pt").string());
     c10::IValue st, sc;
     if (archive.try_read(sub + "_step_train", st)) net->step_train = st.toInt();

@@ -228,31 +228,6 @@ inline void read_counter(torch::serialize::InputArchive &archive, const std::str
   if (archive.try_read(key, v)) value = v.toInt();
 }
 
-// A network's gradients (those accumulated but not yet applied, with grad_accumulation_steps > 1):
-// grads.pt in its checkpoint directory, so that a checkpoint taken within an accumulation cycle
-// resumes it exactly.
-inline void save_grads(const Net &net, const std::string &file) {
-  torch::serialize::OutputArchive archive;
-  for (size_t i = 0; i < net.params.size(); ++i)
-    if (net.params[i].grad().defined()) archive.write("g" + std::to_string(i), net.params[i].grad());
-  archive.save_to(file);
-}
-
-inline void load_grads(Net &net, const fs::path &file) {
-  if (!fs::exists(file)) return;
-  torch::serialize::InputArchive archive;
-  archive.load_from(file.string());
-  for (size_t i = 0; i < net.params.size(); ++i) {
-    at::Tensor g;
-    if (archive.try_read("g" + std::to_string(i), g)) {
-      if (g.sizes() != net.params[i].sizes()) usage(file.string() + " holds gradients of another network");
-      net.params[i].mutable_grad() = g.to(net.params[i].device(), net.params[i].scalar_type());
-    } else {
-      net.params[i].mutable_grad() = at::Tensor();
-    }
-  }
-}
-
 // A network's files in a checkpoint directory: model.pt, and optimizer.pt, lr.pt and grads.pt when
 // trained.
 inline void save_net(const Net &net, const fs::path &dir) {
@@ -260,7 +235,7 @@ inline void save_net(const Net &net, const fs::path &dir) {
   write_atomically(dir / "model.pt", [&](const std::string &f) { net.module.save(f); });
   if (net.optim) write_atomically(dir / "optimizer.pt", [&](const std::string &f) { torch::save(*net.optim->opt, f); });
   if (net.schedule) write_atomically(dir / "lr.pt", [&](const std::string &f) { net.schedule->save(f); });
-  if (net.optim) write_atomically(dir / "grads.pt", [&](const std::string &f) { save_grads(net, f); });
+  if (net.optim) write_atomically(dir / "grads.pt", [&](const std::string &f) { save_grads(net.params, f); });
 }
 
 

@@ -118,6 +118,8 @@ RLConfig read_rl_config(const std::string &filename) {
       a.clip = td3 ? real_required("clip") : p.real("clip", 0);
       if (a.sigma_train < 0 || a.sigma_explore < 0)
         throw ConfigError(filename + ": actor.parameters.sigma_train and sigma_explore must be >= 0");
+      if (!(a.clip >= 0))  // (0: no clipping, as TorchFort)
+        throw ConfigError(filename + ": actor.parameters.clip must be >= 0 (0: the noise is not clipped)");
       if (a.type.size() > 3 && a.type.compare(a.type.size() - 3, 3, "_ou") == 0) {
         a.dt = real_required("dt");
         a.xi = p.real("xi", 0);
@@ -190,6 +192,9 @@ RLConfig read_rl_config(const std::string &filename) {
     int64_t accumulate = 1;
     double clip = 0;
     read_optimizer(b, c.alpha_optimizer, accumulate, clip);
+    if (accumulate != 1 || clip != 0)  // (read, so that a value is an error rather than ignored)
+      throw ConfigError(filename + ": alpha_optimizer.general is not used: alpha steps on the policy's "
+                        "accumulation cycle (optimizer.general.grad_accumulation_steps), unclipped");
   } else if (sac) {
     top.find("alpha_optimizer");
   }
@@ -238,6 +243,11 @@ PPOConfig read_ppo_config(const std::string &filename) {
       throw ConfigError(filename + ": algorithm.parameters gamma and gae_lambda must be in [0, 1]");
     if (c.epsilon < 0 || c.clip_q < 0)
       throw ConfigError(filename + ": algorithm.parameters epsilon and clip_q must be >= 0");
+    if (!(c.target_kl_divergence >= 0))
+      throw ConfigError(filename + ": algorithm.parameters.target_kl_divergence must be >= 0 (0 turns the early "
+                        "stop off)");
+    if (!(c.value_loss_coefficient >= 0))  // (a negative one would maximise the value error)
+      throw ConfigError(filename + ": algorithm.parameters.value_loss_coefficient must be >= 0");
     p.done();
     algorithm.done();
   }

@@ -89,6 +89,26 @@ program test_torchfort
   call check(st32 == 3 .and. si32 == 1, "default-integer counters")
   call check(torchfort_load_checkpoint("r2", trim(dir)//"/no_such_dir", st, si) == TORCHFORT_RESULT_INVALID_USAGE, &
              "a missing checkpoint directory is INVALID_USAGE")
+  ! ... and within an accumulation cycle (sgd_multistep_accum of tests/test_torchfort.py: 2 calls
+  ! per optimizer step): the gradient of call 3 is part of the step taken at call 4.
+  call check(torchfort_create_model("a1", trim(dir)//"/sgd_multistep_accum.yaml", TORCHFORT_DEVICE_CPU) == 0, &
+             "create a1")
+  do i = 1, 3
+    res = torchfort_train("a1", x, y, loss)
+  end do
+  call check(torchfort_save_checkpoint("a1", trim(dir)//"/ckpt_accum") == 0, "save_checkpoint within a cycle")
+  do i = 1, 4
+    res = torchfort_train("a1", x, y, l1(i))
+  end do
+  call check(torchfort_set_manual_seed(98) == 0, "seed")
+  call check(torchfort_create_model("a2", trim(dir)//"/sgd_multistep_accum.yaml", TORCHFORT_DEVICE_CPU) == 0, &
+             "create a2")
+  call check(torchfort_load_checkpoint("a2", trim(dir)//"/ckpt_accum", st, si) == 0, "load_checkpoint a2")
+  do i = 1, 4
+    res = torchfort_train("a2", x, y, l2(i))
+  end do
+  call check(st == 3 .and. all(l1 == l2), &
+             "a checkpoint taken within an accumulation cycle resumes it bit for bit")
 
   ! A saved model loads into another model of the same configuration.
   call check(torchfort_set_manual_seed(7) == 0, "seed")
