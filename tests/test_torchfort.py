@@ -214,7 +214,9 @@ def reference(name, cfg, directory):
 
 
 @pytest.fixture(scope="module")
-def torchfort_dir(tmp_path_factory):
+def torchfort_dir(tmp_path_factory, installed):
+    import ctypes
+
     d = tmp_path_factory.mktemp("torchfort")
     torch.manual_seed(5)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
@@ -224,6 +226,14 @@ def torchfort_dir(tmp_path_factory):
     for name, text in EXTRA_FILES.items():
         (d / name).write_text(text)
     (d / "configs.txt").write_text("".join(f"{n}\n" for n in CONFIGS))
+    # A checkpoint of a model trained 2**40 times (its state.pt rewritten): counters beyond 32 bits.
+    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
+    first = next(iter(CONFIGS))
+    assert lib.torchfort_create_model(b"big_counters", str(d / f"{first}.yaml").encode(), -1) == 0
+    assert lib.torchfort_save_checkpoint(b"big_counters", str(d / "ckpt_big").encode()) == 0
+    state = torch.jit.load(str(d / "ckpt_big" / "state.pt"))
+    state._c.setattr("step_train", 2**40)
+    state.save(str(d / "ckpt_big" / "state.pt"))
     return d
 
 
@@ -241,6 +251,7 @@ def test_torchfort_program_trains_as_pytorch(compiler, cmake_consumer, torchfort
     assert "TORCHFORT::ERROR: torchfort_train: no model named 'no_such_model'" in proc.stderr
     assert "unknown key 'layer_size' in model.parameters (allowed: layer_sizes, dropout, flatten_non_batch_dims)" in proc.stderr
     assert "cannot be trained: its configuration" in proc.stderr
+    assert "step counters do not fit 32-bit integers" in proc.stderr
     for name, cfg in CONFIGS.items():
         losses, out, params = reference(name, cfg, work)
         values = [float(v) for v in (work / f"{name}.out").read_text().split()]
@@ -444,6 +455,39 @@ def test_distributed_model_through_the_torchfort_mpi_source(installed, tmp_path)
     }))
     proc = mpirun(2, tmp_path / "main", str(tmp_path / "dist.yaml"))
     assert proc.stdout.count("distributed ok") == 2, proc.stdout + proc.stderr
+
+
+def test_a_transposed_label_or_output_array_is_refused(installed, tmp_path):
+    """A label or output array with the model's element count but another batch (y(batch, 3) where
+    y(3, batch) was meant: the tensor [3, batch] against the model's [batch, 3]) is
+    TORCHFORT_RESULT_INVALID_USAGE, never elements paired with the wrong ones; the right arrays train."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
+    lib.ftc_last_error.restype = ctypes.c_char_p
+    config = tmp_path / "t.yaml"
+    config.write_text(_to_yaml({"model": {"type": "mlp", "parameters": {"layer_sizes": [4, 3]}},
+                                "loss": {"type": "mse"}, "optimizer": {"type": "sgd"}}))
+    assert lib.torchfort_create_model(b"transposed", str(config).encode(), -1) == 0
+    x, y = _data(torch.float32)
+    yt = y.t().contiguous()
+    loss = ctypes.c_float()
+
+    def shape(t):
+        return (ctypes.c_int64 * t.dim())(*t.shape)
+
+    def train(label):
+        return lib.torchfort_train(b"transposed", ctypes.c_void_p(x.data_ptr()), ctypes.c_size_t(2), shape(x),
+                                   ctypes.c_void_p(label.data_ptr()), ctypes.c_size_t(2), shape(label),
+                                   ctypes.byref(loss), -1, None)
+
+    assert train(yt) == 1
+    assert "not the same batch" in lib.ftc_last_error().decode()
+    assert train(y) == 0
+    out = torch.zeros_like(yt)
+    assert lib.torchfort_inference(b"transposed", ctypes.c_void_p(x.data_ptr()), ctypes.c_size_t(2), shape(x),
+                                   ctypes.c_void_p(out.data_ptr()), ctypes.c_size_t(2), shape(out), -1, None) == 1
+    assert "not the same batch" in lib.ftc_last_error().decode() and bool((out == 0).all())
 
 
 def test_wandb_hook_writes_the_metrics_log(installed, tmp_path, monkeypatch):

@@ -559,6 +559,33 @@ def test_configuration_values_that_would_train_something_else_are_errors(install
     assert message in error and str(bad) in error, error
 
 
+def test_a_transposed_action_array_is_refused(installed, tmp_path):
+    """predict into an action array with the right element count but another batch ([A, B] for
+    the system's [B, A]: a Fortran act(B, A) where act(A, B) was meant) is INVALID_USAGE, and the
+    array is left alone; the right array receives the actions."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
+    lib.ftc_last_error.restype = ctypes.c_char_p
+    config = tmp_path / "td3.yaml"
+    config.write_text(_to_yaml(_TD3_BUILTIN))
+    assert lib.torchfort_rl_off_policy_create_system(b"transposed", str(config).encode(), -1, -1) == 0
+    state = torch.rand(4, 3)
+
+    def predict(action):
+        shape_s = (ctypes.c_int64 * 2)(*state.shape)
+        shape_a = (ctypes.c_int64 * 2)(*action.shape)
+        return lib.torchfort_rl_off_policy_predict(b"transposed", ctypes.c_void_p(state.data_ptr()), ctypes.c_size_t(2),
+                                                   shape_s, ctypes.c_void_p(action.data_ptr()), ctypes.c_size_t(2),
+                                                   shape_a, -1, None)
+
+    wrong = torch.full((2, 4), 7.0)
+    assert predict(wrong) == 1
+    assert "not the same batch" in lib.ftc_last_error().decode() and bool((wrong == 7).all())
+    right = torch.full((4, 2), 7.0)
+    assert predict(right) == 0 and bool((right.abs() <= 1).all())
+
+
 def test_a_loss_that_is_not_finite_stops_before_changing_anything(installed, rl_dir, tmp_path):
     """A critic returning NaN: train_step fails with TORCHFORT_RESULT_INTERNAL_ERROR naming the loss,
     and the policy acts as before."""

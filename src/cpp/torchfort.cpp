@@ -214,6 +214,7 @@ struct Loss {
     if (x.numel() != y.numel())
       usage("the model output (" + shape_text(outputs[0]) + ") and the label (" + shape_text(labels[0]) +
             ") have different element counts");
+    require_same_batch(outputs[0], labels[0], "the model output", "the label");
     return type == "mse" ? at::mse_loss(x, y, reduction) : at::l1_loss(x, y, reduction);
   }
 };
@@ -382,6 +383,8 @@ void inference_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, std::vec
     if (r.is_floating_point() && !outputs[i].is_floating_point())
       usage("output " + std::to_string(i + 1) + ": the model returns " + ftc::dtype_name(r.scalar_type()) +
             " values, which an " + ftc::dtype_name(outputs[i].scalar_type()) + " array would truncate");
+    require_same_batch(r, outputs[i], "output " + std::to_string(i + 1) + ": the model's result",
+                       "the output array");
     outputs[i].copy_(r.reshape(outputs[i].sizes()));
   }
   ++p.step_inference;

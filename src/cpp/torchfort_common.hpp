@@ -87,6 +87,18 @@ c10::ScalarType scalar_type(torchfort_datatype_t dtype, bool floating_only);
 at::Tensor wrap(void *data, size_t dim, const int64_t *shape, torchfort_datatype_t dtype, bool fortran,
                 const char *what, bool floating_only);
 std::string shape_text(const at::Tensor &t);
+// Arrays that meet element for element (a model's result and the caller's output array, an output
+// and its label) with the same number of elements must also agree on the batch when both have one
+// (rank 2 or more: the first C dimension, Fortran's last): y(batch, 3) where y(3, batch) was meant
+// would otherwise pair the wrong elements without a word. [B, n*n] against [B, n, n] still meets.
+inline void require_same_batch(const at::Tensor &a, const at::Tensor &b, const std::string &a_text,
+                               const std::string &b_text) {
+  if (a.dim() >= 2 && b.dim() >= 2 && a.size(0) != b.size(0))
+    throw Failure(TORCHFORT_RESULT_INVALID_USAGE,
+                  a_text + " (" + shape_text(a) + ") and " + b_text + " (" + shape_text(b) + ") have the same number "
+                  "of elements but not the same batch (the first C dimension, the last Fortran one): a transposed "
+                  "array?");
+}
 
 struct TensorList {
   std::vector<at::Tensor> tensors;

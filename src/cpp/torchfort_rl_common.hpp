@@ -110,6 +110,7 @@ inline void deliver(const at::Tensor &result, at::Tensor &out, const char *what)
     usage(std::string("the ") + what + " array is " + shape_text(out) + " (" + std::to_string(out.numel()) +
           " elements); the system computes " + shape_text(result) + " (" + std::to_string(result.numel()) +
           " elements)");
+  require_same_batch(result, out, std::string("what the system computes"), std::string("the ") + what + " array");
   out.copy_(result.reshape(out.sizes()));
 }
 

@@ -89,6 +89,14 @@ program test_torchfort
   call check(st32 == 3 .and. si32 == 1, "default-integer counters")
   call check(torchfort_load_checkpoint("r2", trim(dir)//"/no_such_dir", st, si) == TORCHFORT_RESULT_INVALID_USAGE, &
              "a missing checkpoint directory is INVALID_USAGE")
+  ! Counters beyond 32 bits (ckpt_big, written by tests/test_torchfort.py): the default-integer
+  ! form says so rather than wrapping them; the int64 form gives them.
+  call check(torchfort_create_model("big", trim(dir)//"/"//trim(first)//".yaml", TORCHFORT_DEVICE_CPU) == 0, &
+             "create big")
+  call check(torchfort_load_checkpoint("big", trim(dir)//"/ckpt_big", st32, si32) == TORCHFORT_RESULT_INVALID_USAGE, &
+             "default-integer counters that cannot hold the checkpoint's are INVALID_USAGE")
+  call check(torchfort_load_checkpoint("big", trim(dir)//"/ckpt_big", st, si) == 0 .and. st == 2_int64**40, &
+             "int64 counters hold them")
   ! ... and within an accumulation cycle (sgd_multistep_accum of tests/test_torchfort.py: 2 calls
   ! per optimizer step): the gradient of call 3 is part of the step taken at call 4.
   call check(torchfort_create_model("a1", trim(dir)//"/sgd_multistep_accum.yaml", TORCHFORT_DEVICE_CPU) == 0, &
