@@ -61,6 +61,9 @@ CASES = {
     "graph_adam": (1, [0.01, 0.9, 0.999, 1e-8, 0, 0], 3, [10, 0.0], 5),
     "graph_adam_options": (1, [0.01, 0.8, 0.95, 1e-6, 0.1, 1], -1, [], 5),
     "graph_adamw_amsgrad": (2, [0.01, 0.85, 0.99, 1e-7, 0.05, 1], 2, [0.9], 5),
+    # mode 6: a linear warm-up (0.1 to 1 over 3 steps) made before the case's scheduler, both stepped:
+    # the cosine schedule's restarts rise towards the rate before the warm-up (PyTorch's initial_lr)
+    "warmup_then_cosine": (0, [0.1, 0.9, 0, 0, 0], 3, [4, 0.001], 6),
 }
 
 
@@ -119,6 +122,7 @@ def _python_run(data_dir, name):
     x, y = train_data()
     params = list(model.parameters())
     opt = make_optimizer(kind, h, params)
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, end_factor=1.0, total_iters=3) if mode == 6 else None
     sched = make_scheduler(sched_kind, s, opt)
     losses, lrs = [], []
     for step in range(1, STEPS + 1):
@@ -142,6 +146,8 @@ def _python_run(data_dir, name):
             if mode == 3:
                 torch.nn.utils.clip_grad_value_(params, 0.05)
             opt.step()
+        if warm is not None:
+            warm.step()
         if sched_kind == 4:
             sched.step(loss)
         elif sched is not None:
@@ -151,6 +157,23 @@ def _python_run(data_dir, name):
                 g["lr"] = 0.02
         losses.append(loss)
     return np.array(losses), np.array(lrs), [p.detach().reshape(-1).numpy() for p in params]
+
+
+def python_last_lrs(name):
+    """Mode 6's schedules alone (they do not depend on the loss): per step, the warm-up's and the
+    case scheduler's get_last_lr()."""
+    kind, h, sched_kind, s, _ = CASES[name]
+    p = torch.zeros(1, requires_grad=True)
+    opt = make_optimizer(kind, h, [p])
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, end_factor=1.0, total_iters=3)
+    sched = make_scheduler(sched_kind, s, opt)
+    out = []
+    for _ in range(STEPS):
+        opt.step()
+        warm.step()
+        sched.step()
+        out.append([warm.get_last_lr()[0], sched.get_last_lr()[0]])
+    return out
 
 
 def read_run(path):
@@ -191,6 +214,11 @@ def test_training_matches_torch_optim(train_binary, data_dir, name):
     want_loss, want_lr, want_params = python_run(data_dir, name)
     assert len(got_loss) == STEPS >= 20
     np.testing.assert_allclose(got_lr, want_lr, rtol=1e-12, atol=0)
+    if CASES[name][4] == 6:  # each schedule's get_last_lr: the rate it set, not the optimizer's now
+        want_last = python_last_lrs(name)
+        got_last = [[float(v) for v in ln.split()[1:]] for ln in
+                    (data_dir / f"train_{name}.txt").read_text().splitlines() if ln.startswith("last ")]
+        np.testing.assert_allclose(np.array(got_last), np.array(want_last), rtol=1e-12, atol=0)
     if CASES[name][0] == 5:  # LBFGS: see LBFGS_TIGHT_STEPS
         np.testing.assert_allclose(got_loss[:LBFGS_TIGHT_STEPS], want_loss[:LBFGS_TIGHT_STEPS], rtol=1e-10, atol=0)
         assert abs(got_loss[-1] / want_loss[-1] - 1) < 0.05

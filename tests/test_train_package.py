@@ -108,6 +108,40 @@ def test_required_compiled_step_says_why_not(cmake_consumer, package_dir):
         in proc.stderr, proc.stderr
 
 
+def test_a_parameter_in_another_memory_layout_trains_with_the_compiled_step(cmake_consumer, data_dir, tmp_path):
+    """A parameter the module holds in another memory order than row-major (here a Linear weight
+    stored transposed, as channels-last convolution weights are): the package holds it row-major
+    (the compiled step writes parameters in place, with the strides it was traced with), and the
+    compiled step (FTORCH_COMPILED_STEP=require) follows torch.optim on the ordinary model."""
+    sys.path.insert(0, str(TESTS))
+    import ftorch
+    from torch.export.pt2_archive._package import PT2ArchiveReader
+
+    d = tmp_path / "package"
+    d.mkdir()
+    for f in data_dir.iterdir():
+        if f.is_file() and f.name != "train_mlp.pt":
+            (d / f.name).symlink_to(f)
+    model = train_model()
+    first = model[0]
+    first.weight = torch.nn.Parameter(first.weight.detach().t().contiguous().t())  # same values, column-major
+    assert not first.weight.is_contiguous()
+    report = ftorch.export(model, ["16,4:float64"], train_package=d / "train_mlp.pt2", dynamic_batch=True)
+    assert report.ok, report
+    with PT2ArchiveReader(str(d / "train_mlp.pt2")) as reader:
+        state = torch.load(io.BytesIO(reader.read_bytes("ftorch/state.pt")), weights_only=True)
+    assert all(p.is_contiguous() for p in state["parameters"])
+    shutil.copy(d / "train_mlp.pt2", d / "train_mlp.pt")
+    binary = cmake_consumer(COMPILERS[0]) / "test_train"
+    assert_all_passed(run([binary, d, "parity", case_line("train_step")], check=False,
+                          env=dict(os.environ, FTORCH_COMPILED_STEP="require")))
+    got_loss, _, got_params = read_run(d / "train_train_step.txt")
+    want_loss, _, want_params = python_run(data_dir, "train_step")
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-9, atol=0)
+    for got, want in zip(got_params, want_params, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-11)
+
+
 @pytest.mark.parametrize("compiler", COMPILERS)
 def test_package_freeze_set_gradient_accumulation(cmake_consumer, package_dir, data_dir, compiler):
     binary = cmake_consumer(compiler) / "test_train"

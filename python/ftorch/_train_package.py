@@ -245,9 +245,12 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
     from ._export_values import _flatten_outputs, dtype_name
 
     pnames = [n for n, _ in model.named_parameters()]
-    params = [p.detach() for _, p in model.named_parameters()]
+    # Row-major, whatever memory order the module keeps them in (channels-last convolution
+    # weights): FTorch holds the state row-major, and the compiled code reads and (the step) writes
+    # it in place with the strides it was traced with.
+    params = [p.detach().contiguous() for _, p in model.named_parameters()]
     bnames = [n for n, _ in model.named_buffers()]
-    buffers = [b.detach() for _, b in model.named_buffers()]
+    buffers = [b.detach().contiguous() for _, b in model.named_buffers()]
     for n, p in zip(pnames, params):
         if not p.is_floating_point():
             raise UsageError(f"parameter {n} has dtype {p.dtype}: a training package trains floating-point "
@@ -530,8 +533,8 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
 
     meta = written["meta"]
     pnames, bnames, grad_inputs = written["pnames"], written["bnames"], written["grad_inputs"]
-    params = [p.detach() for _, p in model.named_parameters()]
-    buffers = [b.detach() for _, b in model.named_buffers()]
+    params = [p.detach().contiguous() for _, p in model.named_parameters()]  # (as written)
+    buffers = [b.detach().contiguous() for _, b in model.named_buffers()]
     n_o, n_b, n_r = len(meta["outputs"]), len(buffers), meta["random_values"]
     was_training = model.training
 

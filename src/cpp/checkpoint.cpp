@@ -202,7 +202,7 @@ void undo_checkpoint(CheckpointUndo &undo, const StagedCheckpoint &st) noexcept 
       std::stringstream previous(undo.optim_state);
       torch::serialize::InputArchive restore;
       restore.load_from(previous);
-      opt.opt->load(restore);
+      load_optimizer_state(*opt.opt, restore);
       opt.steps = undo.optim_steps;
     }
     if (st.s != nullptr && !undo.sched_state.empty()) scheduler_of(st.s).set_state(undo.sched_state);
@@ -231,7 +231,7 @@ std::shared_ptr<CheckpointUndo> apply_checkpoint(StagedCheckpoint &st) {
   try {
     if (st.o != nullptr) {
       auto &opt = optim_of(st.o);
-      opt.opt->load(st.optim_state);
+      load_optimizer_state(*opt.opt, st.optim_state);
       opt.steps = st.optim_steps;
     }
     if (st.s != nullptr) scheduler_of(st.s).set_state(st.sched_state);  // size and kind checked when staged

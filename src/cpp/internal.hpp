@@ -48,6 +48,9 @@ struct Optim {
   double window_seconds = 0;
   std::shared_ptr<GradientSync> sync;  // set while the optimizer is data-parallel
   std::shared_ptr<TrainGraph> graph;   // the training step captured as a CUDA graph, once warmed up
+  // PyTorch's group["initial_lr"]: the rate when the first scheduler over it was made, the base of
+  // every scheduler's closed forms (a cosine schedule's restarts) even after another changed it.
+  std::optional<double> initial_lr;
 };
 
 // One training step's forward, loss and backward (body returns the local loss value), then, for a
@@ -65,6 +68,20 @@ double reduced_step(Optim &opt, Body &&body) {
     throw;
   }
   return sync->reduce(local);
+}
+
+// An optimizer's state replaced by a saved one, as PyTorch's load_state_dict does: a parameter
+// without state in the archive has none afterwards (LibTorch's own load keeps whatever state such
+// a parameter had, so rolling back to a checkpoint taken before the first step would keep the
+// moments of the steps since). Every load of an optimizer goes through one of these.
+inline void load_optimizer_state(torch::optim::Optimizer &opt, torch::serialize::InputArchive &archive) {
+  opt.state().clear();
+  opt.load(archive);
+}
+inline void load_optimizer_state(torch::optim::Optimizer &opt, const std::string &file, const c10::Device &device) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(file, device);
+  load_optimizer_state(opt, archive);
 }
 
 // Before an update reads the gradients of opt (step, clipping), and after it.
@@ -88,6 +105,7 @@ struct Scheduler {
   ftc_linear_lr_options linear = FTC_LINEAR_LR_OPTIONS_DEFAULTS;
   ftc_plateau_options plateau = FTC_PLATEAU_OPTIONS_DEFAULTS;
   double base_lr = 0;
+  double last_lr = 0;  // the rate this schedule last set (get_last_lr)
   int64_t last_epoch = -1;
   int64_t step_count = 0;
   // reduce-on-plateau
@@ -95,7 +113,8 @@ struct Scheduler {
   int64_t num_bad_epochs = 0;
   int64_t cooldown_counter = 0;
 
-  void step(bool has_metric, double metric);
+  void step(bool has_metric, double metric);  // advance, then last_lr
+  void advance(bool has_metric, double metric);
   // State as numbers, in a fixed order, for checkpoints.
   std::vector<double> state() const;
   void set_state(const std::vector<double> &values);

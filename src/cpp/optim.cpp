@@ -134,7 +134,8 @@ int new_scheduler(ftc_scheduler *out, ftc_optim o, int kind, Set &&set) {
     s.kind = kind;
     s.optim = ftc::optim_ptr(o);
     set(s);
-    s.base_lr = ftc::get_lr(opt);
+    if (!opt.initial_lr) opt.initial_lr = ftc::get_lr(opt);
+    s.base_lr = *opt.initial_lr;
     s.step(false, 0.0);  // PyTorch's initial step
     ftc::replace_handle<ftc::SchedulerTable>(out, std::make_shared<ftc::Scheduler>(std::move(s)));
   });
@@ -153,6 +154,11 @@ void set_lr(Optim &o, double lr) {
 // One scheduler step: the next learning rate from the current one, as torch.optim.lr_scheduler
 // computes it (chainable forms, so that other changes to the rate compose as in PyTorch).
 void Scheduler::step(bool has_metric, double metric) {
+  advance(has_metric, metric);
+  last_lr = get_lr(*optim);
+}
+
+void Scheduler::advance(bool has_metric, double metric) {
   ++step_count;
   const double lr = get_lr(*optim);
   const bool initial = last_epoch < 0;
@@ -239,6 +245,7 @@ void Scheduler::set_state(const std::vector<double> &v) {
   best = v[4];
   num_bad_epochs = static_cast<int64_t>(v[5]);
   cooldown_counter = static_cast<int64_t>(v[6]);
+  last_lr = get_lr(*optim);  // (a checkpoint restores the optimizer's rate first)
 }
 
 }  // namespace ftc
@@ -413,7 +420,7 @@ int ftc_scheduler_step(ftc_scheduler s, int has_metric, double metric) {
 }
 
 int ftc_scheduler_last_lr(ftc_scheduler s, double *lr) {
-  return ftc::guard([&] { ftc::out_arg(lr, "lr") = ftc::get_lr(*ftc::scheduler_of(s).optim); });
+  return ftc::guard([&] { ftc::out_arg(lr, "lr") = ftc::scheduler_of(s).last_lr; });
 }
 
 }  // extern "C"

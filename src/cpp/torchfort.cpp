@@ -675,7 +675,7 @@ torchfort_result_t torchfort_load_checkpoint(const char *name, const char *check
     torch::jit::Module loaded = load_script((dir / "model.pt").string(), p.device, "the checkpoint's model");
     const StepCounts counts = load_state((dir / "state.pt").string());
     copy_state(p.module, loaded, (dir / "model.pt").string());
-    torch::load(*p.opt, (dir / "optimizer.pt").string(), p.device);
+    ftc::load_optimizer_state(*p.opt, (dir / "optimizer.pt").string(), p.device);
     if (p.schedule) p.schedule->load((dir / "lr.pt").string());
     load_grads(p.params, dir / "grads.pt");  // (gradients accumulated within the cycle)
     p.step_train = counts.train;

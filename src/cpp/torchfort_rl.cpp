@@ -945,7 +945,7 @@ void load_checkpoint(System &sys, const fs::path &dir, const std::function<void(
   size_t i = 0;
   for (auto &[sub, net] : nets(sys)) {
     copy_state(net->module, modules[i++], (dir / sub / "model.pt").string());
-    if (net->optim) torch::load(*net->optim->opt, (dir / sub / "optimizer.pt").string(), sys.model_device);
+    if (net->optim) ftc::load_optimizer_state(*net->optim->opt, (dir / sub / "optimizer.pt").string(), sys.model_device);
     if (net->optim) load_grads(net->params, dir / sub / "grads.pt");
     if (net->schedule) net->schedule->load((dir / sub / "lr.pt").string());
     c10::IValue st, sc;
@@ -971,7 +971,7 @@ void load_checkpoint(System &sys, const fs::path &dir, const std::function<void(
   if (sys.state_norm) *sys.state_norm = state_norm;
   if (sys.reward_norm) *sys.reward_norm = reward_norm;
   if (sys.alpha_optim) {
-    torch::load(*sys.alpha_optim->opt, (dir / "alpha" / "optimizer.pt").string(), sys.model_device);
+    ftc::load_optimizer_state(*sys.alpha_optim->opt, (dir / "alpha" / "optimizer.pt").string(), sys.model_device);
     if (sys.alpha_schedule) sys.alpha_schedule->load((dir / "alpha" / "lr.pt").string());
   }
 }

@@ -584,7 +584,8 @@ void load_checkpoint(System &sys, const fs::path &dir, const std::function<void(
   checked();
 
   copy_state(sys.net.module, loaded, model.string());
-  torch::load(*sys.net.optim->opt, (dir / "actor_critic" / "optimizer.pt").string(), sys.model_device);
+  ftc::load_optimizer_state(*sys.net.optim->opt, (dir / "actor_critic" / "optimizer.pt").string(),
+                            sys.model_device);
   load_grads(sys.net.params, dir / "actor_critic" / "grads.pt");
   if (sys.net.schedule) sys.net.schedule->load((dir / "actor_critic" / "lr.pt").string());
   *sys.buffer = std::move(buffer);

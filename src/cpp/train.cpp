@@ -28,6 +28,10 @@ TrainStep train_step_for(Model &model, ftc_optim o, ftc_scheduler s, std::vector
   step.package = model.package.get();
   step.opt = &optim_of(o);
   step.sched = s != nullptr ? &scheduler_of(s) : nullptr;
+  if (step.sched != nullptr && step.sched->optim.get() != step.opt) {
+    fail(FTC_ERR_INVALID_ARGUMENT, "the scheduler drives another optimizer than the one this step updates (it would "
+                                   "change that optimizer's rate, and this one's never)");
+  }
   step.target = std::move(target);
   if (reduction == 0) fail(FTC_ERR_INVALID_ARGUMENT, "a training step needs a reduced loss (mean or sum)");
   step.loss_kind = loss_kind;

@@ -586,6 +586,21 @@ std::string not_compiled_because(const TrainStep &step, const std::vector<at::Te
     if (t >= 0 && count != t) return "the parameters have different step counts";
     t = count;
   }
+  // The compiled step writes these in place: one held in another memory layout would be handed
+  // over as a row-major copy whose update is then lost. (The packages this FTorch writes hold
+  // their state row-major whatever the module's layout; this guards packages written otherwise.)
+  const auto row_major = [](const at::Tensor &x) { return !x.defined() || x.is_contiguous(); };
+  for (const auto &param : p->params) {
+    auto *s = state_of(opt, param);
+    const AdamState a = s != nullptr ? adam_state(opt, *s) : AdamState{};
+    if (!row_major(param) || !row_major(param.grad()) || !row_major(a.exp_avg) || !row_major(a.exp_avg_sq)) {
+      return "parameter " + p->param_names[&param - p->params.data()] +
+             " (or its gradient or optimizer state) is not in row-major memory";
+    }
+  }
+  for (const auto &b : p->buffers) {
+    if (!row_major(b)) return "a buffer is not in row-major memory";
+  }
   return "";
 }
 

@@ -55,6 +55,7 @@ program test_train
     call parity()
   case ("params")
     call parameter_handling()
+    call rollback()
   case ("staggered")
     call staggered_steps()
   case ("resume")
@@ -129,7 +130,7 @@ contains
     integer :: kind, sched_kind, run_mode, nsteps, step, milestones(3)
     real(real64) :: h(7), s(8), loss, lr
     type(torch_optim) :: optim
-    type(torch_scheduler) :: sched
+    type(torch_scheduler) :: sched, warm
     type(torch_tensor), allocatable :: params(:)
     character(len=1024) :: line
     call get_command_argument(3, line)
@@ -156,6 +157,8 @@ contains
                              strong_wolfe=h(4) /= 0)
     end select
     milestones = nint(s(2:4))
+    ! mode 6: a linear warm-up made first, stepped before the case's scheduler
+    if (run_mode == 6) call torch_scheduler_linear_lr(warm, optim, start_factor=0.1d0, end_factor=1.0d0, total_iters=3)
     select case (sched_kind)
     case (0)
       call torch_scheduler_step_lr(sched, optim, step_size=nint(s(1)), gamma=s(2))
@@ -197,6 +200,7 @@ contains
           if (run_mode == 3) call torch_optim_clip_grad_value(optim, 0.05d0)
           call optim%step()
         end if
+        if (run_mode == 6) call warm%step()
         if (sched_kind == 4) then
           call sched%step(loss)
         else if (sched_kind >= 0) then
@@ -205,6 +209,8 @@ contains
         if (run_mode == 4 .and. step == 10) call torch_optim_set_learning_rate(optim, 0.02d0)
       end if
       write(unit, '(a,2(1x,es25.17e3))') "step", loss, lr
+      if (run_mode == 6) write(unit, '(a,2(1x,es25.17e3))') "last", torch_scheduler_get_last_lr(warm), &
+        torch_scheduler_get_last_lr(sched)
     end do
     call write_params(unit, params)
     close(unit)
@@ -214,6 +220,7 @@ contains
     call torch_delete(params)
     call torch_delete(optim)
     call torch_delete(sched)
+    if (run_mode == 6) call torch_delete(warm)
   end subroutine parity
 
   ! Adam steps with the first layer frozen, then unfrozen, then the CUDA-graph form of the step:
@@ -312,6 +319,53 @@ contains
     call torch_delete(params); call torch_delete(w); call torch_delete(gt); call torch_delete(optim)
     call torch_delete(out); call torch_delete(tloss)
   end subroutine parameter_handling
+
+  ! Rolling back to a checkpoint taken before the first step: the optimizer has no state again (as
+  ! after PyTorch's load_state_dict), so the next step is a first step, bit for bit; never one
+  ! with the moments and step count of the steps since.
+  subroutine rollback()
+    type(torch_tensor), allocatable :: params(:)
+    type(torch_optim) :: optim
+    real(real64) :: loss
+    real(real64), allocatable :: after_first(:), after_rollback(:)
+    integer :: i
+    call load_fresh_model(params)
+    call torch_optim_Adam(optim, params, learning_rate=1d-2)
+    call torch_checkpoint_save(data_path("rollback.ckpt"), model, optim)
+    loss = forward_backward(optim)
+    call optim%step()
+    after_first = values_of(params)
+    do i = 1, 5
+      loss = forward_backward(optim)
+      call optim%step()
+    end do
+    call torch_checkpoint_load(data_path("rollback.ckpt"), model, optim)
+    loss = forward_backward(optim)
+    call optim%step()
+    after_rollback = values_of(params)
+    call check(size(after_first) > 0 .and. all(after_first == after_rollback), &
+               "a checkpoint from before the first step rolls the optimizer back to no state")
+    call torch_delete(params)
+    call torch_delete(optim)
+  end subroutine rollback
+
+  ! Every parameter's values, one after the other (row-major within each).
+  function values_of(params) result(all_values)
+    type(torch_tensor), intent(in) :: params(:)
+    real(real64), allocatable :: all_values(:), part(:)
+    type(torch_tensor) :: flat
+    integer :: i, n
+    allocate(all_values(0))
+    do i = 1, size(params)
+      n = int(product(params(i)%get_shape()))
+      allocate(part(n))
+      flat = torch_reshape(params(i), [n])
+      call torch_tensor_to_array(flat, part)
+      all_values = [all_values, part]
+      deallocate(part)
+      call torch_delete(flat)
+    end do
+  end function values_of
 
   subroutine half(xh, yh, loss)
     real(real64), target, intent(inout) :: xh(8, 4), yh(8, 2)
@@ -488,7 +542,7 @@ contains
 
   subroutine errors()
     type(torch_optim) :: optim, other_optim
-    type(torch_scheduler) :: sched
+    type(torch_scheduler) :: sched, other_sched
     type(torch_model) :: other
     type(torch_tensor), allocatable :: params(:)
     type(torch_tensor) :: none(0), l, short, nonleaf(1)
@@ -544,6 +598,13 @@ contains
     call torch_train_step(model, other_optim, [tx], ty, cuda_graph=.true., stat=stat, errmsg=msg)
     call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "SGD, Adam and AdamW optimizers, not RMSPROP") > 0, &
                "a CUDA-graph step refuses an optimizer it cannot capture")
+    ! a scheduler of another optimizer would decay that one's rate and never this one's
+    call torch_scheduler_step_lr(other_sched, other_optim, step_size=1, gamma=0.5d0)
+    call torch_train_step(model, optim, [tx], ty, scheduler=other_sched, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "another optimizer") > 0 .and. &
+               torch_optim_get_learning_rate(other_optim) == 0.01d0, &
+               "torch_train_step refuses a scheduler of another optimizer: " // trim(msg))
+    call torch_delete(other_sched)
     call torch_delete(other_optim)
 
     ! checkpoints
