@@ -38,6 +38,13 @@ class TupleNet(torch.nn.Module):
         return 2.0 * x, x + 1.0
 
 
+class UInt8Net(torch.nn.Module):
+    """Unsigned bytes out (a mask, an image): 200 does not fit a signed 8-bit array."""
+
+    def forward(self, x):
+        return (x * 0 + 200).to(torch.uint8)
+
+
 class ScalarArgs(torch.nn.Module):
     """A forward that takes numbers and a logical besides a tensor (pytorch-fortran's add_scalar)."""
 
@@ -95,6 +102,7 @@ def build(directory: Path) -> Path:
     torch.jit.script(TwoInputs()).save(str(directory / "two_inputs.pt"))
     torch.jit.script(TupleNet()).save(str(directory / "tuple_net.pt"))
     torch.jit.script(DictNet()).save(str(directory / "dict_net.pt"))
+    torch.jit.script(UInt8Net()).save(str(directory / "uint8_net.pt"))
     torch.jit.script(ScalarArgs()).save(str(directory / "scalar_args.pt"))
     (directory / "py_raises.py").write_text("def fail(message):\n    raise ValueError(message)\n")
 

@@ -269,6 +269,9 @@ void check_lossless(const c10::Scalar &value, c10::ScalarType to, const char *in
 // one dtype with the elements in the same places is one memmove and a version bump; anything else
 // is LibTorch's copy_.
 void copy_values(at::Tensor &dst, const at::Tensor &src);
+// Whether writing l element by element could change elements of r not yet read: their memory
+// overlaps, other than as the same elements in the same places.
+bool memory_overlaps(const at::Tensor &l, const at::Tensor &r);
 
 // A Fortran pointer now points into t's memory (a no-copy view, a captured CUDA graph's input):
 // from here on `=` into any tensor over that memory writes in place, so the pointer keeps seeing

@@ -107,37 +107,6 @@ bool parts_from_others(const at::Tensor &t, bool carries_history) {
   return !ftc::memory_exposed(t);
 }
 
-// The bytes [first, last) that t's elements occupy (first == last without elements).
-std::pair<const char *, const char *> byte_range(const at::Tensor &t) {
-  if (t.numel() == 0 || !t.has_storage()) return {nullptr, nullptr};
-  const char *base = static_cast<const char *>(t.const_data_ptr());
-  int64_t lo = 0, hi = 0;
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    const int64_t reach = (t.size(d) - 1) * t.stride(d);
-    (reach < 0 ? lo : hi) += reach;
-  }
-  const auto item = static_cast<int64_t>(t.element_size());
-  return {base + lo * item, base + (hi + 1) * item};
-}
-
-// Whether writing l element by element could change elements of r not yet read: their memory
-// overlaps, other than as the same elements in the same places (which copy_ handles). Tensors
-// over overlapping sections of one Fortran array (a(1:4) and a(2:5)) are separate storages, which
-// LibTorch's own overlap check does not compare.
-bool overlaps(const at::Tensor &l, const at::Tensor &r) {
-  // First the whole storages (a few loads): disjoint for nearly every `=`.
-  const c10::TensorImpl *li = l.unsafeGetTensorImpl(), *ri = r.unsafeGetTensorImpl();
-  if (!li->has_storage() || !ri->has_storage()) return false;
-  const c10::StorageImpl *ls = li->storage().unsafeGetStorageImpl(), *rs = ri->storage().unsafeGetStorageImpl();
-  const char *l0 = static_cast<const char *>(ls->data()), *r0 = static_cast<const char *>(rs->data());
-  if (ls != rs && (l0 >= r0 + rs->nbytes() || r0 >= l0 + ls->nbytes())) return false;
-  if (l.device() != r.device()) return false;
-  const auto a = byte_range(l), b = byte_range(r);
-  if (a.first == a.second || b.first == b.second || a.first >= b.second || b.first >= a.second) return false;
-  return !(a.first == b.first && l.sizes() == r.sizes() && l.strides() == r.strides() &&
-           l.scalar_type() == r.scalar_type());
-}
-
 }  // namespace
 
 namespace ftc {
@@ -194,6 +163,11 @@ static bool continues_graph(const at::Tensor &r, const at::Tensor &t) {
 void assign_into(TensorTable::Slot &slot, const at::Tensor &rhs) {
   at::Tensor &l = slot.value;
   if (rhs.scalar_type() != l.scalar_type()) check_lossless(rhs, l.scalar_type(), "the left-hand side");
+  // (broadcast as copy_ does; a shape it cannot broadcast is a shape error before anything changes)
+  if (rhs.sizes() != l.sizes() && !at::is_expandable_to(rhs.sizes(), l.sizes())) {
+    fail(FTC_ERR_SHAPE, "the right-hand side has shape " + shape_string(rhs.sizes()) +
+                            ", which does not broadcast to the left-hand side's " + shape_string(l.sizes()));
+  }
   // Across devices too: the lhs keeps its device and memory and receives a copy (FTorch's idiom:
   // a model on the GPU writes into outputs that wrap CPU arrays).
   const bool grad_mode = at::GradMode::is_enabled();
@@ -204,11 +178,9 @@ void assign_into(TensorTable::Slot &slot, const at::Tensor &rhs) {
     at::NoGradGuard no_grad;
     l = part_from_others(slot);  // (a leaf requiring grad gets here only to take rhs's history below)
   }
-  // Right-hand memory that overlaps the left-hand side's is read before any of it is written.
-  at::Tensor copy;
-  if (overlaps(l, rhs)) copy = rhs.clone();
-  const at::Tensor &r = copy.defined() ? copy : rhs;
-  if (!carries_history) {  // (r.requires_grad() == rhs.requires_grad(): a clone keeps it)
+  // Right-hand memory that overlaps the left-hand side's is read before any of it is written
+  // (copy_values sees to it; the recorded copy below is given a clone).
+  if (!carries_history) {
     // No history to carry: a plain copy. A leaf stays a leaf (and keeps requires_grad); a
     // result of earlier operations drops that history. Autograd records nothing when neither
     // side requires grad, so grad mode is switched off (two calls into LibTorch) only for a
@@ -220,12 +192,13 @@ void assign_into(TensorTable::Slot &slot, const at::Tensor &rhs) {
     }
     if (grad_mode && requires_grad) {
       at::NoGradGuard no_grad;
-      copy_values(l, r);
+      copy_values(l, rhs);
     } else {
-      copy_values(l, r);
+      copy_values(l, rhs);
     }
     return;
   }
+  const at::Tensor r = memory_overlaps(l, rhs) ? rhs.clone() : rhs;  // (a clone keeps requires_grad)
   // lhs takes rhs's history: a fresh tensor over the same memory (the old TensorImpl, which a model
   // or an optimizer may hold as a leaf, is left untouched) receives the values, and with them
   // rhs's own place in the graph (continues_graph) or else a recorded copy.

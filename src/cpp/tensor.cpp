@@ -210,6 +210,27 @@ namespace {
 
 bool integral(c10::ScalarType t, bool include_bool) { return c10::isIntegralType(t, include_bool); }
 
+bool is_unsigned(c10::ScalarType t) {
+  return t == c10::kByte || t == c10::kUInt16 || t == c10::kUInt32 || t == c10::kUInt64;
+}
+
+// Whether every value of an integer dtype `from` fits `to` (a wider or equal width of the same
+// signedness, or a wider signed one for unsigned values).
+bool always_fits(c10::ScalarType from, c10::ScalarType to) {
+  const auto wf = c10::elementSize(from), wt = c10::elementSize(to);
+  if (is_unsigned(from) == is_unsigned(to)) return wt >= wf;
+  return is_unsigned(from) && wt > wf;
+}
+
+// The largest finite value of a floating-point dtype.
+double largest(c10::ScalarType t) {
+  double max = 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(c10::kHalf, c10::kBFloat16, t, "largest", [&] {
+    max = static_cast<double>(std::numeric_limits<scalar_t>::max());
+  });
+  return max;
+}
+
 // The values an integer dtype holds (bool: 0 and 1).
 std::pair<int64_t, int64_t> integer_range(c10::ScalarType t) {
   int64_t min = 0, max = 1;
@@ -228,10 +249,25 @@ void check_lossless(const at::Tensor &values, c10::ScalarType to, const char *in
   const c10::ScalarType from = values.scalar_type();
   if (from == to || from == c10::kBool) return;
   if (c10::isComplexType(from) && !c10::isComplexType(to)) lossy("complex values", from, to, into, "drop their imaginary parts");
-  if (!integral(to, true)) return;  // into floating point: rounding at most
+  if (!integral(to, true)) {  // into floating point: rounding, unless a finite value exceeds its range
+    if (c10::isFloatingType(from) && c10::isFloatingType(to) && largest(to) < largest(from) && values.numel() > 0) {
+      at::NoGradGuard no_grad;
+      const double max = largest(to);
+      const at::Tensor finite = at::isfinite(values);
+      if (at::any(finite & (values.abs() > max)).item<bool>()) {
+        const double worst = at::where(finite, values.abs(), at::zeros_like(values)).max().item<double>();
+        std::ostringstream text, bound;
+        text << "values up to " << worst;
+        bound << max;
+        lossy(text.str(), from, to, into, "turn them into infinities (the largest " + dtype_name(to) + " is " +
+                                              bound.str() + ")");
+      }
+    }
+    return;
+  }
   if (to == c10::kBool) lossy("values", from, to, into, "turn every nonzero value into true");
   if (!integral(from, false)) lossy("floating-point values", from, to, into, "truncate or overflow them");
-  if (c10::elementSize(to) >= c10::elementSize(from) && !(to == c10::kByte && from != c10::kByte)) return;
+  if (always_fits(from, to)) return;
   if (values.numel() == 0) return;
   // A narrower integer dtype: the values must fit (one pass over them, only in this case).
   at::NoGradGuard no_grad;
@@ -245,6 +281,14 @@ void check_lossless(const at::Tensor &values, c10::ScalarType to, const char *in
 }
 
 void check_lossless(const c10::Scalar &value, c10::ScalarType to, const char *into) {
+  if (c10::isFloatingType(to) && value.isFloatingPoint()) {  // (a finite number beyond the range: an infinity)
+    const double v = value.toDouble();
+    if (std::isfinite(v) && std::abs(v) > largest(to)) {
+      std::ostringstream text;
+      text << "the number " << v;
+      lossy(text.str(), c10::kDouble, to, into, "turn it into an infinity");
+    }
+  }
   if (!integral(to, true) || value.isBoolean()) return;
   const auto [min, max] = integer_range(to);
   std::ostringstream text;
@@ -361,7 +405,8 @@ int ftc_tensor_copy_into(ftc_tensor src, ftc_tensor dst, int non_blocking) {
                                               " differs from target shape " + ftc::shape_string(d.sizes()));
     }
     torch::NoGradGuard no_grad;
-    d.copy_(s, non_blocking != 0);
+    // (source memory the target overlaps is read whole first: sections of one Fortran array)
+    d.copy_(ftc::memory_overlaps(d, s) ? s.clone() : s, non_blocking != 0);
   });
 }
 

@@ -172,11 +172,49 @@ bool one_memmove(const at::Tensor &dst, const at::Tensor &src) {
   return true;
 }
 
+// The bytes [first, last) that t's elements occupy (first == last without elements).
+std::pair<const char *, const char *> byte_range(const at::Tensor &t) {
+  if (t.numel() == 0 || !t.has_storage()) return {nullptr, nullptr};
+  const char *base = static_cast<const char *>(t.const_data_ptr());
+  int64_t lo = 0, hi = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t reach = (t.size(d) - 1) * t.stride(d);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const auto item = static_cast<int64_t>(t.element_size());
+  return {base + lo * item, base + (hi + 1) * item};
+}
+
 }  // namespace
+
+// Tensors over overlapping sections of one Fortran array (a(1:4) and a(2:5)) are separate
+// storages, which LibTorch's own overlap check does not compare; same elements in the same places
+// are no overlap (copy_ handles them).
+bool ftc::memory_overlaps(const at::Tensor &l, const at::Tensor &r) {
+  // First the whole storages (a few loads): disjoint for nearly every `=`.
+  const c10::TensorImpl *li = l.unsafeGetTensorImpl(), *ri = r.unsafeGetTensorImpl();
+  if (!li->has_storage() || !ri->has_storage()) return false;
+  const c10::StorageImpl *ls = li->storage().unsafeGetStorageImpl(), *rs = ri->storage().unsafeGetStorageImpl();
+  const char *l0 = static_cast<const char *>(ls->data()), *r0 = static_cast<const char *>(rs->data());
+  if (ls != rs && (l0 >= r0 + rs->nbytes() || r0 >= l0 + ls->nbytes())) return false;
+  if (l.device() != r.device()) return false;
+  const auto a = byte_range(l), b = byte_range(r);
+  if (a.first == a.second || b.first == b.second || a.first >= b.second || b.first >= a.second) return false;
+  return !(a.first == b.first && l.sizes() == r.sizes() && l.strides() == r.strides() &&
+           l.scalar_type() == r.scalar_type());
+}
 
 namespace ftc {
 
 void copy_values(at::Tensor &dst, const at::Tensor &src) {
+  // Source memory that the destination overlaps (two tensors over overlapping sections of one
+  // Fortran array, a transposed view copied into its own array) is read whole before any of it
+  // is written.
+  if (memory_overlaps(dst, src)) {
+    const at::Tensor whole = src.clone();
+    copy_values(dst, whole);
+    return;
+  }
   if (one_memmove(dst, src)) {
     // The elements' bytes are one block in each (dense, no negative strides), from data_ptr on;
     // the version goes up as copy_'s would (a graph that saved dst reports the change at backward).

@@ -2,7 +2,7 @@
 !> usable. One block per failure mode; each asserts the status, the procedure name and the reason.
 program test_errors
   use, intrinsic :: iso_c_binding, only: c_int64_t
-  use, intrinsic :: iso_fortran_env, only: real32, real64
+  use, intrinsic :: iso_fortran_env, only: int8, real32, real64
   use ftorch
   use ftorch_types, only: torch_kFloat16, torch_kUInt8
   use testing, only: check, summary, read_values, data_path
@@ -12,6 +12,8 @@ program test_errors
   type(torch_tensor) :: tin(1), tout(1), two(2), never, gpu
   real(real64), target :: x(5), y(5), x4(4), y4(4), a(2,3)
   real(real32), target :: x32(5)
+  integer(int8), target :: bytes5(5)
+  type(torch_tensor) :: bytes_out(1)
   real(real64), allocatable :: y_ref(:), x_ref(:)
   integer, target :: ints(3)
   integer :: stat, rank
@@ -59,6 +61,13 @@ program test_errors
   call torch_model_forward(tuple_model, tin, tout, stat=stat, errmsg=msg)
   call expect(FTORCH_ERR_INVALID_ARGUMENT, "torch_model_forward", "returned 2 tensors but 1", &
               "output count differs from the tuple size")
+  ! uint8 results (200) into a signed int8 array: a dtype error, never -56
+  call torch_model_load(tuple_model, data_path("uint8_net.pt"), torch_kCPU)
+  call torch_tensor_from_array(bytes_out(1), bytes5, torch_kCPU)
+  bytes5 = 7_int8
+  call torch_model_forward(tuple_model, tin, bytes_out, stat=stat, errmsg=msg)
+  call expect(FTORCH_ERR_DTYPE, "torch_model_forward", "overflow", "uint8 results into an int8 array")
+  call check(all(bytes5 == 7_int8), "... and the array is untouched")
   call torch_model_load(tuple_model, data_path("dict_net.pt"), torch_kCPU)
   call torch_model_forward(tuple_model, tin, tout, stat=stat, errmsg=msg)
   call expect(FTORCH_ERR_INVALID_ARGUMENT, "torch_model_forward", "GenericDict", "unsupported output type")

@@ -4,7 +4,7 @@
 !> Writes hardening_*.txt into the data directory for tests/test_hardening.py to replay in PyTorch.
 program test_hardening
   use, intrinsic :: iso_c_binding, only: c_associated, c_int64_t
-  use, intrinsic :: iso_fortran_env, only: int64, real64
+  use, intrinsic :: iso_fortran_env, only: int64, real32, real64
   use, intrinsic :: ieee_arithmetic, only: ieee_value, ieee_quiet_nan
   use ftorch
   use testing, only: check, check_close, summary, data_path, rss_kib
@@ -32,6 +32,7 @@ program test_hardening
   call model_time_stepping()
   call catch_scopes()
   call unconstructed_objects()
+  call copies_and_conversions()
   call checkpoint_all_or_nothing()
   call check(ftorch_live_handles() == base, "every handle made by this program was freed")
   call summary()
@@ -472,6 +473,76 @@ contains
     call torch_delete(model); call torch_delete(opt); call torch_delete(x); call torch_delete(y)
     call unconstructed_tensors()
   end subroutine unconstructed_objects
+
+  ! Copies whose source memory the target overlaps read the source whole first; conversions that
+  ! would change values and descriptions longer than the array are errors.
+  subroutine copies_and_conversions()
+    integer, parameter :: n = 40000   ! (beyond LibTorch's one-thread copies)
+    real(real64), target :: sq(2, 2), line(n + 1), orig(n + 1), big(2)
+    real(real32), target :: small(2)
+    type(torch_tensor) :: t, u, w
+    integer :: i, stat
+    character(len=256) :: msg
+    integer(c_int64_t) :: before
+    before = ftorch_live_handles()
+    sq = reshape([1.0_real64, 2.0_real64, 3.0_real64, 4.0_real64], [2, 2])
+    call torch_tensor_from_array(t, sq, torch_kCPU)
+    call torch_tensor_to_array(torch_transpose(t, 1, 2), sq)
+    call check(all(sq == reshape([1.0_real64, 3.0_real64, 2.0_real64, 4.0_real64], [2, 2])), &
+               "to_array of a transposed view into its own array is the transpose")
+    call torch_delete(t)
+    orig = [(real(i, real64), i = 1, n + 1)]
+    line = orig
+    call torch_tensor_from_array(t, line(1:n), torch_kCPU)
+    call torch_tensor_to_array(t, line(2:n + 1))
+    call check(all(line(2:n + 1) == orig(1:n)), "to_array into an overlapping section: a shift, as Fortran's")
+    line = orig
+    call torch_tensor_from_array(u, line(2:n + 1), torch_kCPU)
+    call torch_tensor_to(t, u)
+    call check(all(line(2:n + 1) == orig(1:n)), "torch_tensor_to between overlapping sections: a shift")
+    call torch_delete(t); call torch_delete(u)
+    ! float64 beyond float32's range: an error, not infinities
+    big = [1.0_real64, 1.0e39_real64]
+    small = -1
+    call torch_tensor_from_array(t, big, torch_kCPU)
+    call torch_tensor_to_array(t, small, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_DTYPE .and. index(msg, "infinities") > 0 .and. all(small == -1), &
+               "float64 values beyond float32 into a real32 array: " // trim(msg))
+    call torch_tensor_from_array(w, small, torch_kCPU)
+    call torch_catch_begin()
+    w = 1.0e300_real64
+    call torch_catch_end(stat, msg)
+    call check(stat == FTORCH_ERR_DTYPE .and. all(small == -1), "a float32 tensor = 1e300: an error: " // trim(msg))
+    big(2) = 2.0_real64
+    call torch_tensor_to_array(t, small)
+    call check(all(small == [1.0_real32, 2.0_real32]), "float64 within float32's range converts")
+    call torch_delete(t); call torch_delete(w)
+    ! one entry of permute_dims and layout per dimension
+    call torch_tensor_from_array(t, sq, torch_kCPU, permute_dims=[2, 1, 3], stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "3 entries for an array of rank 2") > 0, &
+               "permute_dims longer than the rank: " // trim(msg))
+    call torch_tensor_from_array(t, sq, [1, 2, 3], torch_kCPU, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "layout has 3 entries") > 0, &
+               "a layout longer than the rank: " // trim(msg))
+    call torch_tensor_from_array(t, sq, [2, 1], torch_kCPU)
+    call check(c_associated(t%p), "a layout of the rank's length is taken")
+    call torch_delete(t)
+    ! `=` broadcasts as PyTorch's copy_ does; a shape that cannot be broadcast is an error
+    sq = 0
+    call torch_tensor_from_array(t, sq, torch_kCPU)
+    call torch_tensor_ones(u, 1, [2_c_int64_t], torch_kFloat64, torch_kCPU)
+    t = u
+    call check(all(sq == 1), "= of a [2] tensor into a [2, 2] one fills every row (broadcast)")
+    call torch_delete(u)
+    call torch_tensor_ones(u, 1, [3_c_int64_t], torch_kFloat64, torch_kCPU)
+    call torch_catch_begin()
+    t = 2 * u
+    call torch_catch_end(stat, msg)
+    call check(stat == FTORCH_ERR_SHAPE .and. all(sq == 1), "= of a [3] tensor into a [2, 2] one: a shape error: " &
+               // trim(msg))
+    call torch_delete(t); call torch_delete(u)
+    call check(ftorch_live_handles() == before, "copies_and_conversions leaves no handle behind")
+  end subroutine copies_and_conversions
 
   ! A tensor passed for an optional one but never constructed is an error: never the implicit unit
   ! gradient, nor a loss without its weight.
