@@ -187,6 +187,10 @@ def build_training(directory: Path) -> None:
     big = torch.nn.Linear(2000, 2000).double()
     torch.jit.script(big).save(str(directory / "big_linear.pt"))
     torch.jit.script(torch.nn.Linear(3, 3).double()).save(str(directory / "other_model.pt"))
+    # a parameter whose name is 300 characters long ("www...w.weight")
+    from collections import OrderedDict
+    torch.jit.script(torch.nn.Sequential(OrderedDict([("w" * 300, torch.nn.Linear(2, 2))]))).save(
+        str(directory / "long_names.pt"))
     torch.manual_seed(6)
     torch.jit.script(WithBuffer(2).double()).save(str(directory / "buffer2.pt"))
     torch.manual_seed(7)

@@ -86,6 +86,8 @@ def test_polynomial_training_matches_pytorch_sgd(build, models, tmp_path):
     # foreach path): a few float32 ulps, amplified mildly over 50 steps.
     np.testing.assert_allclose(losses, expect, rtol=1e-4, atol=0)
     saved = torch.jit.load(str(models / "ftn_poly_trained.pt"))
+    # saved in the mode it trained in, as pytorch-fortran's save (torch.jit.load restores it)
+    assert torch.jit.load(str(models / "ftn_poly.pt")).training and saved.training
     for p, q in zip(saved.parameters(), model.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4, atol=1e-6)
 

@@ -263,6 +263,38 @@ void apply_jit_optimize() {
 
 }  // namespace ftc
 
+namespace {
+
+// torch_model_save: written in eval() mode (as_inference), as a model for inference (a Python
+// user's torch.jit.load then runs dropout and batch norm as at inference), each submodule's mode
+// restored after, parents first (train() sets a module's children too); or in the mode it is in.
+int save_model(ftc_model m, const char *filename, bool as_inference) {
+  return ftc::guard([&] {
+    auto &module = ftc::model_of(m);
+    const std::string file = checked_filename(filename);
+    const auto &model = ftc::any_model_of(m);
+    if (model.package) {
+      ftc::save_training_package(model, file);
+      return;
+    }
+    std::vector<std::pair<torch::jit::Module, bool>> modes;
+    for (const auto &sub : module.modules()) modes.emplace_back(sub, sub.is_training());
+    auto restore = [&] {
+      for (auto &[sub, training] : modes) sub.train(training);
+    };
+    if (as_inference) module.eval();
+    try {
+      module.save(file);
+    } catch (const c10::Error &e) {
+      restore();
+      ftc::fail(FTC_ERR_IO, "cannot write model to '" + file + "': " + e.what_without_backtrace());
+    }
+    restore();
+  });
+}
+
+}  // namespace
+
 extern "C" {
 
 void ftc_set_jit_optimize(int enabled) { ftc::jit_optimize() = enabled != 0; }
@@ -387,33 +419,9 @@ int ftc_model_forward_list(ftc_model m, ftc_arglist args, ftc_arglist *results, 
   });
 }
 
-int ftc_model_save(ftc_model m, const char *filename) {
-  return ftc::guard([&] {
-    auto &module = ftc::model_of(m);
-    const std::string file = checked_filename(filename);
-    const auto &model = ftc::any_model_of(m);
-    if (model.package) {
-      ftc::save_training_package(model, file);
-      return;
-    }
-    // Written in eval() mode, as a model for inference (a Python user's torch.jit.load then runs
-    // dropout and batch norm as at inference); each submodule's mode is restored after, parents
-    // first (train() sets a module's children too).
-    std::vector<std::pair<torch::jit::Module, bool>> modes;
-    for (const auto &sub : module.modules()) modes.emplace_back(sub, sub.is_training());
-    auto restore = [&] {
-      for (auto &[sub, training] : modes) sub.train(training);
-    };
-    module.eval();
-    try {
-      module.save(file);
-    } catch (const c10::Error &e) {
-      restore();
-      ftc::fail(FTC_ERR_IO, "cannot write model to '" + file + "': " + e.what_without_backtrace());
-    }
-    restore();
-  });
-}
+int ftc_model_save(ftc_model m, const char *filename) { return save_model(m, filename, true); }
+
+int ftc_model_save_as_is(ftc_model m, const char *filename) { return save_model(m, filename, false); }
 
 int ftc_model_is_training(ftc_model m, int *is_training) {
   return ftc::guard([&] {

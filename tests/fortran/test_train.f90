@@ -263,6 +263,13 @@ contains
     call check(torch_model_parameter_name(model, 1) == "0.weight" .and. torch_model_parameter_name(model, 4) == "2.bias", &
                "parameter names in parameters() order")
     call check(torch_model_num_parameters(model) == 4 * 8 + 8 + 8 * 2 + 2, "number of parameter elements")
+    block
+      type(torch_model) :: long
+      call torch_model_load(long, data_path("long_names.pt"), torch_kCPU)
+      call check(torch_model_parameter_name(long, 1) == repeat("w", 300) // ".weight", &
+                 "a parameter name of 307 characters, whole")
+      call torch_delete(long)
+    end block
     call torch_model_parameter(model, "0.weight", w)
     call check(all(w%get_shape() == [8, 4]), "parameter by name")
     call torch_tensor_to_array(w, before)
