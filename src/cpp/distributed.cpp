@@ -95,8 +95,12 @@ int ftc_allreduce(ftc_comm c, ftc_tensor t, int op) {
     ftc::require_agreement(comm, x, op, "allreduce");
     at::Tensor buf = ftc::wire_buffer(comm, x);
     ftc::settle(buf);
-    comm.allreduce(buf.data_ptr(), buf.numel(), dtype, buf.element_size(),
-                   op == FTC_OP_MEAN ? FTC_OP_SUM : op);
+    // (logical tensors: the sum is an OR, as in PyTorch's c10d; adding bytes would leave a 2 in a
+    // bool, or wrap to 0 on 256 ranks)
+    const int wire_op = x.scalar_type() == c10::kBool && op == FTC_OP_SUM ? FTC_OP_MAX
+                        : op == FTC_OP_MEAN                                 ? FTC_OP_SUM
+                                                                            : op;
+    comm.allreduce(buf.data_ptr(), buf.numel(), dtype, buf.element_size(), wire_op);
     if (op == FTC_OP_MEAN) {
       at::NoGradGuard no_grad;
       buf.div_(comm.size);

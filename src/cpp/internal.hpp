@@ -27,7 +27,8 @@ struct GradientSync {
   // Before the optimizer reads gradients (step, clipping): reduce them unless they have not
   // changed since the last reduce.
   virtual void before_update() = 0;
-  // After the optimizer's update: the next one reduces again.
+  // After the optimizer's update, or the gradients zeroed: the next update reduces again (a
+  // reduce before zero_grad, to log the loss after a step, says nothing of the next gradients).
   virtual void after_update() = 0;
   // This rank failed before reaching its reduce: take part in it with a failure flag, so that the
   // other ranks fail with a clear error instead of waiting forever. Never throws.

@@ -321,7 +321,11 @@ int ftc_optim_step_closure(ftc_optim o, ftc_closure closure, void *context, doub
 }
 
 int ftc_optim_zero_grad(ftc_optim o, int set_to_none) {
-  return ftc::guard([&] { ftc::optim_of(o).opt->zero_grad(set_to_none != 0); });
+  return ftc::guard([&] {
+    auto &opt = ftc::optim_of(o);
+    opt.opt->zero_grad(set_to_none != 0);
+    ftc::after_update(opt);  // (data-parallel: the gradients to come are not averaged yet)
+  });
 }
 
 int ftc_optim_get_lr(ftc_optim o, double *lr) {

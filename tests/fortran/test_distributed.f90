@@ -250,6 +250,9 @@ contains
           loss = weighted / weight_sum
         end if
         call torch_optim_step(optim)
+        ! A sync after the step (a user logging the global loss there): the next step, which
+        ! averages by itself, still averages its own gradients.
+        if (mod(step, 2) == 1) call torch_ddp_sync_gradients(ddp)
       end if
 
       ! ---- single process on the concatenated batch (micro-batch k of every rank together)
