@@ -94,19 +94,24 @@ contains
   subroutine write_params(out_unit, params)
     integer, intent(in) :: out_unit
     type(torch_tensor), intent(in) :: params(:)
-    type(torch_tensor) :: flat
-    real(real64), allocatable :: values(:)
-    integer :: i, n
+    integer :: i
     do i = 1, size(params)
-      n = int(product(params(i)%get_shape()))
-      if (allocated(values)) deallocate(values)
-      allocate(values(n))
-      flat = torch_reshape(params(i), [n])
-      call torch_tensor_to_array(flat, values)
-      write(out_unit, '(a,*(1x,es25.17e3))') "param", values
-      call torch_delete(flat)
+      write(out_unit, '(a,*(1x,es25.17e3))') "param", flat_values(params(i))
     end do
   end subroutine write_params
+
+  ! One parameter's values, row-major.
+  function flat_values(param) result(values)
+    type(torch_tensor), intent(in) :: param
+    real(real64), allocatable :: values(:)
+    type(torch_tensor) :: flat
+    integer :: n
+    n = int(product(param%get_shape()))
+    allocate(values(n))
+    flat = torch_reshape(param, [n])
+    call torch_tensor_to_array(flat, values)
+    call torch_delete(flat)
+  end function flat_values
 
   ! One step of the standard loop: zero_grad, forward, MSE, backward; returns the loss.
   function forward_backward(optim) result(loss)
@@ -359,18 +364,11 @@ contains
   ! Every parameter's values, one after the other (row-major within each).
   function values_of(params) result(all_values)
     type(torch_tensor), intent(in) :: params(:)
-    real(real64), allocatable :: all_values(:), part(:)
-    type(torch_tensor) :: flat
-    integer :: i, n
+    real(real64), allocatable :: all_values(:)
+    integer :: i
     allocate(all_values(0))
     do i = 1, size(params)
-      n = int(product(params(i)%get_shape()))
-      allocate(part(n))
-      flat = torch_reshape(params(i), [n])
-      call torch_tensor_to_array(flat, part)
-      all_values = [all_values, part]
-      deallocate(part)
-      call torch_delete(flat)
+      all_values = [all_values, flat_values(params(i))]
     end do
   end function values_of
 
