@@ -481,16 +481,17 @@ class PPO:
     def push(self, s, a, r, d):
         """One step of every environment; the one after a full rollout closes it."""
         a = self.policy_scale(a)
+        seen = self.state_in(s)  # the state as the policy saw it when it chose a (before this update)
         if self.state_norm:
             self.state_norm.update(s)
         with torch.no_grad():
             self.net.eval()
-            log_prob, _, value = self.evaluate_actions(self.state_in(s), a)
+            log_prob, _, value = self.evaluate_actions(seen, a)
         if len(self.rollout) == self.steps:
             if not self.ready:
                 self.finalize(value)
             return
-        self.rollout.append((s.clone(), a.clone(), r.clone(), value, log_prob, d.clone()))
+        self.rollout.append((seen.clone(), a.clone(), r.clone(), value, log_prob, d.clone()))
 
     def finalize(self, last_value):
         s, a, r, v, logp, d = (torch.stack(x) for x in zip(*self.rollout))
@@ -526,8 +527,7 @@ class PPO:
         idx = self.order[self.pos:min(self.pos + self.batch, total)]
         self.pos = min(self.pos + self.batch, total)
         step, env = idx // self.n_envs, idx % self.n_envs
-        s, a, v_old, logp_old, adv, ret = (x[step, env] for x in self.data)
-        s = self.state_norm(s) if self.state_norm else s
+        s, a, v_old, logp_old, adv, ret = (x[step, env] for x in self.data)  # s: as seen when acting
         self.net.train()
         log_prob, entropy, value = self.evaluate_actions(s, a)
         log_ratio = log_prob - logp_old

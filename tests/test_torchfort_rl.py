@@ -62,7 +62,8 @@ SYSTEMS = {
                                 normalize_rewards="true"),
         "actor": _actor("space_noise_ou", clip=0.5, sigma_train=0.2, sigma_explore=0.3, dt=0.05, xi=0.3,
                         adaptive="true"),
-        "replay_buffer": {"type": "prioritized", "parameters": {"max_size": 25, "min_size": 12, "beta_steps": 0}},
+        "replay_buffer": {"type": "prioritized", "parameters": {"max_size": 25, "min_size": 12, "beta_steps": 0,
+                                                                "beta0": 0.5, "beta_max": 0.5}},
         "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2", "weight_decay": "1e-3"}},
     }, (1, (3, 1), 2, 30, 6)),
     "sac_tuned": ({
@@ -537,6 +538,16 @@ def _changed(base, path, value):
      "target_kl_divergence must be >= 0"),
     ("on", _changed(_PPO_BUILTIN, ("algorithm", "parameters", "value_loss_coefficient"), -0.5),
      "value_loss_coefficient must be >= 0"),
+    ("off", _changed(_TD3_BUILTIN, ("replay_buffer",), {"type": "prioritized", "parameters": {
+        "max_size": 20, "min_size": 10, "beta0": 0.8, "beta_max": 0.5}}), "0 <= beta0 <= beta_max <= 1"),
+    ("off", _changed(_TD3_BUILTIN, ("replay_buffer",), {"type": "prioritized", "parameters": {
+        "max_size": 20, "min_size": 10, "beta_max": 1.5}}), "0 <= beta0 <= beta_max <= 1"),
+    ("off", _changed(_TD3_BUILTIN, ("replay_buffer",), {"type": "prioritized", "parameters": {
+        "max_size": 20, "min_size": 10, "beta_steps": 0}}), "beta_steps is 0, so beta would stay beta0"),
+    ("off", _changed(_TD3_BUILTIN, ("policy_lr_scheduler",), {"type": "step", "parameters": {
+        "step_size": 2 ** 32, "gamma": 0.5}}), "step_size must be <= 2147483647"),
+    ("on", _changed(_PPO_BUILTIN, ("lr_scheduler",), {"type": "cosine_annealing", "parameters": {
+        "T_max": 2 ** 32 + 100}}), "T_max must be <= 2147483647"),
 ])
 def test_configuration_values_that_would_train_something_else_are_errors(installed, tmp_path, kind, config,
                                                                           message):
@@ -551,10 +562,10 @@ def test_configuration_values_that_would_train_something_else_are_errors(install
     create = lib.torchfort_rl_off_policy_create_system if kind == "off" else lib.torchfort_rl_on_policy_create_system
     good = tmp_path / "good.yaml"
     good.write_text(_to_yaml(_TD3_BUILTIN if kind == "off" else _PPO_BUILTIN))
-    assert create(f"good{abs(hash(message))}".encode(), str(good).encode(), -1, -1) == 0, lib.ftc_last_error()
+    assert create(f"good_{tmp_path.name}".encode(), str(good).encode(), -1, -1) == 0, lib.ftc_last_error()
     bad = tmp_path / "bad.yaml"
     bad.write_text(_to_yaml(config))
-    assert create(f"bad{abs(hash(message))}".encode(), str(bad).encode(), -1, -1) == 1
+    assert create(f"bad_{tmp_path.name}".encode(), str(bad).encode(), -1, -1) == 1
     error = lib.ftc_last_error().decode()
     assert message in error and str(bad) in error, error
 
@@ -625,6 +636,138 @@ def test_a_loss_that_is_not_finite_stops_before_changing_anything(installed, rl_
     assert lib.torchfort_rl_off_policy_predict(b"nan", ptr(s), ctypes.c_size_t(1), sh, ptr(after), ctypes.c_size_t(1),
                                                ah, -1, None) == 0
     assert torch.equal(before, after)
+
+
+def _rl_lib():
+    import ctypes
+
+    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
+    lib.ftc_last_error.restype = ctypes.c_char_p
+    return lib
+
+
+def _ptr(t):
+    import ctypes
+
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _shape(t):
+    import ctypes
+
+    return ctypes.c_size_t(t.dim()), (ctypes.c_int64 * max(t.dim(), 1))(*t.shape)
+
+
+def _push(lib, kind, name, s, a, r, dtype=-1):
+    """One transition of one environment (C order): the replay buffer's (s, a, s) or the rollout's."""
+    import ctypes
+
+    (sd, sh), (ad, ah) = _shape(s), _shape(a)
+    reward = (ctypes.c_float if dtype == -1 else ctypes.c_double)(r)
+    if kind == "off":
+        return lib.torchfort_rl_off_policy_update_replay_buffer(name, _ptr(s), _ptr(s), sd, sh, _ptr(a), ad, ah,
+                                                                ctypes.byref(reward), False, dtype, None)
+    return lib.torchfort_rl_on_policy_update_rollout_buffer(name, _ptr(s), sd, sh, _ptr(a), ad, ah,
+                                                            ctypes.byref(reward), False, dtype, None)
+
+
+def _predict(lib, kind, name, s, n_actions=2):
+    (sd, sh) = _shape(s)
+    out = torch.zeros(n_actions)
+    ad, ah = _shape(out)
+    f = lib.torchfort_rl_off_policy_predict if kind == "off" else lib.torchfort_rl_on_policy_predict
+    assert f(name, _ptr(s), sd, sh, _ptr(out), ad, ah, -1, None) == 0, lib.ftc_last_error()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["off", "on"])
+def test_a_transition_that_is_not_finite_is_refused(installed, tmp_path, kind):
+    """A NaN or infinite state, action or reward (or a real64 value beyond a float32 system's range)
+    given to the replay or rollout buffer is TORCHFORT_RESULT_INVALID_USAGE naming it, and nothing is
+    stored: with normalize_states the running statistics stay finite, so predictions do too."""
+    lib = _rl_lib()
+    base = _TD3_BUILTIN if kind == "off" else _PPO_BUILTIN
+    config = _changed(base, ("algorithm", "parameters", "normalize_states"), "true")
+    (tmp_path / "c.yaml").write_text(_to_yaml(config))
+    create = lib.torchfort_rl_off_policy_create_system if kind == "off" else lib.torchfort_rl_on_policy_create_system
+    name = f"finite_{kind}".encode()
+    assert create(name, str(tmp_path / "c.yaml").encode(), -1, -1) == 0, lib.ftc_last_error()
+    g = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        assert _push(lib, kind, name, torch.rand(3, generator=g), torch.rand(2, generator=g) - 0.5, 0.5) == 0
+    s = torch.rand(3, generator=g)
+    before = _predict(lib, kind, name, s)
+    nan_state = torch.tensor([0.1, float("nan"), 0.2])
+    assert _push(lib, kind, name, nan_state, torch.zeros(2), 0.5) == 1
+    assert "holds a NaN or an infinity; nothing was stored" in lib.ftc_last_error().decode()
+    assert _push(lib, kind, name, torch.rand(3), torch.tensor([0.0, float("inf")]), 0.5) == 1
+    assert _push(lib, kind, name, torch.rand(3), torch.zeros(2), float("nan")) == 1
+    assert "reward holds a NaN" in lib.ftc_last_error().decode()
+    big = torch.tensor([0.1, 1e39, 0.2], dtype=torch.float64)
+    assert _push(lib, kind, name, big, torch.zeros(2, dtype=torch.float64), 0.5, dtype=-2) == 1
+    assert "beyond the range of the system's Float" in lib.ftc_last_error().decode(), lib.ftc_last_error()
+    after = _predict(lib, kind, name, s)
+    assert bool(torch.isfinite(after).all()) and torch.equal(before, after)
+
+
+@pytest.mark.parametrize("kind", ["off", "on"])
+def test_load_model_brings_the_state_statistics_the_networks_were_trained_with(installed, tmp_path, kind):
+    """A system that normalizes states saves its statistics with its networks; another system of
+    the same configuration that load_model's them predicts the same actions (not those of raw
+    states), and a system that does not normalize states refuses those networks."""
+    lib = _rl_lib()
+    base = _TD3_BUILTIN if kind == "off" else _PPO_BUILTIN
+    normalized = _changed(base, ("algorithm", "parameters", "normalize_states"), "true")
+    (tmp_path / "n.yaml").write_text(_to_yaml(normalized))
+    (tmp_path / "plain.yaml").write_text(_to_yaml(base))
+    create = lib.torchfort_rl_off_policy_create_system if kind == "off" else lib.torchfort_rl_on_policy_create_system
+    save = lib.torchfort_rl_off_policy_save_checkpoint if kind == "off" else lib.torchfort_rl_on_policy_save_checkpoint
+    load = lib.torchfort_rl_off_policy_load_model if kind == "off" else lib.torchfort_rl_on_policy_load_model
+    names = [f"{kind}_{n}".encode() for n in ("trained", "deployed", "plain")]
+    for n, c in zip(names, ["n.yaml", "n.yaml", "plain.yaml"]):
+        assert create(n, str(tmp_path / c).encode(), -1, -1) == 0, lib.ftc_last_error()
+    g = torch.Generator().manual_seed(9)
+    for _ in range(6):  # states far from 0 and 1: normalization changes them a lot
+        assert _push(lib, kind, names[0], 50.0 + 10.0 * torch.rand(3, generator=g), torch.rand(2, generator=g) - 0.5,
+                     1.0) == 0
+    assert save(names[0], str(tmp_path / "ckpt").encode()) == 0, lib.ftc_last_error()
+    assert load(names[1], str(tmp_path / "ckpt").encode()) == 0, lib.ftc_last_error()
+    s = 50.0 + 10.0 * torch.rand(3, generator=g)
+    assert torch.equal(_predict(lib, kind, names[0], s), _predict(lib, kind, names[1], s))
+    assert load(names[2], str(tmp_path / "ckpt").encode()) == 1
+    assert "trained on normalized states" in lib.ftc_last_error().decode()
+
+
+def test_a_failed_step_leaves_the_priorities_finite(installed, tmp_path):
+    """A prioritized buffer and a critic whose loss is NaN: the failed train_step stores no
+    priority (a NaN one would make every later batch copies of one transition); the checkpoint's
+    priorities and their maximum stay finite."""
+    import ctypes
+
+    class NanCritic(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(5, 1)
+
+        def forward(self, s, a):
+            x = torch.cat([s.reshape(s.shape[0], -1), a.reshape(a.shape[0], -1)], 1)
+            return self.fc(x) * float("nan")
+
+    torch.jit.script(NanCritic()).save(str(tmp_path / "nan_critic.pt"))
+    config = _changed(_TD3_BUILTIN, ("replay_buffer",), {"type": "prioritized", "parameters": {
+        "max_size": 20, "min_size": 10}})
+    config["critic_model"] = {"type": "torchscript", "parameters": {"filename": f'"{tmp_path}/nan_critic.pt"'}}
+    (tmp_path / "p.yaml").write_text(_to_yaml(config))
+    lib = _rl_lib()
+    assert lib.torchfort_rl_off_policy_create_system(b"prio_nan", str(tmp_path / "p.yaml").encode(), -1, -1) == 0, \
+        lib.ftc_last_error()
+    for i in range(12):
+        assert _push(lib, "off", b"prio_nan", torch.rand(3), torch.rand(2) - 0.5, float(i)) == 0
+    pl, ql = ctypes.c_float(), ctypes.c_float()
+    assert lib.torchfort_rl_off_policy_train_step(b"prio_nan", ctypes.byref(pl), ctypes.byref(ql), None) == 3
+    assert lib.torchfort_rl_off_policy_save_checkpoint(b"prio_nan", str(tmp_path / "ckpt").encode()) == 0
+    buffer = torch.jit.load(str(tmp_path / "ckpt" / "replay_buffer" / "buffer.pt"))
+    assert bool(torch.isfinite(buffer.priority).all()) and math.isfinite(buffer.max_priority), buffer.priority
 
 
 DISTRIBUTED = {

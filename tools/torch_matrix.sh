@@ -12,6 +12,10 @@
 # them, with nothing but what `pip install torch` installed (no CUDA toolkit, no nvcc: FTorch's CMake
 # takes the CUDA runtime from torch's NVIDIA packages). FTORCH_CUDA_ROOT=DIR builds against a CUDA
 # toolkit of your own instead.
+#
+# The C++ layer is compiled at -O1 here (FTORCH_MATRIX_CXX_FLAGS, default "-O1 -DNDEBUG"): the
+# script checks that FTorch builds and behaves with that torch, not its speed, and -O1 compiles the
+# LibTorch-heavy sources ~2.5x faster than the release build's -O3 (CI builds two releases).
 set -euo pipefail
 stage=all
 case "${1:-}" in
@@ -55,7 +59,9 @@ build_and_install() {
   step "building the wheel in $build"
   rm -rf "$wheels"
   PATH="$venv/bin:$PATH" "$py" -m pip wheel -q --no-build-isolation --no-deps -w "$wheels" \
-    --config-settings="build-dir=$build" ${cmake_defines[@]+"${cmake_defines[@]}"} "$repo"
+    --config-settings="build-dir=$build" \
+    --config-settings="cmake.define.CMAKE_CXX_FLAGS_RELEASE=${FTORCH_MATRIX_CXX_FLAGS:--O1 -DNDEBUG}" \
+    ${cmake_defines[@]+"${cmake_defines[@]}"} "$repo"
   step "installing it"
   "$py" -m pip install -q --no-deps --force-reinstall "$wheels"/ftorch-*.whl
   PATH="$venv/bin:$PATH" "$py" -m ftorch doctor
@@ -70,8 +76,12 @@ fi
 [ "$stage" != build ] || { step "built (tests not run: --build-only)"; exit 0; }
 
 if [ $# -eq 0 ]; then
+  # With gfortran 12 only (the compilers have their own tests); of the training packages, the
+  # optimizers' trajectories (one package) and a model with random operations (dropout): each
+  # package is a few AOTInductor compilations, the subset's main cost.
   set -- tests/test_math.py tests/test_function.py tests/test_train.py tests/test_compiled.py \
-    tests/test_train_package.py -k "not flang and not (test_train_package.py and not (adam or attention or dropout))"
+    tests/test_train_package.py \
+    -k "not flang and not gfortran-11 and not (test_train_package.py and not (adam or dropout))"
 fi
 step "tests: $*"
 cd "$repo"

@@ -1,4 +1,5 @@
 // autograd.cpp - C API for gradients: backward, reading and zeroing gradients, grad-mode scopes.
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -172,7 +173,9 @@ int ftc_tensor_register_hook(ftc_tensor t, ftc_grad_hook_fn hook, void *data, in
 int ftc_tensor_remove_hook(ftc_tensor t, int64_t hook_id) {
   return ftc::guard([&] {
     const at::Tensor &x = ftc::tensor_of(t);
-    if (hook_id < 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "invalid hook id " + std::to_string(hook_id));
+    if (hook_id < 0 || hook_id > std::numeric_limits<unsigned>::max()) {  // never another hook's id cut short
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "invalid hook id " + std::to_string(hook_id));
+    }
     x.remove_hook(static_cast<unsigned>(hook_id));
   });
 }

@@ -165,7 +165,8 @@ void bad_handle(const void *handle, const char *kind, const char *what) {
   }
   fail(FTC_ERR_NULL_HANDLE, std::string(what) + " is not a live " + kind +
                                 ": it was deleted, or is a copy of a " + kind +
-                                " that has since been deleted (stale handle)");
+                                " that has since been deleted (stale handle), or is not a " + kind +
+                                " handle at all");
 }
 
 TensorTable::Slot &tensor_slot(ftc_tensor h, const char *what) {

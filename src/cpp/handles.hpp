@@ -1,13 +1,16 @@
 // handles.hpp - the lifetime of every handle the C API gives out (tensors, models, optimizers,
 // schedulers), in one place.
 //
-// A handle is not a pointer but a (slot, generation) pair packed into a pointer-sized value
-// (generation in the high 32 bits; the slot's index + 1 in bits 0-23; a write stamp in bits 24-31):
+// A handle is not a pointer but a (table, slot, generation) triple packed into a pointer-sized
+// value (the slot's index + 1 in bits 0-23; a write stamp in bits 24-31; the generation in bits
+// 32-59; the number of the table that gave it out in bits 60-63):
 //  - deleting a handle frees its slot and bumps the slot's generation, so every copy of the old
 //    value (Fortran's intrinsic assignment, sourced allocation, a compiler that finalizes a copy)
 //    becomes *stale*: using it is a clear error, deleting it again is a no-op, and it can never
 //    reach whatever object later reuses the slot;
-//  - a value that was never a handle (an uninitialised c_ptr) is rejected the same way;
+//  - a value that was never a handle (an uninitialised c_ptr) is rejected the same way, and so is
+//    a handle of another kind (a C program's function context or argument list given for a tensor:
+//    C converts `void *` handles silently) -- it never reaches the object of the same slot there;
 //  - Fortran's `=` into a tensor bumps the slot's write stamp and stores it in the handle it was
 //    given (the left-hand side), so a copy of the handle taken before that write (the bitwise
 //    temporary through which gfortran reads the right-hand side of an array `=` between
@@ -113,7 +116,8 @@ class HandleTable final : public TableFreeList {
     s.stamp = 0;
     s.live = true;
     count_handles(ts, 1);
-    return reinterpret_cast<void *>((static_cast<uintptr_t>(s.generation) << 32) | (uintptr_t{index} + 1));
+    return reinterpret_cast<void *>(tag_ | (static_cast<uintptr_t>(s.generation) << kGenerationShift) |
+                                    (uintptr_t{index} + 1));
   }
 
   // The live slot of `handle`, or nullptr for null, stale or foreign values.
@@ -125,7 +129,10 @@ class HandleTable final : public TableFreeList {
     Slot *chunk = chunks_[index >> kChunkBits].load(std::memory_order_acquire);
     if (chunk == nullptr) return nullptr;
     Slot &s = chunk[index & (kChunkSize - 1)];
-    if (!s.live || s.generation != static_cast<uint32_t>(bits >> 32)) return nullptr;
+    if (!s.live || (bits & kTagMask) != tag_ ||
+        s.generation != static_cast<uint32_t>((bits >> kGenerationShift) & kGenerationMask)) {
+      return nullptr;
+    }
     return &s;
   }
 
@@ -135,7 +142,8 @@ class HandleTable final : public TableFreeList {
     if (s == nullptr) return false;
     s->live = false;
     s->life = Lifetime::named();
-    if (++s->generation == 0) s->generation = 1;
+    s->generation = (s->generation + 1) & kGenerationMask;  // 2^28 - 1 reuses before one repeats
+    if (s->generation == 0) s->generation = 1;
     T old = std::move(s->value);  // leaves the slot's value empty (tensors, shared and intrusive pointers)
     ThreadState &ts = thread_state();
     give_back(ts, static_cast<uint32_t>(reinterpret_cast<uintptr_t>(handle) & kIndexMask) - 1);
@@ -150,7 +158,13 @@ class HandleTable final : public TableFreeList {
   static constexpr uint32_t kMaxChunks = (1u << 12) - 1;
   static constexpr uint32_t kCapacity = kChunkSize * kMaxChunks;
   static constexpr uintptr_t kIndexMask = (uintptr_t{1} << kStampShift) - 1;
-  HandleTable() : id_(register_table(this)) {}
+  static constexpr uint32_t kGenerationShift = 32;
+  static constexpr uint32_t kGenerationMask = (1u << 28) - 1;
+  static constexpr uint32_t kTagShift = 60;  // 16 tables at most (ThreadState::kMaxTables)
+  static constexpr uintptr_t kTagMask = uintptr_t{0xf} << kTagShift;
+  static_assert(sizeof(uintptr_t) == 8, "handles pack 64 bits");
+  static_assert(ThreadState::kMaxTables <= 16, "the table's number must fit in the handle's 4 tag bits");
+  HandleTable() : id_(register_table(this)), tag_(static_cast<uintptr_t>(id_) << kTagShift) {}
 
   void take_back(const uint32_t *index, uint32_t n) noexcept override {
     try {
@@ -191,6 +205,7 @@ class HandleTable final : public TableFreeList {
   }
 
   const size_t id_;
+  const uintptr_t tag_;  // id_ in the tag bits of every handle this table gives out
   // Created when the library is loaded (before any call can need it: a plain load on every use,
   // no initialization guard); never destroyed: threads may outlive main.
   static inline HandleTable *const instance_ = new HandleTable();

@@ -107,6 +107,12 @@ int new_optimizer(ftc_optim *out, int kind, const ftc_tensor *params, int64_t n_
       if (!p.is_floating_point()) {
         ftc::fail(FTC_ERR_DTYPE, "parameter tensor " + std::to_string(i + 1) + " is not floating point");
       }
+      for (int64_t j = 0; j < i; ++j) {  // it would be updated twice a step
+        if (values[static_cast<size_t>(j)].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
+          ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter tensor " + std::to_string(i + 1) + " is parameter tensor " +
+                                                  std::to_string(j + 1) + " again: give each parameter once");
+        }
+      }
       state->params.push_back(p);
     }
     state->opt = make_optimizer(state->params, h);

@@ -285,6 +285,8 @@ class Arguments {
  public:
   // The first n_grouped items (none when negative) go as one Python list.
   explicit Arguments(const ArgList &list, int64_t n_grouped = -1) {
+    if (n_grouped < -1) fail(FTC_ERR_INVALID_ARGUMENT, "n_grouped must be -1 (no group) or at least 0, got " +
+                                                        std::to_string(n_grouped));
     if (n_grouped > static_cast<int64_t>(list.size())) {
       fail(FTC_ERR_INVALID_ARGUMENT, "cannot group " + std::to_string(n_grouped) + " arguments: the list has " +
                                          std::to_string(list.size()));
@@ -421,7 +423,11 @@ int ftc_python_locate(char *buf, int64_t buflen) {
     if (buf == nullptr || buflen <= 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "buffer is null or empty");
     const auto loc = ftc::locate(true);
     const std::string text = loc.libpython + "\n" + loc.executable;
-    const auto n = std::min<int64_t>(buflen - 1, static_cast<int64_t>(text.size()));
+    const auto n = static_cast<int64_t>(text.size());
+    if (n >= buflen) {  // never cut short: a truncated path would name another file
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "buffer of " + std::to_string(buflen) + " bytes is too small for the " +
+                                              std::to_string(n + 1) + " bytes of the paths (with the terminating NUL)");
+    }
     std::memcpy(buf, text.data(), static_cast<size_t>(n));
     buf[n] = '\0';
   });

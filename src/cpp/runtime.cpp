@@ -8,6 +8,7 @@
 #include <regex>
 #include <sstream>
 
+#include <ATen/detail/XPUHooksInterface.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/cuda.h>
 
@@ -232,10 +233,19 @@ c10::Device device(int device_type, int device_index) {
     case FTC_XPU: {
       const int idx = device_index < 0 ? 0 : device_index;
       if (!at::hasXPU()) fail(FTC_ERR_DEVICE, "XPU device requested but no XPU is available to this LibTorch");
+      const int n = static_cast<int>(at::detail::getXPUHooks().getNumGPUs());
+      if (idx >= n) {
+        fail(FTC_ERR_DEVICE, "XPU device index " + std::to_string(idx) + " out of range (" + std::to_string(n) +
+                                 " devices)");
+      }
       return c10::Device(c10::DeviceType::XPU, static_cast<c10::DeviceIndex>(idx));
     }
     case FTC_MPS: {
       if (!at::hasMPS()) fail(FTC_ERR_DEVICE, "MPS device requested but MPS is not available to this LibTorch");
+      if (device_index > 0) {
+        fail(FTC_ERR_DEVICE, "MPS device index must be -1 or 0 (there is one MPS device), got " +
+                                 std::to_string(device_index));
+      }
       return c10::Device(c10::DeviceType::MPS, 0);
     }
     default:

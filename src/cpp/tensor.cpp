@@ -15,6 +15,8 @@ constexpr int kMaxRank = 64;
 // but the tensor itself and its handle.
 using Dims = c10::SmallVector<int64_t, 8>;
 
+int64_t shape_bytes(const Dims &shape, int64_t itemsize);
+
 Dims checked_shape(int ndims, const int64_t *shape) {
   if (ndims < 0 || ndims > kMaxRank) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, "rank must be between 0 and 64, got " + std::to_string(ndims));
@@ -27,7 +29,25 @@ Dims checked_shape(int ndims, const int64_t *shape) {
                                               std::to_string(s[i]) + ")");
     }
   }
+  shape_bytes(s, 1);
   return s;
+}
+
+// Bytes that the nonzero extents of a shape span at `itemsize` bytes an element, or an error when
+// that does not fit in int64 (LibTorch would overflow computing strides or the storage's size,
+// in places where its error cannot be caught). Every partial product of the extents (a stride of
+// any layout) is at most this.
+int64_t shape_bytes(const Dims &shape, int64_t itemsize) {
+  int64_t bytes = itemsize;
+  for (const auto extent : shape) {
+    if (extent > 0 && __builtin_mul_overflow(bytes, extent, &bytes)) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "shape " + ftc::shape_string(shape) + " is too large: " +
+                                              (itemsize == 1 ? std::string("its element count")
+                                                             : "its size in bytes") +
+                                              " does not fit in a 64-bit integer");
+    }
+  }
+  return bytes;
 }
 
 // 1-based permutation of 1..n, or an error naming the argument.
@@ -158,6 +178,7 @@ at::Tensor wrap_memory(void *data, int ndims, const int64_t *shape, const int32_
   const auto sizes = checked_shape(ndims, shape);
   const auto strides = layout_strides(sizes, layout);
   const auto type = ftc::scalar_type(dtype);
+  shape_bytes(sizes, static_cast<int64_t>(c10::elementSize(type)));
   const auto dev = ftc::device(device_type, device_index);
   const auto numel = c10::multiply_integers(sizes);
   if (data == nullptr && numel > 0) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "data pointer is null");

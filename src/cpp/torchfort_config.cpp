@@ -118,11 +118,15 @@ void read_optimizer(Block &b, OptimizerConfig &o, int64_t &grad_accumulation_ste
   b.done();
 }
 
+// A schedule's periods count steps as LibTorch's schedulers do (unsigned 32-bit, cosine annealing
+// doubling its period): beyond this they would wrap around to a short period, or to none.
+constexpr int64_t kMaxPeriod = INT32_MAX;
+
 void read_scheduler(Block &b, SchedulerConfig &s, const std::string &file, const std::string &where) {
   s.type = b.choice("type", {"step", "multistep", "polynomial", "cosine_annealing", "linear"}, "", true);
   Block p = b.block("parameters");
   if (s.type == "step") {
-    s.step_size = p.integer("step_size", 0, true, 1);
+    s.step_size = p.integer("step_size", 0, true, 1, kMaxPeriod);
     s.gamma = p.real("gamma", s.gamma);
   } else if (s.type == "multistep") {
     s.milestones = p.integers("milestones", true);
@@ -135,13 +139,13 @@ void read_scheduler(Block &b, SchedulerConfig &s, const std::string &file, const
     }
     s.gamma = p.real("gamma", s.gamma);
   } else if (s.type == "polynomial") {
-    s.total_iters = p.integer("total_iters", 0, true, 1);
+    s.total_iters = p.integer("total_iters", 0, true, 1, kMaxPeriod);
     s.power = p.real("power", s.power);
   } else if (s.type == "cosine_annealing") {
-    s.t_max = p.integer("T_max", 0, true, 1);
+    s.t_max = p.integer("T_max", 0, true, 1, kMaxPeriod);
     s.eta_min = p.real("eta_min", s.eta_min);
   } else {
-    s.total_iters = p.integer("total_iters", 0, true, 1);
+    s.total_iters = p.integer("total_iters", 0, true, 1, kMaxPeriod);
     s.start_factor = p.real("start_factor", s.start_factor);
     s.end_factor = p.real("end_factor", s.end_factor);
     // (as PyTorch's LinearLR: a start of 0 would make the second rate 0 * inf)

@@ -690,13 +690,17 @@ float train_critics(System &sys, const ReplayBuffer::Batch &b, const at::Tensor 
   std::vector<ftc::Optim *> optims;
   for (Net &q : sys.critics) optims.push_back(q.optim.get());
   const double total = averaged(optims, [&] {
+    at::Tensor first_error;
     for (Net &q : sys.critics) {
       const at::Tensor error = q_value(q, s, a) - y;
-      if (&q == &sys.critics[0]) sys.buffer->update_priorities(b.where, error);
+      if (&q == &sys.critics[0]) first_error = error;
       const at::Tensor l = b.w.defined() ? at::mean(b.w * at::square(error)) : at::mean(at::square(error));
       loss = loss.defined() ? loss + l : l;
     }
-    const double value = finite_loss(loss, "critic loss", sys.train_steps);
+    const double value = finite_loss(loss, "critic loss", sys.train_steps, sys.alpha_optim ? "SAC's alpha" : "");
+    // Only a finite loss's errors become priorities: a NaN or infinite one would make every later
+    // batch of a prioritized buffer copies of one transition.
+    sys.buffer->update_priorities(b.where, first_error);
     loss.backward();
     return value;
   });
@@ -741,7 +745,7 @@ void train_deterministic(System &sys, const ReplayBuffer::Batch &b, float &p_los
       zero_grad_if_starting(sys, pi);
       p_loss = static_cast<float>(averaged({pi.optim.get()}, [&] {
         const at::Tensor pl = -at::mean(q_value(sys.critics[0], s, forward(pi, {s})));
-        const double value = finite_loss(pl, "policy loss", sys.train_steps);
+        const double value = finite_loss(pl, "policy loss", sys.train_steps, "the critics");
         pl.backward();
         return value;
       }));
@@ -774,8 +778,9 @@ void train_sac(System &sys, const ReplayBuffer::Batch &b, float &p_loss, float &
     }
     averaged({sys.alpha_optim.get()}, [&] {
       const at::Tensor alpha_loss = -at::mean(sys.log_alpha * log_prob);
+      const double value = finite_loss(alpha_loss, "alpha loss (SAC's entropy tuning)", sys.train_steps);
       alpha_loss.backward();
-      return 0.0;
+      return value;
     });
     if ((pi.step_current + 1) % c.grad_accumulation_steps == 0) {
       ftc::before_update(*sys.alpha_optim);
@@ -802,7 +807,8 @@ void train_sac(System &sys, const ReplayBuffer::Batch &b, float &p_loss, float &
     p_loss = static_cast<float>(averaged({pi.optim.get()}, [&] {
       const Draw now = squashed_gaussian(pi, s);
       const at::Tensor pl = -at::mean(min_q(sys.critics, s, now.action) - sys.entropy_term(now.log_prob));
-      const double value = finite_loss(pl, "policy loss", sys.train_steps);
+      const double value = finite_loss(pl, "policy loss", sys.train_steps,
+                                       sys.alpha_optim ? "SAC's alpha and the critics" : "the critics");
       pl.backward();
       return value;
     }));
@@ -988,8 +994,10 @@ void load_model(System &sys, const fs::path &dir, const std::function<void()> &c
   };
   read(sys.policy, "policy");
   for (size_t i = 0; i < sys.critics.size(); ++i) read(sys.critics[i], "critic_" + std::to_string(i));
+  auto statistics = model_state_statistics(dir, sys.state_norm != nullptr);
   checked();
   for (auto &[net, m] : loaded) copy_state(net->module, m, dir.string());
+  if (statistics) *sys.state_norm = std::move(*statistics);
   torch::NoGradGuard no_grad;
   auto copy = [](Net &to, const Net &from) {
     for (size_t i = 0; i < to.params.size(); ++i) to.params[i].copy_(from.params[i]);
@@ -1033,10 +1041,13 @@ void push(System &sys, const at::Tensor &s, const at::Tensor &sp, const at::Tens
                    "dimension)"
                  : ""));
   torch::NoGradGuard no_grad;
-  const auto to = [&](const at::Tensor &t) { return t.to(sys.rb_device, sys.dtype); };
-  sys.buffer->push(to(s), sys.sac() ? sys.scale(to(a)) : to(a), to(sp), to(r), to(d));
-  if (sys.state_norm) sys.state_norm->update(s.to(sys.dtype));
-  if (sys.reward_norm) sys.reward_norm->update(r.to(sys.dtype).reshape({n, 1}));
+  const at::Tensor states = finite_values(s, sys.dtype, "state_old"), next = finite_values(sp, sys.dtype, "state_new"),
+                   actions = finite_values(a, sys.dtype, "action_old"), rewards = finite_values(r, sys.dtype, "reward"),
+                   done = finite_values(d, sys.dtype, "final_state");
+  const auto to = [&](const at::Tensor &t) { return t.to(sys.rb_device); };
+  sys.buffer->push(to(states), sys.sac() ? sys.scale(to(actions)) : to(actions), to(next), to(rewards), to(done));
+  if (sys.state_norm) sys.state_norm->update(states);
+  if (sys.reward_norm) sys.reward_norm->update(rewards.reshape({n, 1}));
 }
 
 torchfort_result_t update_arrays(const char *fn, const char *name, void *state_old, void *state_new, size_t state_dim,

@@ -98,6 +98,28 @@ class RunningNormalizer {
   at::Tensor mean_, m2_;
 };
 
+// load_model's state statistics: the networks of a checkpoint saved by a system that normalizes
+// states were trained on states normalized with the statistics in its state.pt, and predict the
+// same only with them. A system that normalizes reads them (an error when the checkpoint has
+// none); one that does not refuses a checkpoint whose networks saw normalized states.
+inline std::optional<RunningNormalizer> model_state_statistics(const fs::path &dir, bool normalizes) {
+  const fs::path file = dir / "state.pt";
+  if (!normalizes && !fs::is_regular_file(file)) return std::nullopt;
+  require_file(file);
+  torch::serialize::InputArchive archive;
+  archive.load_from(file.string());
+  if (!normalizes) {
+    c10::IValue count;
+    if (archive.try_read("state_normalizer_count", count) && count.toInt() > 0)
+      usage("the networks in " + dir.string() + " were trained on normalized states (normalize_states: true) and "
+            "this system does not normalize them: its predictions would be of other inputs");
+    return std::nullopt;
+  }
+  RunningNormalizer statistics(false);
+  statistics.read(archive, "state_normalizer", file.string());
+  return statistics;
+}
+
 // A state array as a batch: a state of rank 1 is one sample, and so is a state of any rank whose
 // action (an action array of rank 1) is one sample (a 2-D field as the state of one environment).
 inline at::Tensor batch_of(const at::Tensor &state, const at::Tensor &action) {
@@ -114,15 +136,33 @@ inline void deliver(const at::Tensor &result, at::Tensor &out, const char *what)
   out.copy_(result.reshape(out.sizes()));
 }
 
-// A loss about to be backpropagated: a value that is not finite stops the step before anything
-// changes (the networks keep their weights), with what to try.
-inline double finite_loss(const at::Tensor &loss, const char *what, int64_t step) {
+// A transition's values in the system's dtype; a NaN or an infinity (given, or a real64 beyond the
+// range of a float32 system) is an error before anything is stored: in the buffer it would poison
+// every batch that samples it, and in a running normalizer every later prediction.
+inline at::Tensor finite_values(const at::Tensor &t, c10::ScalarType dtype, const char *what) {
+  at::Tensor v = t.to(dtype);
+  if (!at::isfinite(v).all().item<bool>()) {
+    const bool narrowed = t.scalar_type() != dtype && at::isfinite(t).all().item<bool>();
+    usage(std::string(what) + " holds a NaN or an infinity" +
+          (narrowed ? std::string(" (a value beyond the range of the system's ") + c10::toString(dtype) + ")" : "") +
+          "; nothing was stored");
+  }
+  return v;
+}
+
+// A loss about to be backpropagated: a value that is not finite stops the step before the networks
+// it would update change, with what to try; `changed` says what the step did update before it (the
+// critics before the policy's loss; SAC's alpha before the critics'), "" for nothing.
+inline double finite_loss(const at::Tensor &loss, const char *what, int64_t step, const char *changed = "") {
   const double value = loss.item<double>();
   if (!std::isfinite(value))
     throw Failure(TORCHFORT_RESULT_INTERNAL_ERROR,
                   std::string("the ") + what + " is " + std::to_string(value) + " at training step " +
-                      std::to_string(step) + "; no network was changed by this step (lower the learning rate, clip "
-                      "gradients with max_grad_norm, or bound the actions: a squashed actor, smaller sigma)");
+                      std::to_string(step) + "; " +
+                      (*changed != '\0' ? std::string("this step had already updated ") + changed + " and changed no other network"
+                                        : std::string("no network was changed by this step")) +
+                      " (lower the learning rate, clip gradients with max_grad_norm, or bound the actions: a "
+                      "squashed actor, smaller sigma)");
   return value;
 }
 

@@ -146,6 +146,15 @@ RLConfig read_rl_config(const std::string &filename) {
       r.beta_steps = p.integer("beta_steps", r.beta_steps, false, 0);
       if (r.alpha < 0 || r.beta0 < 0 || r.beta_max < 0)
         throw ConfigError(filename + ": replay_buffer.parameters alpha, beta0 and beta_max must be >= 0");
+      // beta anneals from beta0 up to beta_max (at most 1: full correction of the sampling's bias)
+      // over beta_steps batches (0: a constant beta0 = beta_max).
+      if (r.beta_max > 1 || r.beta0 > r.beta_max)
+        throw ConfigError(filename + ": replay_buffer.parameters must have 0 <= beta0 <= beta_max <= 1 (beta0 " +
+                          std::to_string(r.beta0) + ", beta_max " + std::to_string(r.beta_max) + ")");
+      if (r.beta_steps == 0 && r.beta0 != r.beta_max)
+        throw ConfigError(filename + ": replay_buffer.parameters.beta_steps is 0, so beta would stay beta0 (" +
+                          std::to_string(r.beta0) + ") and never reach beta_max (" + std::to_string(r.beta_max) +
+                          "): give the number of batches over which it grows, or beta_max equal to beta0");
     }
     if (r.max_size < r.n_envs || r.min_size < r.n_envs)
       throw ConfigError(filename + ": replay_buffer.parameters max_size and min_size must be at least n_envs (" +

@@ -414,14 +414,20 @@ void push(System &sys, const at::Tensor &s, const at::Tensor &a, const at::Tenso
                    "dimension)"
                  : ""));
   torch::NoGradGuard no_grad;
-  const at::Tensor states = s.to(sys.model_device, sys.dtype);
-  const at::Tensor actions = sys.policy_scale(a.to(sys.model_device, sys.dtype));
+  const at::Tensor states = finite_values(s, sys.dtype, "state").to(sys.model_device);
+  const at::Tensor actions = sys.policy_scale(finite_values(a, sys.dtype, "action").to(sys.model_device));
+  const at::Tensor rewards = finite_values(r, sys.dtype, "reward"), done = finite_values(d, sys.dtype, "final_state");
+  // The state as the policy saw it when it chose the action (predict_explore, before this state
+  // joins the statistics): kept so, in the buffer, with the log-probability and value of that
+  // view; training reads it as stored, so that a step's first ratio to the old policy is 1 however
+  // the statistics move on.
+  const at::Tensor seen = sys.state_in(states);
   if (sys.state_norm) sys.state_norm->update(states);
   sys.net.module.eval();
-  const auto [log_prob, entropy, value] = evaluate_actions(sys, sys.state_in(states), actions);
+  const auto [log_prob, entropy, value] = evaluate_actions(sys, seen, actions);
   (void)entropy;
   const auto to = [&](const at::Tensor &t) { return t.to(sys.rb_device, sys.dtype); };
-  sys.buffer->push(to(states), to(actions), to(r.reshape({n})), to(value), to(log_prob), to(d.reshape({n})),
+  sys.buffer->push(to(seen), to(actions), to(rewards.reshape({n})), to(value), to(log_prob), to(done.reshape({n})),
                    sys.sampler);
   if (sys.buffer->ready()) {
     if (sys.return_norm && !sys.returns_normalized) {
@@ -452,8 +458,8 @@ void train_step(System &sys, float &p_loss, float &q_loss) {
   double kl = 0, clip_fraction = 0;
   auto losses = [&] {
     RolloutBuffer::Batch b = sys.buffer->sample(c.batch_size, sys.sampler);
-    const at::Tensor s = sys.state_in(b.s);
     const auto on = [&](const at::Tensor &t) { return t.to(sys.model_device, sys.dtype); };
+    const at::Tensor s = on(b.s);  // (normalized when stored: see push)
     const at::Tensor a = on(b.a), v_old = on(b.value), logp_old = on(b.log_prob), adv = on(b.advantage),
                      ret = on(b.ret);
     net.module.train();
@@ -609,8 +615,10 @@ void load_model(System &sys, const fs::path &dir, const std::function<void()> &c
     torch::jit::Module probe = sys.net.module.clone();
     copy_state(probe, loaded, model.string());
   }
+  auto statistics = model_state_statistics(dir, sys.state_norm != nullptr);
   checked();
   copy_state(sys.net.module, loaded, model.string());
+  if (statistics) *sys.state_norm = std::move(*statistics);
 }
 
 // ---------------------------------------------------------------------------- registry

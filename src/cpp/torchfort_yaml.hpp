@@ -109,7 +109,8 @@ class Block {
     }
     return v;
   }
-  int64_t integer(const std::string &key, int64_t fallback, bool required = false, int64_t minimum = INT64_MIN) {
+  int64_t integer(const std::string &key, int64_t fallback, bool required = false, int64_t minimum = INT64_MIN,
+                  int64_t maximum = INT64_MAX) {
     const Node *n = find(key);
     if (n == nullptr) {
       if (required) missing(key);
@@ -117,6 +118,7 @@ class Block {
     }
     int64_t v = to_integer(*n, key);
     if (v < minimum) fail(*n, where(key) + " must be >= " + std::to_string(minimum) + ", not " + n->value);
+    if (v > maximum) fail(*n, where(key) + " must be <= " + std::to_string(maximum) + ", not " + n->value);
     return v;
   }
   bool boolean(const std::string &key, bool fallback) {

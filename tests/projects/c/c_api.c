@@ -69,6 +69,51 @@ int main(void) {
   status = ftc_tensor_from_blob(&t, data, 2, shape, NULL, NULL, FTC_FLOAT64, FTC_CPU, -1, 0);
   check(status == FTC_OK && t != NULL, "from_blob over a C array");
   check(ftc_tensor_shape(t, &sizes, &ndims) == FTC_OK && ndims == 2 && sizes[0] == 2 && sizes[1] == 3, "shape");
+  {
+    /* The first argument list and the first tensor share slot and generation: a handle of one
+     * kind given for the other (C converts handles only by a cast, but ftc_function_ctx is a
+     * void *) is refused, never the object of the same slot in the other table. */
+    ftc_arglist list = NULL;
+    int64_t n = -1;
+    check(ftc_arglist_add_real(&list, 1.0) == FTC_OK, "an argument list");
+    check(ftc_tensor_rank((ftc_tensor)list, &ndims) == FTC_ERR_NULL_HANDLE &&
+              strstr(ftc_last_error(), "not a tensor handle at all") != NULL,
+          "an argument list given for a tensor is refused");
+    check(ftc_arglist_size((ftc_arglist)t, &n) == FTC_ERR_NULL_HANDLE && n == -1,
+          "a tensor given for an argument list is refused");
+    check(ftc_arglist_delete(&list) == FTC_OK && ftc_tensor_rank(t, &ndims) == FTC_OK && ndims == 2,
+          "the tensor is untouched");
+  }
+  {
+    /* A shape whose size overflows 64 bits: LibTorch would fail inside a noexcept function
+     * (std::terminate); an error before it is reached. */
+    int64_t huge[1] = {(int64_t)1 << 62}, wide[2] = {(int64_t)1 << 32, (int64_t)1 << 32};
+    status = ftc_tensor_from_blob(&u, data, 1, huge, NULL, NULL, FTC_FLOAT64, FTC_CPU, -1, 0);
+    check(status == FTC_ERR_INVALID_ARGUMENT && u == NULL && strstr(ftc_last_error(), "too large") != NULL,
+          "from_blob of a shape of 2^62 float64 elements is an error");
+    status = ftc_tensor_from_device_blob(&u, data, 2, wide, NULL, NULL, FTC_FLOAT32, FTC_CPU, -1, 0);
+    check(status == FTC_ERR_INVALID_ARGUMENT && u == NULL, "from_device_blob of 2^64 elements is an error");
+    status = ftc_tensor_new(&u, FTC_FILL_ZEROS, 2, wide, FTC_FLOAT32, FTC_CPU, -1, 0);
+    check(status == FTC_ERR_INVALID_ARGUMENT && u == NULL, "a new tensor of 2^64 elements is an error");
+    check(ftc_tensor_remove_hook(t, (int64_t)1 << 32) == FTC_ERR_INVALID_ARGUMENT,
+          "a hook id beyond 32 bits is an error, not hook 0");
+  }
+  {
+    /* The same tensor twice in one optimizer would be updated twice a step. */
+    ftc_tensor p = NULL, params[2];
+    ftc_optim o = NULL;
+    ftc_sgd_options opts = FTC_SGD_OPTIONS_DEFAULTS;
+    int64_t one = 1;
+    check(ftc_tensor_new(&p, FTC_FILL_ONES, 1, &one, FTC_FLOAT64, FTC_CPU, -1, 1) == FTC_OK, "a parameter");
+    params[0] = p;
+    params[1] = p;
+    status = ftc_optim_sgd(&o, params, 2, &opts);
+    check(status == FTC_ERR_INVALID_ARGUMENT && o == NULL &&
+              strstr(ftc_last_error(), "parameter tensor 2 is parameter tensor 1 again") != NULL,
+          "a parameter given twice to an optimizer is an error");
+    check(ftc_optim_sgd(&o, params, 1, &opts) == FTC_OK && ftc_optim_delete(&o) == FTC_OK, "given once it is taken");
+    ftc_tensor_delete(&p);
+  }
   check(ftc_tensor_zero(t) == FTC_OK && data[5] == 0.0, "zeroing the tensor zeroes the C array");
   check(ftc_live_handles() == 1, "one live handle");
   /* Without a GPU every CUDA request fails; with one, a device index past the last GPU does. */
@@ -252,6 +297,16 @@ int main(void) {
     check(ftc_pymodule_call(m, "mean", args, NULL, NULL, 0) == FTC_ERR_PYTHON &&
               strstr(ftc_last_error(), "TypeError") != NULL, "a Python exception is FTC_ERR_PYTHON with its type");
     check(ftc_pymodule_load(&op, "operator") == FTC_OK, "load operator");
+    check(ftc_pymodule_call_grouped(op, "add", args, -2, NULL, NULL, 0) == FTC_ERR_INVALID_ARGUMENT,
+          "a group of -2 arguments is an error");
+    {
+      char small[4] = "xyz", paths[8192];
+      check(ftc_python_locate(small, 4) == FTC_ERR_INVALID_ARGUMENT && strstr(ftc_last_error(), "too small") != NULL &&
+                strcmp(small, "xyz") == 0,
+            "python_locate into a buffer too small is an error, not cut-off paths");
+      check(ftc_python_locate(paths, (int64_t)sizeof paths) == FTC_OK && strchr(paths, '\n') != NULL,
+            "python_locate into a large buffer");
+    }
     check(ftc_pymodule_call(op, "add", args, &results, NULL, 0) == FTC_OK &&
               ftc_arglist_get_real(results, 0, &sum) == FTC_OK && sum == 4.0, "operator.add(1.0, 3.0) = 4.0");
     check(ftc_arglist_kind(results, 0, &kind) == FTC_OK && kind == FTC_ARG_REAL, "the result is a real");
