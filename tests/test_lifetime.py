@@ -294,6 +294,15 @@ def test_assignment_to_a_dummy_argument(lifetime):
     assert _printed(proc, "components:", 2) == ["3.", "3."], proc.stdout
 
 
+def test_torch_assign_of_another_shape_is_an_error(lifetime):
+    """torch_assign(a, b) with a(2,3) and b(3,2): the same number of tensors, no element of one
+    paired with an element of the other: the program stops naming the mismatch."""
+    _, binary = lifetime
+    proc = _form(binary, "torch-assign-other-shape")
+    assert proc.returncode != 0 and "assigned" not in proc.stdout, proc.stdout + proc.stderr
+    assert "[assignment(=)] the arrays of tensors have different shapes" in proc.stderr, proc.stderr
+
+
 def test_self_assignment_of_a_type(lifetime):
     """`s = s` of a variable of a type with a tensor component. flang and gfortran 13 and 14
     finalize `s` (deleting `s%t`) before assigning the components: a stale-handle error, `s%t`

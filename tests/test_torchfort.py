@@ -6,6 +6,8 @@ schedules); checkpoints resume bit for bit; a C program reaches the same API thr
 
 from __future__ import annotations
 
+import math
+
 import os
 import shutil
 import subprocess
@@ -348,6 +350,18 @@ def test_c_program_through_torchfort_h(installed, torchfort_dir, tmp_path):
      "  type: linear\n  parameters:\n    total_iters: 5\n    start_factor: 0\n", "start_factor must be in (0, 1]"),
     ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\n  general:\n"
      "    max_grad_norm: .nan\n", "optimizer.general.max_grad_norm must be a number, not '.nan'"),
+    # Values that would make the rate negative or infinite, or apply nothing, and empty values
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\nlr_scheduler:\n"
+     "  type: step\n  parameters:\n    step_size: 10\n    gamma: -0.5\n", "lr_scheduler.parameters.gamma must be >= 0"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\nlr_scheduler:\n"
+     "  type: multistep\n  parameters:\n    milestones: [0, 2]\n", "milestones must be >= 1"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\nlr_scheduler:\n"
+     "  type: polynomial\n  parameters:\n    total_iters: 10\n    power: -1\n", "power must be >= 0"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\nlr_scheduler:\n"
+     "  type: cosine_annealing\n  parameters:\n    T_max: 10\n    eta_min: -1e-4\n", "eta_min must be >= 0"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\n  parameters:\n"
+     "    learning_rate:\n", "optimizer.parameters.learning_rate has no value"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\n    dropout: ~\n", "model.parameters.dropout has no value"),
 ])
 def test_configuration_errors_name_the_file_key_and_what_is_allowed(installed, tmp_path, text, message):
     """Each mistake is TORCHFORT_RESULT_INVALID_USAGE with the file, line and key in the message."""
@@ -488,6 +502,90 @@ def test_a_transposed_label_or_output_array_is_refused(installed, tmp_path):
     assert lib.torchfort_inference(b"transposed", ctypes.c_void_p(x.data_ptr()), ctypes.c_size_t(2), shape(x),
                                    ctypes.c_void_p(out.data_ptr()), ctypes.c_size_t(2), shape(out), -1, None) == 1
     assert "not the same batch" in lib.ftc_last_error().decode() and bool((out == 0).all())
+
+
+def test_a_loss_that_is_not_finite_changes_nothing(installed, tmp_path):
+    """A NaN in a batch's labels: torchfort_train fails with TORCHFORT_RESULT_INTERNAL_ERROR naming
+    the loss, and the model predicts as before (TorchFort would step and make every weight NaN);
+    the next finite batch trains."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
+    lib.ftc_last_error.restype = ctypes.c_char_p
+    config = tmp_path / "t.yaml"
+    config.write_text(_to_yaml({"model": {"type": "mlp", "parameters": {"layer_sizes": [4, 3]}},
+                                "loss": {"type": "mse"}, "optimizer": {"type": "adam"}}))
+    assert lib.torchfort_create_model(b"nan_loss", str(config).encode(), -1) == 0
+    x, y = _data(torch.float32)
+    bad = y.clone()
+    bad[0, 0] = float("nan")
+    loss = ctypes.c_float()
+    shape = lambda t: (ctypes.c_int64 * t.dim())(*t.shape)  # noqa: E731
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+
+    def train(label):
+        return lib.torchfort_train(b"nan_loss", ptr(x), ctypes.c_size_t(2), shape(x), ptr(label), ctypes.c_size_t(2),
+                                   shape(label), ctypes.byref(loss), -1, None)
+
+    def infer():
+        out = torch.zeros_like(y)
+        assert lib.torchfort_inference(b"nan_loss", ptr(x), ctypes.c_size_t(2), shape(x), ptr(out),
+                                       ctypes.c_size_t(2), shape(out), -1, None) == 0
+        return out
+
+    before = infer()
+    assert train(bad) == 3
+    assert "the loss is nan at training step 1; the model was not changed" in lib.ftc_last_error().decode()
+    assert torch.equal(infer(), before)
+    assert train(y) == 0 and math.isfinite(loss.value) and not torch.equal(infer(), before)
+
+
+def test_save_model_writes_a_model_for_inference(installed, tmp_path):
+    """torchfort_save_model right after training steps (no inference call between) writes the
+    model in eval mode, as torch_model_save does: torch.jit.load's model applies no dropout."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
+    lib.ftc_last_error.restype = ctypes.c_char_p
+    config = tmp_path / "d.yaml"
+    config.write_text(_to_yaml({"model": {"type": "mlp", "parameters": {"layer_sizes": [4, 16, 3], "dropout": 0.5}},
+                                "loss": {"type": "mse"}, "optimizer": {"type": "sgd"}}))
+    assert lib.torchfort_create_model(b"dropout_save", str(config).encode(), -1) == 0
+    x, y = _data(torch.float32)
+    loss = ctypes.c_float()
+    shape = lambda t: (ctypes.c_int64 * t.dim())(*t.shape)  # noqa: E731
+    assert lib.torchfort_train(b"dropout_save", ctypes.c_void_p(x.data_ptr()), ctypes.c_size_t(2), shape(x),
+                               ctypes.c_void_p(y.data_ptr()), ctypes.c_size_t(2), shape(y), ctypes.byref(loss), -1,
+                               None) == 0
+    assert lib.torchfort_save_model(b"dropout_save", str(tmp_path / "m.pt").encode()) == 0
+    saved = torch.jit.load(str(tmp_path / "m.pt"))
+    assert not any(m.training for m in saved.modules())
+    assert torch.equal(saved(x), saved(x))
+
+
+def test_inference_into_a_narrower_array_keeps_the_values_or_fails(installed, tmp_path):
+    """A float64 model's results into float32 output arrays (torchfort_inference with
+    TORCHFORT_FLOAT): rounded as Fortran's real() rounds, but values beyond float32's range are an
+    error, never infinities."""
+    import ctypes
+
+    class Scale(torch.nn.Module):
+        def forward(self, x):
+            return x.double() * 1e39
+
+    torch.jit.script(Scale()).save(str(tmp_path / "scale.pt"))
+    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
+    lib.ftc_last_error.restype = ctypes.c_char_p
+    config = tmp_path / "s.yaml"
+    config.write_text(_to_yaml({"model": {"type": "torchscript", "parameters": {"filename": f'"{tmp_path}/scale.pt"'}}}))
+    assert lib.torchfort_create_model(b"narrow", str(config).encode(), -1) == 0, lib.ftc_last_error()
+    x = torch.ones(2, 3)
+    out = torch.zeros(2, 3)
+    shape = lambda t: (ctypes.c_int64 * t.dim())(*t.shape)  # noqa: E731
+    status = lib.torchfort_inference(b"narrow", ctypes.c_void_p(x.data_ptr()), ctypes.c_size_t(2), shape(x),
+                                     ctypes.c_void_p(out.data_ptr()), ctypes.c_size_t(2), shape(out), -1, None)
+    assert status != 0 and "infinities" in lib.ftc_last_error().decode(), lib.ftc_last_error()
+    assert bool((out == 0).all())
 
 
 def test_wandb_hook_writes_the_metrics_log(installed, tmp_path, monkeypatch):

@@ -259,6 +259,11 @@ void assign_into(TensorTable::Slot &slot, const at::Tensor &r);
 // dtype are Error(FTC_ERR_DTYPE) naming `into` (what receives them) and the explicit conversion
 // (torch_tensor_to). float64 into float32 rounds, as Fortran's real() does. (tensor.cpp)
 void check_lossless(const at::Tensor &values, c10::ScalarType to, const char *into);
+// A TorchScript module written to `file`: in eval() mode when as_inference, as a model for
+// inference (a Python user's torch.jit.load then runs dropout and batch norm as at inference),
+// each submodule's mode restored after, parents first (train() sets a module's children too); a
+// write failure is FTC_ERR_IO. (model.cpp)
+void save_module(torch::jit::Module &module, const std::string &file, bool as_inference);
 // The same for a scalar filled into a tensor of dtype `to`.
 void check_lossless(const c10::Scalar &value, c10::ScalarType to, const char *into);
 

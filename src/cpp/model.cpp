@@ -113,12 +113,30 @@ std::vector<c10::IValue> result_items(const c10::IValue &result) {
   return items;
 }
 
-// The output tensors of a forward, checked before it runs: the model of m, at least one output.
+// The output tensors of a forward, checked before it runs: the model of m, at least one output,
+// no two of them one tensor or over the same memory (each would receive its result and keep only
+// the last one written: `[ty, ty]` for `[ty, tz]`).
 ftc::Model &checked_forward(ftc_model m, const ftc_tensor *outputs, int n_outputs) {
   ftc::check_tensors(outputs, n_outputs, "output tensor");
   auto &model = ftc::any_model_of(m);
   if (n_outputs < 1) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, "need at least one output tensor (got " + std::to_string(n_outputs) + ")");
+  }
+  for (int j = 1; j < n_outputs; ++j) {
+    const auto &b = ftc::tensor_slot(outputs[j]);
+    for (int i = 0; i < j; ++i) {
+      const auto &a = ftc::tensor_slot(outputs[i]);
+      const bool same = &a == &b;
+      const bool shared = !same && a.value.defined() && b.value.defined() && a.value.numel() > 0 &&
+                          b.value.numel() > 0 && a.value.has_storage() && b.value.has_storage() &&
+                          (a.value.data_ptr() == b.value.data_ptr() || ftc::memory_overlaps(a.value, b.value));
+      if (same || shared) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT, "output tensor " + std::to_string(j + 1) +
+                                                (same ? " is output tensor " : " shares its memory with output tensor ") +
+                                                std::to_string(i + 1) + (same ? " again" : "") +
+                                                ": each result needs its own output");
+      }
+    }
   }
   return model;
 }
@@ -265,9 +283,8 @@ void apply_jit_optimize() {
 
 namespace {
 
-// torch_model_save: written in eval() mode (as_inference), as a model for inference (a Python
-// user's torch.jit.load then runs dropout and batch norm as at inference), each submodule's mode
-// restored after, parents first (train() sets a module's children too); or in the mode it is in.
+// torch_model_save: written in eval() mode (as_inference), as a model for inference; or in the
+// mode it is in (save_module).
 int save_model(ftc_model m, const char *filename, bool as_inference) {
   return ftc::guard([&] {
     auto &module = ftc::model_of(m);
@@ -277,23 +294,31 @@ int save_model(ftc_model m, const char *filename, bool as_inference) {
       ftc::save_training_package(model, file);
       return;
     }
-    std::vector<std::pair<torch::jit::Module, bool>> modes;
-    for (const auto &sub : module.modules()) modes.emplace_back(sub, sub.is_training());
-    auto restore = [&] {
-      for (auto &[sub, training] : modes) sub.train(training);
-    };
-    if (as_inference) module.eval();
-    try {
-      module.save(file);
-    } catch (const c10::Error &e) {
-      restore();
-      ftc::fail(FTC_ERR_IO, "cannot write model to '" + file + "': " + e.what_without_backtrace());
-    }
-    restore();
+    ftc::save_module(module, file, as_inference);
   });
 }
 
 }  // namespace
+
+namespace ftc {
+
+void save_module(torch::jit::Module &module, const std::string &file, bool as_inference) {
+  std::vector<std::pair<torch::jit::Module, bool>> modes;
+  for (const auto &sub : module.modules()) modes.emplace_back(sub, sub.is_training());
+  auto restore = [&] {
+    for (auto &[sub, training] : modes) sub.train(training);
+  };
+  if (as_inference) module.eval();
+  try {
+    module.save(file);
+  } catch (const c10::Error &e) {
+    restore();
+    fail(FTC_ERR_IO, "cannot write model to '" + file + "': " + e.what_without_backtrace());
+  }
+  restore();
+}
+
+}  // namespace ftc
 
 extern "C" {
 

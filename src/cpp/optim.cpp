@@ -80,6 +80,10 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<at::Te
                                                         const ftc_lbfgs_options &h) {
   auto o = torch::optim::LBFGSOptions(h.lr).max_iter(h.max_iter).tolerance_grad(h.tolerance_grad)
                .tolerance_change(h.tolerance_change).history_size(h.history_size);
+  if (h.max_eval < 0) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "max_eval must be at least 1, or 0 for the default max_iter * 5 / 4 (got " +
+                                            std::to_string(h.max_eval) + ")");
+  }
   if (h.max_eval > 0) o.max_eval(h.max_eval);
   if (h.strong_wolfe != 0) o.line_search_fn("strong_wolfe");
   if (o.max_iter() < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "max_iter must be at least 1");

@@ -343,8 +343,17 @@ double train_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, const std:
     if (loss.numel() != 1)
       usage("the loss has " + std::to_string(loss.numel()) + " elements; training needs one value (loss "
             "parameters: reduction mean or sum, not none)");
+    // A loss that is not finite would make every parameter (and Adam's moments) NaN and the call
+    // would still succeed: an error before backward, the model and this accumulation cycle's
+    // gradients as they were (on every rank: reduced_step tells them all).
+    const double value = loss.item<double>();
+    if (!std::isfinite(value))
+      throw Failure(TORCHFORT_RESULT_INTERNAL_ERROR,
+                    "the loss is " + std::to_string(value) + " at training step " + std::to_string(p.step_train + 1) +
+                        "; the model was not changed by this call (look for NaN or infinite inputs or labels, "
+                        "lower the learning rate, or clip gradients with max_grad_norm)");
     loss.backward();
-    return loss.item<double>();
+    return value;
   });
   if ((p.step_train_current + 1) % accumulate == 0) {
     ftc::before_update(*p.optim);
@@ -385,6 +394,10 @@ void inference_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, std::vec
             " values, which an " + ftc::dtype_name(outputs[i].scalar_type()) + " array would truncate");
     require_same_batch(r, outputs[i], "output " + std::to_string(i + 1) + ": the model's result",
                        "the output array");
+    // (values the array's type would change -- int64 beyond int32, float64 beyond float32's range --
+    // are an error, as for every FTorch copy into an array)
+    const std::string into = "output array " + std::to_string(i + 1);
+    if (r.scalar_type() != outputs[i].scalar_type()) ftc::check_lossless(r, outputs[i].scalar_type(), into.c_str());
     outputs[i].copy_(r.reshape(outputs[i].sizes()));
   }
   ++p.step_inference;
@@ -634,7 +647,7 @@ torchfort_result_t torchfort_inference_multiarg(const char *name, torchfort_tens
 torchfort_result_t torchfort_save_model(const char *name, const char *fname) {
   return packs.with(__func__, name, [&](Pack &p) {
     if (fname == nullptr) usage("the file name is a null pointer");
-    p.module.save(fname);
+    ftc::save_module(p.module, fname, /*as_inference=*/true);  // (as torch_model_save writes it)
   });
 }
 

@@ -127,23 +127,24 @@ void read_scheduler(Block &b, SchedulerConfig &s, const std::string &file, const
   Block p = b.block("parameters");
   if (s.type == "step") {
     s.step_size = p.integer("step_size", 0, true, 1, kMaxPeriod);
-    s.gamma = p.real("gamma", s.gamma);
+    s.gamma = p.real("gamma", s.gamma, 0.0);  // (a negative factor would make the rate negative: ascent)
   } else if (s.type == "multistep") {
     s.milestones = p.integers("milestones", true);
     for (size_t i = 0; i < s.milestones.size(); ++i) {
-      if (s.milestones[i] < 0) throw ConfigError(file + ": " + where + ".parameters.milestones must be >= 0");
+      // (milestone 0: PyTorch decays at construction, this schedule's first rate is the optimizer's)
+      if (s.milestones[i] < 1) throw ConfigError(file + ": " + where + ".parameters.milestones must be >= 1");
       // (a repeated milestone is refused: PyTorch decays gamma^k there, TorchFort once)
       if (i > 0 && s.milestones[i] <= s.milestones[i - 1])
         throw ConfigError(file + ": " + where + ".parameters.milestones must be strictly increasing (a repeated "
                           "milestone has no agreed meaning: give the combined gamma another way)");
     }
-    s.gamma = p.real("gamma", s.gamma);
+    s.gamma = p.real("gamma", s.gamma, 0.0);
   } else if (s.type == "polynomial") {
     s.total_iters = p.integer("total_iters", 0, true, 1, kMaxPeriod);
-    s.power = p.real("power", s.power);
+    s.power = p.real("power", s.power, 0.0);  // (a negative power: a growing, then infinite rate)
   } else if (s.type == "cosine_annealing") {
     s.t_max = p.integer("T_max", 0, true, 1, kMaxPeriod);
-    s.eta_min = p.real("eta_min", s.eta_min);
+    s.eta_min = p.real("eta_min", s.eta_min, 0.0);  // (the rate reaches eta_min: never negative)
   } else {
     s.total_iters = p.integer("total_iters", 0, true, 1, kMaxPeriod);
     s.start_factor = p.real("start_factor", s.start_factor);

@@ -57,12 +57,16 @@ class Block {
     }
   }
 
-  const Node *find(const std::string &key) {
+  // The node of `key`, nullptr when absent. A value read from it (value: true) must be written: a
+  // key without one (`learning_rate:`, `~`, `null`; a template variable that expanded to nothing)
+  // is an error, never the default; a block written without content reads as absent.
+  const Node *find(const std::string &key, bool value = false) {
     allowed_.push_back(key);
     if (node_ == nullptr || node_->kind != Node::kMapping) return nullptr;
     for (const auto &[k, v] : node_->map)
       if (sanitize(k) == sanitize(key)) {
         read_.insert(sanitize(k));
+        if (v.kind == Node::kNull && value) fail(v, where(key) + " has no value (leave the key out for its default)");
         return v.kind == Node::kNull ? nullptr : &v;
       }
     return nullptr;
@@ -75,7 +79,7 @@ class Block {
   Block block(const std::string &key) { return Block(find(key), path_.empty() ? key : path_ + "." + key, file_); }
 
   std::string string(const std::string &key, const std::string &fallback, bool required = false) {
-    const Node *n = find(key);
+    const Node *n = find(key, true);
     if (n == nullptr) {
       if (required) missing(key);
       return fallback;
@@ -86,7 +90,7 @@ class Block {
   // A name among `choices` (compared sanitized, as TorchFort does).
   std::string choice(const std::string &key, const std::vector<std::string> &choices, const std::string &fallback,
                      bool required = false) {
-    const Node *n = find(key);
+    const Node *n = find(key, true);
     if (n == nullptr) {
       if (required) missing(key, " (one of: " + join(choices) + ")");
       return fallback;
@@ -99,7 +103,7 @@ class Block {
   }
   // A number, at least `minimum` when one is given (NaN never passes such a bound).
   double real(const std::string &key, double fallback, std::optional<double> minimum = std::nullopt) {
-    const Node *n = find(key);
+    const Node *n = find(key, true);
     if (n == nullptr) return fallback;
     const double v = to_real(*n, key);
     if (minimum && !(v >= *minimum)) {
@@ -111,7 +115,7 @@ class Block {
   }
   int64_t integer(const std::string &key, int64_t fallback, bool required = false, int64_t minimum = INT64_MIN,
                   int64_t maximum = INT64_MAX) {
-    const Node *n = find(key);
+    const Node *n = find(key, true);
     if (n == nullptr) {
       if (required) missing(key);
       return fallback;
@@ -122,7 +126,7 @@ class Block {
     return v;
   }
   bool boolean(const std::string &key, bool fallback) {
-    const Node *n = find(key);
+    const Node *n = find(key, true);
     if (n == nullptr) return fallback;
     const std::string v = n->kind == Node::kScalar ? sanitize(n->value) : "";
     if (v == "true") return true;
@@ -134,7 +138,7 @@ class Block {
     fail(*n, where(key) + " must be true or false (or an integer, 0 for false), not '" + n->value + "'");
   }
   std::vector<int64_t> integers(const std::string &key, bool required) {
-    const Node *n = find(key);
+    const Node *n = find(key, true);
     if (n == nullptr) {
       if (required) missing(key, " (a list of integers, e.g. [16, 32, 4])");
       return {};

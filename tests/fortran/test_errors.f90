@@ -61,6 +61,14 @@ program test_errors
   call torch_model_forward(tuple_model, tin, tout, stat=stat, errmsg=msg)
   call expect(FTORCH_ERR_INVALID_ARGUMENT, "torch_model_forward", "returned 2 tensors but 1", &
               "output count differs from the tuple size")
+  ! the same output twice, or two outputs over one array: one result would be lost
+  call torch_model_forward(tuple_model, tin, [tout(1), tout(1)], stat=stat, errmsg=msg)
+  call expect(FTORCH_ERR_INVALID_ARGUMENT, "torch_model_forward", "output tensor 2 is output tensor 1 again", &
+              "the same output tensor twice")
+  call torch_tensor_from_array(two(2), y, torch_kCPU)
+  call torch_model_forward(tuple_model, tin, [tout(1), two(2)], stat=stat, errmsg=msg)
+  call expect(FTORCH_ERR_INVALID_ARGUMENT, "torch_model_forward", "output tensor 2 shares its memory with output tensor 1", &
+              "two output tensors over one array")
   ! uint8 results (200) into a signed int8 array: a dtype error, never -56
   call torch_model_load(tuple_model, data_path("uint8_net.pt"), torch_kCPU)
   call torch_tensor_from_array(bytes_out(1), bytes5, torch_kCPU)

@@ -194,6 +194,8 @@ program test_lifetime
       call copy_into_unallocated()
     case ("--copy-into-unallocated-only-type")
       call copy_into_unallocated_only_type()
+    case ("--torch-assign-other-shape")
+      call torch_assign_other_shape()
     case default
       error stop "unknown argument"
     end select
@@ -213,6 +215,22 @@ program test_lifetime
   call check(ftorch_live_handles() == base, "no handle left alive at the end")
   call summary()
 contains
+
+  !> torch_assign between arrays of tensors of one size and different shapes: stops with an
+  !> error (nothing pairs a(2,3) with b(3,2)), never an assignment in array element order.
+  subroutine torch_assign_other_shape()
+    type(torch_tensor) :: a(2, 3), b(3, 2)
+    real(real64), target :: x(1)
+    integer :: i, j
+    x = 1
+    do j = 1, 2
+      do i = 1, 3
+        call torch_tensor_from_array(b(i, j), x, torch_kCPU)
+      end do
+    end do
+    call torch_assign(a, b)
+    print '(a)', "assigned"
+  end subroutine torch_assign_other_shape
 
   ! Whether this compiler finalizes the left-hand side of an intrinsic assignment of a derived type,
   ! as Fortran says: flang, gfortran from 13; not gfortran 11 and 12.

@@ -112,6 +112,13 @@ int main(void) {
               strstr(ftc_last_error(), "parameter tensor 2 is parameter tensor 1 again") != NULL,
           "a parameter given twice to an optimizer is an error");
     check(ftc_optim_sgd(&o, params, 1, &opts) == FTC_OK && ftc_optim_delete(&o) == FTC_OK, "given once it is taken");
+    {
+      ftc_lbfgs_options lb = FTC_LBFGS_OPTIONS_DEFAULTS;
+      lb.max_eval = -1;
+      check(ftc_optim_lbfgs(&o, params, 1, &lb) == FTC_ERR_INVALID_ARGUMENT && o == NULL &&
+                strstr(ftc_last_error(), "max_eval must be at least 1") != NULL,
+            "a negative LBFGS max_eval is an error, not the default");
+    }
     ftc_tensor_delete(&p);
   }
   check(ftc_tensor_zero(t) == FTC_OK && data[5] == 0.0, "zeroing the tensor zeroes the C array");
