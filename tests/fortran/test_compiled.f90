@@ -137,9 +137,9 @@ contains
   ! Static shapes: another shape, dtype, input count or output count is a clear error.
   subroutine static_shapes_and_bad_inputs()
     type(torch_model) :: model
-    real(real64), target :: a(3,3), b(3,3), y(3,3), a2(2,3), y2(2,3)
+    real(real64), target :: a(3,3), b(3,3), y(3,3), z(3,3), a2(2,3), y2(2,3), z2(2,3)
     real(real32), target :: f(2,3)
-    type(torch_tensor) :: in2(2), out2(2), bad(2), one(1), out1(1)
+    type(torch_tensor) :: in2(2), out2(2), bad(2), one(1), out1(1), other(1)
     integer :: stat
     character(len=512) :: msg
     a = 1
@@ -150,7 +150,7 @@ contains
     call torch_tensor_from_array(in2(1), a, torch_kCPU)
     call torch_tensor_from_array(in2(2), b, torch_kCPU)
     call torch_tensor_from_array(out2(1), y, torch_kCPU)
-    call torch_tensor_from_array(out2(2), y, torch_kCPU)
+    call torch_tensor_from_array(out2(2), z, torch_kCPU)
     msg = ""
     call torch_model_forward(model, in2, out2, stat=stat, errmsg=msg)
     ! (The wording after the procedure name is AOTInductor's and differs between torch releases.)
@@ -159,8 +159,9 @@ contains
     call torch_tensor_from_array(bad(1), f, torch_kCPU)
     call torch_tensor_from_array(bad(2), a2, torch_kCPU)
     call torch_tensor_from_array(out1(1), y2, torch_kCPU)
+    call torch_tensor_from_array(other(1), z2, torch_kCPU)
     msg = ""
-    call torch_model_forward(model, bad, [out1(1), out1(1)], stat=stat, errmsg=msg)
+    call torch_model_forward(model, bad, [out1(1), other(1)], stat=stat, errmsg=msg)
     call check(stat /= 0 .and. index(msg, "dtype") > 0, "a float32 input where float64 was exported: " // trim(msg))
     call torch_tensor_from_array(one(1), a2, torch_kCPU)
     msg = ""
@@ -172,6 +173,7 @@ contains
                "one output tensor for two results: " // trim(msg))
     call torch_delete(in2)
     call torch_delete(out2)
+    call torch_delete(other)
     call torch_delete(bad)
     call torch_delete(one)
     call torch_delete(out1)
