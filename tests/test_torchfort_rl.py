@@ -597,19 +597,22 @@ def test_a_transposed_action_array_is_refused(installed, tmp_path):
     assert predict(right) == 0 and bool((right.abs() <= 1).all())
 
 
+class NanCritic(torch.nn.Module):
+    """A critic whose every value is NaN (for the tests of losses that are not finite)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(5, 1)
+
+    def forward(self, s, a):
+        x = torch.cat([s.reshape(s.shape[0], -1), a.reshape(a.shape[0], -1)], 1)
+        return self.fc(x) * float("nan")
+
+
 def test_a_loss_that_is_not_finite_stops_before_changing_anything(installed, rl_dir, tmp_path):
     """A critic returning NaN: train_step fails with TORCHFORT_RESULT_INTERNAL_ERROR naming the loss,
     and the policy acts as before."""
     import ctypes
-
-    class NanCritic(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = torch.nn.Linear(5, 1)
-
-        def forward(self, s, a):
-            x = torch.cat([s.reshape(s.shape[0], -1), a.reshape(a.shape[0], -1)], 1)
-            return self.fc(x) * float("nan")
 
     torch.jit.script(NanCritic()).save(str(tmp_path / "nan_critic.pt"))
     text = ERROR_FILES["rl_errors.yaml"].replace(
@@ -743,15 +746,6 @@ def test_a_failed_step_leaves_the_priorities_finite(installed, tmp_path):
     priority (a NaN one would make every later batch copies of one transition); the checkpoint's
     priorities and their maximum stay finite."""
     import ctypes
-
-    class NanCritic(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = torch.nn.Linear(5, 1)
-
-        def forward(self, s, a):
-            x = torch.cat([s.reshape(s.shape[0], -1), a.reshape(a.shape[0], -1)], 1)
-            return self.fc(x) * float("nan")
 
     torch.jit.script(NanCritic()).save(str(tmp_path / "nan_critic.pt"))
     config = _changed(_TD3_BUILTIN, ("replay_buffer",), {"type": "prioritized", "parameters": {
