@@ -152,7 +152,9 @@ def test_data_parallel_training_package(mpi_program, mpi_data, tmp_path):
     model = torch.jit.load(str(mpi_data / "ddp_mlp.pt"))
     eager = DDPNet().double()
     eager.load_state_dict(model.state_dict())
-    report = ftorch.export(eager, ["4,4:float64"], train_package=d / "ddp_mlp.pt2", dynamic_batch=True)
+    # (check=False: the parity run below compares the package's training with single-process training)
+    report = ftorch.export(eager, ["4,4:float64"], train_package=d / "ddp_mlp.pt2", dynamic_batch=True,
+                           check=False)
     assert report.ok, report
     shutil.copy(d / "ddp_mlp.pt2", d / "ddp_mlp.pt")
     dump = tmp_path / "parity.txt"

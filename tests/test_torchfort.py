@@ -362,6 +362,19 @@ def test_c_program_through_torchfort_h(installed, torchfort_dir, tmp_path):
     ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\n  parameters:\n"
      "    learning_rate:\n", "optimizer.parameters.learning_rate has no value"),
     ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\n    dropout: ~\n", "model.parameters.dropout has no value"),
+    # Optimizer values torch.optim refuses (LibTorch would fail only when the model is made)
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: adam\n  parameters:\n"
+     "    learning_rate: -1e-3\n", "optimizer.parameters.learning_rate must be >= 0, not -1e-3"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\n  parameters:\n"
+     "    weight_decay: -0.1\n", "optimizer.parameters.weight_decay must be >= 0"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\n  parameters:\n"
+     "    momentum: -0.9\n", "optimizer.parameters.momentum must be >= 0"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: sgd\n  parameters:\n"
+     "    nesterov: true\n", "nesterov needs a momentum > 0 and no dampening"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: adam\n  parameters:\n"
+     "    beta2: 1.0\n", "beta1 and beta2 must be in [0, 1)"),
+    ("model:\n  type: mlp\n  parameters:\n    layer_sizes: [4, 3]\noptimizer:\n  type: adam\n  parameters:\n"
+     "    eps: -1e-8\n", "optimizer.parameters.eps must be >= 0"),
 ])
 def test_configuration_errors_name_the_file_key_and_what_is_allowed(installed, tmp_path, text, message):
     """Each mistake is TORCHFORT_RESULT_INVALID_USAGE with the file, line and key in the message."""
@@ -629,3 +642,53 @@ def test_wandb_hook_writes_the_metrics_log(installed, tmp_path, monkeypatch):
     assert float(parsed[1][3]) == 1e-3 and float(parsed[4][3]) == 1.5
     copy = (logdir / "config_wandb_model.yaml").read_text()
     assert copy.startswith(config.read_text()) and copy.endswith('identifier: "wandb_model"\n')
+
+
+def test_wandb_log_failures_never_fail_a_step_already_taken(installed, tmp_path, monkeypatch, capfd):
+    """A metrics log that cannot be written: at creation an error; after a training step (whose update
+    is done) a warning on standard error, once while it keeps failing, and the step succeeds; the
+    program's own torchfort_wandb_log_* call fails."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
+    lib.ftc_last_error.restype = ctypes.c_char_p
+    config = tmp_path / "wandb.yaml"
+    config.write_text(_to_yaml({
+        "general": {"report_frequency": 1, "enable_wandb_hook": "true"},
+        "model": {"type": "mlp", "parameters": {"layer_sizes": [4, 3]}},
+        "loss": {"type": "mse"},
+        "optimizer": {"type": "sgd"},
+    }))
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("TORCHFORT_LOGDIR", str(tmp_path / "a_file" / "logs"))
+    assert lib.torchfort_create_model(b"unlogged", str(config).encode(), -1) == 1
+    assert "TORCHFORT_LOGDIR" in lib.ftc_last_error().decode(), lib.ftc_last_error()
+
+    logdir = tmp_path / "logs"
+    monkeypatch.setenv("TORCHFORT_LOGDIR", str(logdir))
+    name = b"log_fails"
+    assert lib.torchfort_create_model(name, str(config).encode(), -1) == 0
+    x, y = _data(torch.float32)
+    shape_x = (ctypes.c_int64 * 2)(*x.shape)
+    shape_y = (ctypes.c_int64 * 2)(*y.shape)
+    loss = ctypes.c_float()
+
+    def train():
+        return lib.torchfort_train(name, ctypes.c_void_p(x.data_ptr()), ctypes.c_size_t(2), shape_x,
+                                   ctypes.c_void_p(y.data_ptr()), ctypes.c_size_t(2), shape_y, ctypes.byref(loss),
+                                   -1, None)
+
+    assert train() == 0
+    (logdir / "torchfort.log").unlink()
+    (logdir / "torchfort.log").mkdir()  # (root writes through permissions: a directory cannot be appended to)
+    capfd.readouterr()
+    losses = []
+    for _ in range(3):
+        assert train() == 0, lib.ftc_last_error()
+        losses.append(loss.value)
+    assert losses[2] < losses[0]  # the steps were taken
+    err = capfd.readouterr().err
+    assert err.count("TORCHFORT::WARN: cannot write the wandb hook's log") == 1, err
+    lib.torchfort_wandb_log_double.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_double]
+    assert lib.torchfort_wandb_log_double(name, b"energy", 7, 1.5) == 1
+    assert "cannot write the wandb hook's log" in lib.ftc_last_error().decode()

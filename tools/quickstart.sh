@@ -5,7 +5,8 @@
 #   - a virtual environment .venv with the torch of pyproject.toml (its one pin) and the build/test tools
 #   - FTorch itself, built against that torch
 #   - the demo: a Fortran simulation training a TorchScript MLP online (examples/06_online_training)
-# Usage: bash tools/quickstart.sh            (FTORCH_SKIP_DEMO=1 to only install)
+# Usage: bash tools/quickstart.sh            (FTORCH_SKIP_DEMO=1 to only install;
+#                                             FTORCH_QUICKSTART_STAGE=system: only the system packages)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${FTORCH_VENV:-$repo/.venv}"
@@ -36,6 +37,7 @@ if [ ${#need[@]} -gt 0 ]; then
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+[ "${FTORCH_QUICKSTART_STAGE:-all}" != system ] || exit 0
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "==> creating $venv"

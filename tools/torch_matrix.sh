@@ -85,5 +85,7 @@ if [ $# -eq 0 ]; then
 fi
 step "tests: $*"
 cd "$repo"
-PATH="$venv/bin:$PATH" FTORCH_TEST_USE_INSTALLED=1 "$py" -m pytest -q -p no:cacheprovider "$@"
+# (its own pytest directory: CI runs this beside the suite, whose pytest cleans up old numbered ones)
+PATH="$venv/bin:$PATH" FTORCH_TEST_USE_INSTALLED=1 "$py" -m pytest -q -p no:cacheprovider \
+  --basetemp="$root/pytest-torch$version" "$@"
 step "done"

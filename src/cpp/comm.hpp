@@ -187,4 +187,29 @@ std::string ranks_where(const Comm &comm, Pred &&pred) {
   return list;
 }
 
+// What one rank's local phase of a collective call ended with: its status and message (FTC_OK
+// and empty on success). The local checks of a collective call (its handles, its arguments) run in
+// such a phase, so that a rank whose checks fail still takes part in the call's agreement: it then
+// fails on every rank (see fail_if_any_rank_failed), where failing alone would leave the others
+// waiting in a collective, or pair their call with this rank's next one.
+template <class Fn>
+int local(std::string &message, Fn &&fn) {
+  const int status = guard(std::forward<Fn>(fn));
+  if (status != FTC_OK) message = last_error_message();
+  return status;
+}
+
+// After the agreement gather: this rank's own error if its local phase failed, else
+// FTC_ERR_DISTRIBUTED naming the ranks whose status (status_of(r)) is not FTC_OK.
+template <class StatusOf>
+void fail_if_any_rank_failed(const Comm &comm, int status, const std::string &message, StatusOf &&status_of,
+                             const char *what) {
+  if (status != FTC_OK) fail(status, message + " (the other ranks were told)");
+  const std::string failed = ranks_where(comm, [&](int r) { return status_of(r) != FTC_OK; });
+  if (!failed.empty()) {
+    fail(FTC_ERR_DISTRIBUTED, std::string(what) + ": rank(s) " + failed + " failed before it ran (see their "
+                              "errors); nothing was exchanged");
+  }
+}
+
 }  // namespace ftc

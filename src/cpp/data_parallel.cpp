@@ -43,12 +43,51 @@ struct DataParallel final : GradientSync {
   double weight = 1;
   std::weak_ptr<Optim> optim;
   bool fresh = false;  // gradients averaged since the last optimizer update
+  // After an explicit ftc_ddp_sync the program's own code runs before the update, and may change
+  // the gradients (a backward after the sync, another micro-batch): each gradient as the sync left
+  // it (held, so that its memory cannot become another gradient) and its version counter, which
+  // backward's accumulation and zeroing in place advance.
+  std::vector<at::Tensor> synced;
+  std::vector<int64_t> synced_version;
 
   double reduce(double local_loss) override { return average(false, local_loss); }
   void before_update() override {
-    if (!fresh) average(false, 0.0);
+    if (!fresh || changed_since_sync()) average(false, 0.0);
   }
-  void after_update() override { fresh = false; }
+  void after_update() override {
+    fresh = false;
+    synced.clear();
+  }
+
+  // ftc_ddp_sync: average now, and remember the gradients it left.
+  double sync(bool failed, double local_loss) {
+    const double global = average(failed, local_loss);
+    synced_version.clear();
+    for (const auto &p : params) {
+      synced.push_back(p.grad());
+      synced_version.push_back(p.grad().defined() ? p.grad()._version() : -1);
+    }
+    return global;
+  }
+
+  // Whether the gradients changed on any rank since an explicit sync (false after the averages the
+  // library makes itself, with nothing run between them and the update). Every rank decides alike
+  // (one small reduction), so that all average again or none does.
+  bool changed_since_sync() {
+    if (synced.empty()) return false;
+    double changed = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor &g = params[i].grad();
+      if (g.unsafeGetTensorImpl() != synced[i].unsafeGetTensorImpl() ||
+          (g.defined() && g._version() != synced_version[i])) {
+        changed = 1;
+        break;
+      }
+    }
+    synced.clear();
+    if (comm->size > 1) comm->allreduce(&changed, 1, FTC_FLOAT64, sizeof(double), FTC_OP_MAX);
+    return changed > 0;
+  }
   void report_failure() noexcept override {
     try {
       average(true, 0.0);
@@ -61,6 +100,7 @@ struct DataParallel final : GradientSync {
   // is not contiguous (a view, a Fortran layout) is read through reshape and written in place.
   double average(bool failed, double local_loss) {
     at::NoGradGuard no_grad;
+    synced.clear();  // (this average supersedes an earlier explicit sync)
     const size_t n = params.size();
     // One small reduction first: failures, weights, loss and which parameters have gradients.
     std::vector<double> control(3 + n, 0.0);
@@ -189,31 +229,51 @@ struct DataParallel final : GradientSync {
     }
   }
 
-  // Same model on every rank: parameter and buffer names, shapes and dtypes.
-  void require_same_model() {
-    std::string description;
-    int64_t values = 0;
-    for (size_t i = 0; i < params.size(); ++i) {
-      description += names[i] + shape_string(params[i].sizes()) + c10::toString(params[i].scalar_type()) + ";";
-      values += params[i].numel();
+  // Same model on every rank (parameter and buffer names, shapes and dtypes) and the same bucketing
+  // (bucket size, FTORCH_DDP_DIRECT_BYTES): which collectives each average and broadcast run
+  // follows from them. One gather, which also carries the status of this rank's local checks
+  // (see local): a rank that failed them fails the call on every rank.
+  void require_same_model(int status, const std::string &message, int64_t direct_bytes) {
+    constexpr size_t kFields = 7;
+    std::vector<int64_t> mine(kFields, 0);
+    mine[0] = status;
+    if (status == FTC_OK) {
+      std::string description;
+      int64_t values = 0;
+      for (size_t i = 0; i < params.size(); ++i) {
+        description += names[i] + shape_string(params[i].sizes()) + c10::toString(params[i].scalar_type()) + ";";
+        values += params[i].numel();
+      }
+      for (const auto &b : buffers) description += "buffer" + shape_string(b.sizes()) + c10::toString(b.scalar_type());
+      mine = {status, static_cast<int64_t>(params.size()), static_cast<int64_t>(buffers.size()), values,
+              digest_of(description), bucket_bytes, direct_bytes};
     }
-    for (const auto &b : buffers) description += "buffer" + shape_string(b.sizes()) + c10::toString(b.scalar_type());
-    const std::vector<int64_t> mine = {static_cast<int64_t>(params.size()), static_cast<int64_t>(buffers.size()),
-                                       values, digest_of(description)};
     const auto all = comm->gather_values(mine);
+    const auto field = [&](int r, size_t k) { return all[kFields * static_cast<size_t>(r) + k]; };
+    fail_if_any_rank_failed(*comm, status, message, [&](int r) { return field(r, 0); }, "torch_ddp_init");
     std::string differing;
     for (int r = 1; r < comm->size; ++r) {
-      if (!std::equal(all.begin() + 4 * r, all.begin() + 4 * r + 4, all.begin())) {
-        differing += "; rank " + std::to_string(r) + " has " + std::to_string(all[4 * r]) + " parameters (" +
-                     std::to_string(all[4 * r + 2]) + " values) and " + std::to_string(all[4 * r + 1]) + " buffers";
+      if (!std::equal(all.begin() + kFields * r + 1, all.begin() + kFields * r + 5, all.begin() + 1)) {
+        differing += "; rank " + std::to_string(r) + " has " + std::to_string(field(r, 1)) + " parameters (" +
+                     std::to_string(field(r, 3)) + " values) and " + std::to_string(field(r, 2)) + " buffers";
       }
     }
     if (!differing.empty()) {
-      fail(FTC_ERR_DISTRIBUTED, "the model differs across ranks: rank 0 has " + std::to_string(all[0]) +
-                                    " parameters (" + std::to_string(all[2]) + " values) and " +
-                                    std::to_string(all[1]) + " buffers" + differing +
+      fail(FTC_ERR_DISTRIBUTED, "the model differs across ranks: rank 0 has " + std::to_string(field(0, 1)) +
+                                    " parameters (" + std::to_string(field(0, 3)) + " values) and " +
+                                    std::to_string(field(0, 2)) + " buffers" + differing +
                                     " (or the same counts with other names, shapes or dtypes); every rank must load "
                                     "the same model");
+    }
+    for (int r = 1; r < comm->size; ++r) {
+      if (field(r, 5) != field(0, 5) || field(r, 6) != field(0, 6)) {
+        fail(FTC_ERR_DISTRIBUTED,
+             "the ranks bucket the gradients differently: rank " + std::to_string(r) + " has a bucket size of " +
+                 std::to_string(field(r, 5)) + " bytes and FTORCH_DDP_DIRECT_BYTES " + std::to_string(field(r, 6)) +
+                 ", rank 0 " + std::to_string(field(0, 5)) + " and " + std::to_string(field(0, 6)) +
+                 "; every rank must pass the same bucket_mb and see the same FTORCH_DDP_DIRECT_BYTES (the "
+                 "averages run the same collectives on every rank)");
+      }
     }
   }
 
@@ -224,12 +284,13 @@ struct DataParallel final : GradientSync {
   }
 };
 
-// What a ftc_ddp handle holds: the last handle going away detaches the optimizer.
+// What a ftc_ddp handle holds. Only ftc_ddp_delete of the last handle detaches the optimizer: a
+// handle released otherwise (a Fortran variable finalized at the end of the routine that set data
+// parallelism up, on the compilers that finalize it) leaves the optimizer data-parallel, which
+// keeps the wrapper alive (Optim::sync), so that training does not fall back to local steps
+// depending on what a compiler finalizes.
 struct DataParallelRef {
   std::shared_ptr<DataParallel> ddp;
-  ~DataParallelRef() {
-    if (ddp) ddp->detach();
-  }
 };
 
 using DdpTable = HandleTable<std::shared_ptr<DataParallelRef>>;
@@ -248,39 +309,45 @@ extern "C" {
 
 int ftc_ddp_new(ftc_ddp *out, ftc_comm c, ftc_model m, ftc_optim o, int64_t bucket_bytes) {
   return ftc::guard([&] {
-    ftc::out_arg(out, "out");
     auto ddp = std::make_shared<ftc::DataParallel>();
     ddp->comm = ftc::comm_of(c);
-    ddp->module = ftc::module_ptr(m);
-    std::shared_ptr<ftc::Optim> optim = o != nullptr ? ftc::optim_ptr(o) : nullptr;
-    if (bucket_bytes < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the bucket size must be positive");
-    ddp->bucket_bytes = bucket_bytes;
-    for (const auto &p : ddp->module->named_parameters()) {
-      ddp->names.push_back(p.name);
-      ddp->params.push_back(p.value);
-    }
-    for (const auto &b : ddp->module->named_buffers()) ddp->buffers.push_back(b.value);
-    if (optim) {
-      if (optim->sync) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the optimizer is already data-parallel");
-      for (size_t k = 0; k < optim->params.size(); ++k) {
-        const auto *impl = optim->params[k].unsafeGetTensorImpl();
-        const bool found = std::any_of(ddp->params.begin(), ddp->params.end(),
-                                       [&](const at::Tensor &p) { return p.unsafeGetTensorImpl() == impl; });
-        if (!found) {
-          ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter " + std::to_string(k + 1) +
-                                                  " of the optimizer is not a parameter of the model: a data-parallel "
-                                                  "optimizer may only update the model's parameters");
+    // This rank's checks, then one agreement of every rank (see require_same_model).
+    std::shared_ptr<ftc::Optim> optim;
+    int64_t direct_bytes = 0;
+    std::string message;
+    const int status = ftc::local(message, [&] {
+      ftc::out_arg(out, "out");
+      ddp->module = ftc::module_ptr(m);
+      if (o != nullptr) optim = ftc::optim_ptr(o);
+      if (bucket_bytes < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the bucket size must be positive");
+      ddp->bucket_bytes = bucket_bytes;
+      for (const auto &p : ddp->module->named_parameters()) {
+        ddp->names.push_back(p.name);
+        ddp->params.push_back(p.value);
+      }
+      for (const auto &b : ddp->module->named_buffers()) ddp->buffers.push_back(b.value);
+      if (optim) {
+        if (optim->sync) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the optimizer is already data-parallel");
+        for (size_t k = 0; k < optim->params.size(); ++k) {
+          const auto *impl = optim->params[k].unsafeGetTensorImpl();
+          const bool found = std::any_of(ddp->params.begin(), ddp->params.end(),
+                                         [&](const at::Tensor &p) { return p.unsafeGetTensorImpl() == impl; });
+          if (!found) {
+            ftc::fail(FTC_ERR_INVALID_ARGUMENT, "parameter " + std::to_string(k + 1) +
+                                                    " of the optimizer is not a parameter of the model: a "
+                                                    "data-parallel optimizer may only update the model's parameters");
+          }
         }
       }
-    }
-    ddp->require_same_model();
+      // Large gradients are reduced in their own memory: copying one costs more than the latency
+      // of one more all-reduce (FTORCH_DDP_DIRECT_BYTES sets the size, default 1 MiB).
+      direct_bytes = ftc::direct_bytes_setting();
+    });
+    ddp->require_same_model(status, message, direct_bytes);
     if (!ddp->params.empty()) {
       ddp->buckets = std::get<0>(
           c10d::compute_bucket_assignment_by_size(ddp->params, {static_cast<size_t>(bucket_bytes)}));
     }
-    // Large gradients are reduced in their own memory: copying one costs more than the latency
-    // of one more all-reduce (FTORCH_DDP_DIRECT_BYTES sets the size, default 1 MiB).
-    const int64_t direct_bytes = ftc::direct_bytes_setting();
     ddp->offset.assign(ddp->params.size(), 0);
     ddp->direct.assign(ddp->params.size(), false);
     for (const auto &bucket : ddp->buckets) {
@@ -306,7 +373,13 @@ int ftc_ddp_new(ftc_ddp *out, ftc_comm c, ftc_model m, ftc_optim o, int64_t buck
   });
 }
 
-int ftc_ddp_delete(ftc_ddp *d) { return ftc::delete_handle<ftc::DdpTable>(d); }
+int ftc_ddp_delete(ftc_ddp *d) {
+  if (d != nullptr) {
+    auto *s = ftc::DdpTable::instance().find(*d);
+    if (s != nullptr && s->value && s->value.use_count() == 1 && s->value->ddp) s->value->ddp->detach();
+  }
+  return ftc::delete_handle<ftc::DdpTable>(d);
+}
 void ftc_ddp_release(ftc_ddp d) { ftc::DdpTable::instance().release(d); }
 int ftc_ddp_share(ftc_ddp src, ftc_ddp *dst) { return ftc::share<ftc::DdpTable>(src, dst, "data-parallel wrapper"); }
 
@@ -323,7 +396,7 @@ int ftc_ddp_set_weight(ftc_ddp d, double weight) {
 int ftc_ddp_sync(ftc_ddp d, int failed, double *loss) {
   return ftc::guard([&] {
     auto &ddp = ftc::ddp_of(d);
-    const double global = ddp.average(failed != 0, loss != nullptr ? *loss : 0.0);
+    const double global = ddp.sync(failed != 0, loss != nullptr ? *loss : 0.0);
     if (loss != nullptr) *loss = global;
   });
 }

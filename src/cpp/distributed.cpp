@@ -11,14 +11,19 @@ namespace ftc {
 namespace {
 
 // Every rank must call a tensor collective with the same shape, dtype and option (op or root):
-// checked with one gather, so a mismatch is a clear error on every rank, never a corruption.
-void require_agreement(Comm &c, const at::Tensor &t, int64_t option, const char *what) {
-  const std::string shape = shape_string(t.sizes());
-  const std::vector<int64_t> mine = {static_cast<int64_t>(t.scalar_type()), digest_of(shape),
-                                     option};
+// checked with one gather, so a mismatch is a clear error on every rank, never a corruption. The
+// gather also carries the status of this rank's local checks (see local): a rank whose tensor or
+// arguments were refused fails the call on every rank.
+void require_agreement(Comm &c, int status, const std::string &message, const at::Tensor &t, int64_t option,
+                       const char *what) {
+  const bool ok = status == FTC_OK;
+  const std::string shape = ok ? shape_string(t.sizes()) : std::string();
+  const std::vector<int64_t> mine = {status, ok ? static_cast<int64_t>(t.scalar_type()) : -1,
+                                     ok ? digest_of(shape) : 0, option};
   const auto all = c.gather_values(mine);
+  fail_if_any_rank_failed(c, status, message, [&](int r) { return all[4 * r]; }, what);
   for (int r = 0; r < c.size; ++r) {
-    if (all[3 * r] != mine[0] || all[3 * r + 1] != mine[1] || all[3 * r + 2] != mine[2]) {
+    if (all[4 * r + 1] != mine[1] || all[4 * r + 2] != mine[2] || all[4 * r + 3] != mine[3]) {
       fail(FTC_ERR_DISTRIBUTED, std::string(what) + ": the ranks disagree (rank " + std::to_string(c.rank) +
                                     " passed a " + c10::toString(t.scalar_type()) + " tensor of shape " + shape +
                                     " with option " + std::to_string(option) + "; rank " + std::to_string(r) +
@@ -83,16 +88,21 @@ int ftc_comm_collective_count(ftc_comm c, int64_t *count) {
 int ftc_allreduce(ftc_comm c, ftc_tensor t, int op) {
   return ftc::guard([&] {
     auto &comm = *ftc::comm_of(c);
-    const at::Tensor &x = ftc::tensor_of(t, "tensor");
-    if (op < FTC_OP_SUM || op > FTC_OP_MIN) {
-      ftc::fail_unknown(ftc::ftc_collective_op_table, op);
-    }
-    if (op == FTC_OP_MEAN && !at::isFloatingType(x.scalar_type())) {
-      ftc::fail(FTC_ERR_DTYPE, "the mean over ranks needs a floating-point tensor (this one is " +
-                                   std::string(c10::toString(x.scalar_type())) + "; use the sum)");
-    }
-    const int dtype = ftc::wire_dtype(x.scalar_type());
-    ftc::require_agreement(comm, x, op, "allreduce");
+    at::Tensor x;
+    int dtype = 0;
+    std::string message;
+    const int status = ftc::local(message, [&] {
+      x = ftc::tensor_of(t, "tensor");
+      if (op < FTC_OP_SUM || op > FTC_OP_MIN) {
+        ftc::fail_unknown(ftc::ftc_collective_op_table, op);
+      }
+      if (op == FTC_OP_MEAN && !at::isFloatingType(x.scalar_type())) {
+        ftc::fail(FTC_ERR_DTYPE, "the mean over ranks needs a floating-point tensor (this one is " +
+                                     std::string(c10::toString(x.scalar_type())) + "; use the sum)");
+      }
+      dtype = ftc::wire_dtype(x.scalar_type());
+    });
+    ftc::require_agreement(comm, status, message, x, op, "allreduce");
     at::Tensor buf = ftc::wire_buffer(comm, x);
     ftc::settle(buf);
     // (logical tensors: the sum is an OR, as in PyTorch's c10d; adding bytes would leave a 2 in a
@@ -112,13 +122,18 @@ int ftc_allreduce(ftc_comm c, ftc_tensor t, int op) {
 int ftc_broadcast(ftc_comm c, ftc_tensor t, int root) {
   return ftc::guard([&] {
     auto &comm = *ftc::comm_of(c);
-    const at::Tensor &x = ftc::tensor_of(t, "tensor");
-    if (root < 0 || root >= comm.size) {
-      ftc::fail(FTC_ERR_INVALID_ARGUMENT,
-                "root rank " + std::to_string(root) + " is not in 0.." + std::to_string(comm.size - 1));
-    }
-    const int dtype = ftc::wire_dtype(x.scalar_type());
-    ftc::require_agreement(comm, x, root, "broadcast");
+    at::Tensor x;
+    int dtype = 0;
+    std::string message;
+    const int status = ftc::local(message, [&] {
+      x = ftc::tensor_of(t, "tensor");
+      if (root < 0 || root >= comm.size) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+                  "root rank " + std::to_string(root) + " is not in 0.." + std::to_string(comm.size - 1));
+      }
+      dtype = ftc::wire_dtype(x.scalar_type());
+    });
+    ftc::require_agreement(comm, status, message, x, root, "broadcast");
     at::Tensor buf = ftc::wire_buffer(comm, x);
     ftc::settle(buf);
     comm.broadcast(buf.data_ptr(), buf.numel(), dtype, buf.element_size(), root);
@@ -129,10 +144,15 @@ int ftc_broadcast(ftc_comm c, ftc_tensor t, int root) {
 int ftc_allgather(ftc_comm c, ftc_tensor *out, ftc_tensor in) {
   return ftc::guard([&] {
     auto &comm = *ftc::comm_of(c);
-    ftc::out_arg(out, "output tensor");
-    const at::Tensor &x = ftc::tensor_of(in, "input tensor");
-    const int dtype = ftc::wire_dtype(x.scalar_type());
-    ftc::require_agreement(comm, x, 0, "allgather");
+    at::Tensor x;
+    int dtype = 0;
+    std::string message;
+    const int status = ftc::local(message, [&] {
+      ftc::out_arg(out, "output tensor");
+      x = ftc::tensor_of(in, "input tensor");
+      dtype = ftc::wire_dtype(x.scalar_type());
+    });
+    ftc::require_agreement(comm, status, message, x, 0, "allgather");
     at::Tensor send = ftc::wire_buffer(comm, x);
     auto sizes = x.dim() == 0 ? std::vector<int64_t>{1} : x.sizes().vec();
     sizes[0] *= comm.size;

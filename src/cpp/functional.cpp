@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "internal.hpp"
+#include "saved_tensors.hpp"
 
 namespace {
 
@@ -83,6 +84,7 @@ int ftc_autograd_grad(const ftc_tensor *outputs, int n_outputs, const ftc_tensor
         ftc::fail(FTC_ERR_INVALID_ARGUMENT, "input " + std::to_string(i + 1) + " does not require grad");
       }
     }
+    ftc::refuse_checkpointed_segments(outs, "torch_autograd_grad");
     const bool retain = retain_graph < 0 ? create_graph != 0 : retain_graph != 0;
     const variable_list result = torch::autograd::grad(outs, ins, gos, retain, create_graph != 0, allow_unused != 0);
     for (size_t i = 0; i < ins.size(); ++i) {
@@ -100,6 +102,7 @@ int ftc_autograd_jacobian(ftc_tensor output, ftc_tensor input, int create_graph,
     const at::Tensor x = ftc::tensor_of(input, "input");
     if (!y.requires_grad()) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the output does not require grad (no graph)");
     if (!x.requires_grad()) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the input does not require grad");
+    ftc::refuse_checkpointed_segments({y}, "torch_autograd_jacobian");
     std::vector<at::Tensor> rows;
     rows.reserve(static_cast<size_t>(y.numel()));
     for (int64_t k = 0; k < y.numel(); ++k) {
@@ -125,6 +128,7 @@ int ftc_autograd_jvp(ftc_tensor output, ftc_tensor input, ftc_tensor v, int crea
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the vector has shape " + ftc::shape_string(w.sizes()) +
                                               " but the input has shape " + ftc::shape_string(x.sizes()));
     }
+    ftc::refuse_checkpointed_segments({y}, "torch_autograd_jvp");
     // J v = d/du (J^T u) . v: the vector-Jacobian product is linear in u.
     at::Tensor u = at::zeros_like(y).requires_grad_(true);
     at::Tensor vjp = torch::autograd::grad({y}, {x}, {u}, true, true, true)[0];
@@ -164,6 +168,7 @@ int ftc_gradcheck(ftc_segment_fn fn, void *data, const ftc_tensor *inputs, int n
     at::AutoGradMode grad_on(true);
     // Analytic Jacobians, one output element at a time.
     const variable_list ys = ftc::run_segment(fn, data, xs, n_outputs, "the function");
+    ftc::refuse_checkpointed_segments(ys, "torch_gradcheck");
     std::vector<at::Tensor> ana(xs.size() * ys.size());  // [input][output]: (numel out, numel in)
     variable_list diff_inputs;
     for (auto i : checked) diff_inputs.push_back(xs[i]);

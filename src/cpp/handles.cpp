@@ -219,6 +219,19 @@ void take_temporaries(std::initializer_list<ftc_tensor> handles) {
   take_temporaries(handles.begin(), static_cast<int64_t>(handles.size()));
 }
 
+void check_not_parameter(ftc_tensor *out, const at::Tensor &t, Lifetime life) {
+  if (out == nullptr || life.is_parameter()) return;
+  const auto *slot = TensorTable::instance().find(*out);
+  if (slot == nullptr || !slot->life.is_parameter() || slot->value.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+    return;
+  }
+  fail(FTC_ERR_INVALID_ARGUMENT,
+       "the output tensor is a parameter (of an optimizer, or of a model): a new tensor in its place would leave "
+       "the optimizer updating the old one, out of reach of everything computed from this tensor, and the "
+       "model's parameter unchanged; give it new values with = (which writes into the parameter), or "
+       "torch_tensor_delete it first to make an unrelated tensor");
+}
+
 bool delete_tensor(ftc_tensor h) noexcept { return TensorTable::instance().release(h); }
 
 Model &any_model_of(ftc_model h) {

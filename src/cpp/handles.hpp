@@ -333,11 +333,19 @@ void replace_handle(Handle *out, Value &&value, Lifetime life = Lifetime::named(
   table.release(old);
 }
 
+// A handle bound to a parameter (an optimizer's, or a model's from ftc_model_parameter) may not be
+// made anew over another tensor: the optimizer would go on updating the old leaf, which nothing
+// computed from the handle reaches any more, and a model's parameter would keep its values, both
+// silently. Only another parameter handle (the model's parameter fetched again) may replace it.
+void check_not_parameter(ftc_tensor *out, const at::Tensor &t, Lifetime life);
+
 // *out = a new tensor handle holding t (replace_handle for tensors).
 inline void install(ftc_tensor *out, at::Tensor &&t, Lifetime life = Lifetime::named()) {
+  check_not_parameter(out, t, life);
   replace_handle<TensorTable>(out, std::move(t), life);
 }
 inline void install(ftc_tensor *out, const at::Tensor &t, Lifetime life = Lifetime::named()) {
+  check_not_parameter(out, t, life);
   replace_handle<TensorTable>(out, t, life);
 }
 

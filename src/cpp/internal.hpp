@@ -52,6 +52,9 @@ struct Optim {
   // PyTorch's group["initial_lr"]: the rate when the first scheduler over it was made, the base of
   // every scheduler's closed forms (a cosine schedule's restarts) even after another changed it.
   std::optional<double> initial_lr;
+  // The last model a training step found this optimizer updating (train.cpp trains_model): the check
+  // runs once per model, and a freed model (even one whose memory a new model reuses) is checked anew.
+  std::optional<c10::weak_intrusive_ptr<c10::ivalue::Object>> trains;
 };
 
 // One training step's forward, loss and backward (body returns the local loss value), then, for a

@@ -196,14 +196,6 @@ void leader_failed(const Comm &comm, int64_t status, const std::string &message)
   fail(FTC_ERR_DISTRIBUTED, "the node-shared model failed on its leader (rank 0): " + message);
 }
 
-// What a local phase of one rank ended with: its status and message (FTC_OK and empty on success).
-template <class Fn>
-int local(std::string &message, Fn &&fn) {
-  const int status = guard(std::forward<Fn>(fn));
-  if (status != FTC_OK) message = last_error_message();
-  return status;
-}
-
 // The leader's phase of a call: work only it does, its failure told to every rank.
 template <class Fn>
 void on_leader(Comm &comm, Fn &&fn) {

@@ -7,11 +7,15 @@
 
 #include <unistd.h>
 
+#include <torch/csrc/autograd/engine.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <unordered_set>
 
 #include "saved_tensors.hpp"
 #include "torch_compat.hpp"
@@ -87,18 +91,21 @@ class FileHooks : public SavedVariableHooks {
 class UserHooks : public SavedVariableHooks {
  public:
   explicit UserHooks(const PackPolicy &p) : policy_(p) {}
+  // (results are held by a CallbackHandles: a hook that fails after making its result must not
+  // leak that handle)
   void call_pack_hook(const at::Tensor &t) override {
-    ftc::CallbackHandles handles;
-    ftc_tensor packed = nullptr;
-    ftc::check_callback(policy_.pack(policy_.pack_data, handles.add(t), &packed), "the pack hook");
-    packed_ = ftc::take_callback_result(packed, "the pack hook's result");
+    ftc::CallbackHandles handles, result;
+    result.handles.assign(1, nullptr);
+    ftc::check_callback(policy_.pack(policy_.pack_data, handles.add(t), &result.handles[0]), "the pack hook");
+    packed_ = ftc::take_callback_result(result.handles[0], "the pack hook's result");
     if (!packed_.defined()) ftc::fail(FTC_ERR_CALLBACK, "the pack hook did not produce a tensor");
   }
   at::Tensor call_unpack_hook() override {
-    ftc::CallbackHandles handles;
-    ftc_tensor unpacked = nullptr;
-    ftc::check_callback(policy_.unpack(policy_.unpack_data, handles.add(packed_), &unpacked), "the unpack hook");
-    at::Tensor t = ftc::take_callback_result(unpacked, "the unpack hook's result");
+    ftc::CallbackHandles handles, result;
+    result.handles.assign(1, nullptr);
+    ftc::check_callback(policy_.unpack(policy_.unpack_data, handles.add(packed_), &result.handles[0]),
+                        "the unpack hook");
+    at::Tensor t = ftc::take_callback_result(result.handles[0], "the unpack hook's result");
     if (!t.defined()) ftc::fail(FTC_ERR_CALLBACK, "the unpack hook did not produce a tensor");
     return t;
   }
@@ -108,13 +115,36 @@ class UserHooks : public SavedVariableHooks {
   at::Tensor packed_;
 };
 
-}  // namespace
+// Every policy's hooks run inside this: LibTorch checks that a saved tensor was not modified in
+// place since it was saved only for tensors saved without hooks, and CPU offload keeps a CPU
+// tensor itself (a later write would reach backward unnoticed), so the check is made here.
+class VersionChecked : public SavedVariableHooks {
+ public:
+  explicit VersionChecked(std::unique_ptr<SavedVariableHooks> inner) : inner_(std::move(inner)) {}
+  void call_pack_hook(const at::Tensor &t) override {
+    counter_ = torch::autograd::impl::version_counter(t);
+    version_ = counter_.current_version();
+    inner_->call_pack_hook(t);
+  }
+  at::Tensor call_unpack_hook() override {
+    const uint32_t now = counter_.current_version();
+    if (now != version_) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+                "a tensor saved for backward was modified in place after it was saved (its version went from " +
+                    std::to_string(version_) + " to " + std::to_string(now) +
+                    "): backward would use the new values; assign to a copy instead, or save a clone");
+    }
+    return inner_->call_unpack_hook();
+  }
 
-// Hooks of the innermost policy of this thread for t, or none (small tensors under file offload).
-std::unique_ptr<SavedVariableHooks> ftc::saved_tensor_hooks_for(const at::Tensor &t) {
-  const ftc::ThreadState *ts = ftc::existing_thread_state();
-  if (ts == nullptr || ts->pack_policies.empty()) return nullptr;
-  const ftc::PackPolicy &p = ts->pack_policies.back();
+ private:
+  std::unique_ptr<SavedVariableHooks> inner_;
+  c10::VariableVersion counter_{0};
+  uint32_t version_ = 0;
+};
+
+// The hooks of one policy for t, or none (small tensors under file offload).
+std::unique_ptr<SavedVariableHooks> policy_hooks(const ftc::PackPolicy &p, const at::Tensor &t) {
   switch (p.policy) {
     case FTC_PACK_CPU: return std::make_unique<CpuHooks>();
     case FTC_PACK_FILES:
@@ -124,16 +154,43 @@ std::unique_ptr<SavedVariableHooks> ftc::saved_tensor_hooks_for(const at::Tensor
   }
 }
 
+}  // namespace
+
+// Hooks of the innermost policy of this thread for t, or none.
+std::unique_ptr<SavedVariableHooks> ftc::saved_tensor_hooks_for(const at::Tensor &t) {
+  const ftc::ThreadState *ts = ftc::existing_thread_state();
+  if (ts == nullptr || ts->pack_policies.empty()) return nullptr;
+  auto hooks = policy_hooks(ts->pack_policies.back(), t);
+  if (!hooks) return nullptr;
+  return std::make_unique<VersionChecked>(std::move(hooks));
+}
+
 namespace {
 
 // A checkpointed segment: keeps its inputs (and the CPU random state), runs the segment again
 // in backward with grad mode on, and backpropagates through the recomputed graph.
+std::atomic<int64_t> segments_live{0};  // CheckpointNodes alive (refuse_checkpointed_segments)
+
+// How differentiating through a checkpointed segment without .grad fails.
+[[noreturn]] void fail_checkpoint_without_grad(const std::string &what) {
+  ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+            what + " cannot differentiate through a checkpointed segment (torch_checkpoint_segment): its backward "
+                   "recomputes the segment and backpropagates into the .grad of what the segment uses, so a "
+                   "gradient computed without .grad would miss those parts (as PyTorch's reentrant checkpoint "
+                   "refuses .grad()); use torch_tensor_backward, or do not checkpoint this segment");
+}
+
 struct CheckpointNode : Node {
+  CheckpointNode() { segments_live.fetch_add(1); }
+  ~CheckpointNode() override { segments_live.fetch_sub(1); }
   ftc_segment_fn segment = nullptr;
   void *data = nullptr;
   int n_outputs = 0;
   std::vector<SavedVariable> inputs;
   at::Tensor rng_state;
+  // The random state of each GPU an input is on, as PyTorch's checkpoint keeps (a segment drawing
+  // random numbers there, dropout, recomputes with the same ones).
+  std::vector<std::pair<c10::Device, at::Tensor>> device_rng_states;
   bool freed = false;
   std::mutex mutex;
 
@@ -152,6 +209,11 @@ struct CheckpointNode : Node {
     if (at::GradMode::is_enabled()) {
       ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a checkpointed segment cannot be differentiated with create_graph "
                                           "(its backward recomputes and backpropagates)");
+    }
+    // A backward that computes gradients of given inputs only (torch::autograd::grad, backward
+    // with inputs) would not see what the recomputation backpropagates into .grad.
+    if (!torch::autograd::Engine::get_default_engine().is_checkpoint_valid()) {
+      fail_checkpoint_without_grad("a backward of given inputs only");
     }
     variable_list detached;
     for (const auto &s : inputs) {
@@ -176,6 +238,22 @@ struct CheckpointNode : Node {
           gen.set_state(state);
         }
       } restore{gen, now};
+      std::vector<std::pair<at::Generator, at::Tensor>> devices_now;
+      struct RestoreDevices {
+        std::vector<std::pair<at::Generator, at::Tensor>> &saved;
+        ~RestoreDevices() {
+          for (auto &[g, state] : saved) {
+            std::lock_guard<std::mutex> lock(g.mutex());
+            g.set_state(state);
+          }
+        }
+      } restore_devices{devices_now};
+      for (const auto &[device, state] : device_rng_states) {
+        at::Generator g = at::globalContext().defaultGenerator(device);
+        std::lock_guard<std::mutex> lock(g.mutex());
+        devices_now.emplace_back(g, g.get_state());
+        g.set_state(state);
+      }
       at::AutoGradMode on(true);
       outs = ftc::run_segment(segment, data, detached, n_outputs, "the checkpointed segment");
     }
@@ -194,6 +272,24 @@ struct CheckpointNode : Node {
 };
 
 }  // namespace
+
+void ftc::refuse_checkpointed_segments(const std::vector<at::Tensor> &outputs, const char *what) {
+  if (segments_live.load() == 0) return;  // (no segment anywhere: nothing to walk)
+  std::vector<Node *> stack;
+  std::unordered_set<Node *> seen;
+  for (const auto &t : outputs) {
+    if (t.defined() && t.grad_fn()) stack.push_back(t.grad_fn().get());
+  }
+  while (!stack.empty()) {
+    Node *n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n).second) continue;
+    if (dynamic_cast<CheckpointNode *>(n) != nullptr) fail_checkpoint_without_grad(what);
+    for (const auto &e : n->next_edges()) {
+      if (e.function) stack.push_back(e.function.get());
+    }
+  }
+}
 
 extern "C" {
 
@@ -251,6 +347,14 @@ int ftc_checkpoint(ftc_segment_fn segment, void *data, const ftc_tensor *inputs,
     node->data = data;
     node->n_outputs = n_outputs;
     node->rng_state = at::detail::getDefaultCPUGenerator().get_state();
+    for (const auto &x : xs) {
+      if (!x.is_cuda()) continue;
+      const bool seen = std::any_of(node->device_rng_states.begin(), node->device_rng_states.end(),
+                                    [&](const auto &d) { return d.first == x.device(); });
+      if (!seen) {
+        node->device_rng_states.emplace_back(x.device(), at::globalContext().defaultGenerator(x.device()).get_state());
+      }
+    }
     std::vector<at::Tensor> ys;
     {
       at::AutoGradMode off(false);
@@ -261,7 +365,11 @@ int ftc_checkpoint(ftc_segment_fn segment, void *data, const ftc_tensor *inputs,
     const bool executable = at::GradMode::is_enabled();
     if (executable) {
       node->set_next_edges(torch::autograd::collect_next_edges(xs));
-      for (const auto &x : xs) node->inputs.emplace_back(x, false);
+      for (const auto &x : xs) {
+        node->inputs.emplace_back(x, false);
+        // (the innermost saved-tensor policy applies to what the segment keeps: its inputs)
+        if (auto hooks = ftc::saved_tensor_hooks_for(x)) node->inputs.back().register_hooks(std::move(hooks));
+      }
     }
     std::vector<std::optional<at::Tensor>> raw(ys.begin(), ys.end());
     auto jvp = [](const variable_list &, const variable_list &) -> variable_list {

@@ -14,4 +14,9 @@ namespace ftc {
 // tensor below the size threshold of file offload).
 std::unique_ptr<torch::autograd::SavedVariableHooks> saved_tensor_hooks_for(const at::Tensor &t);
 
+// Fails (naming `what`) if the graph behind outputs holds a checkpointed segment: gradients
+// computed without .grad (torch::autograd::grad) cannot pass through one. Walks the graph only
+// while a segment exists anywhere.
+void refuse_checkpointed_segments(const std::vector<at::Tensor> &outputs, const char *what);
+
 }  // namespace ftc

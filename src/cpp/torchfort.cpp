@@ -6,12 +6,15 @@
 #include "torchfort_common.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -287,13 +290,41 @@ std::vector<at::Tensor> on_device(const std::vector<at::Tensor> &ts, const torch
 }
 
 
-void write_metric(const fs::path &log_file, const std::string &model, const std::string &metric, int64_t step,
-                  const std::string &value) {
-  static std::mutex log_mutex;
-  std::lock_guard<std::mutex> lock(log_mutex);
+namespace {
+std::mutex log_mutex;
+std::map<fs::path, bool> log_failing;  // guarded by log_mutex: logs whose last write failed
+
+// One line appended; false (with the reason in *why) when it could not be written.
+bool append_metric(const fs::path &log_file, const std::string &model, const std::string &metric, int64_t step,
+                   const std::string &value, std::string *why) {
   std::ofstream out(log_file, std::ios::app);
   out << "TORCHFORT::WANDB: model: " << model << ", step: " << step << ", " << metric << ": " << value << "\n";
-  if (!out) usage("cannot write the wandb hook's log " + log_file.string());
+  out.flush();
+  const bool ok = static_cast<bool>(out);
+  if (!ok) *why = std::strerror(errno);
+  log_failing[log_file] = !ok;
+  return ok;
+}
+}  // namespace
+
+void write_metric(const fs::path &log_file, const std::string &model, const std::string &metric, int64_t step,
+                  const std::string &value) {
+  std::lock_guard<std::mutex> lock(log_mutex);
+  std::string why;
+  if (!append_metric(log_file, model, metric, step, value, &why))
+    usage("cannot write the wandb hook's log " + log_file.string() + " (" + why + ")");
+}
+
+void write_step_metric(const fs::path &log_file, const std::string &model, const std::string &metric, int64_t step,
+                       const std::string &value) {
+  std::lock_guard<std::mutex> lock(log_mutex);
+  const bool was_failing = log_failing[log_file];
+  std::string why;
+  if (!append_metric(log_file, model, metric, step, value, &why) && !was_failing) {
+    std::cerr << "TORCHFORT::WARN: cannot write the wandb hook's log " << log_file.string() << " (" << why
+              << "): the metrics of model " << model << " at step " << step
+              << " and later are lost until it can be written again; training goes on" << std::endl;
+  }
 }
 
 fs::path wandb_log_file(const std::string &name, const std::string &config_text) {
@@ -304,21 +335,34 @@ fs::path wandb_log_file(const std::string &name, const std::string &config_text)
               << std::endl;
     return {};
   }
-  fs::create_directories(dir);
+  std::error_code made;
+  fs::create_directories(dir, made);
+  if (made) usage(std::string("TORCHFORT_LOGDIR=") + dir + ": cannot make the directory (" + made.message() + ")");
   // The configuration next to the log, with the model's name (TorchFort's wandb_helper.py reads it).
   std::string file_name = name;
   for (char &ch : file_name)
     if (ch == '/') ch = '-';
   file_name.erase(std::remove(file_name.begin(), file_name.end(), ' '), file_name.end());
-  std::ofstream copy(fs::path(dir) / ("config_" + file_name + ".yaml"));
+  const fs::path copy_path = fs::path(dir) / ("config_" + file_name + ".yaml");
+  std::ofstream copy(copy_path);
   copy << config_text << (config_text.empty() || config_text.back() == '\n' ? "" : "\n") << "identifier: \"" << name
        << "\"\n";
-  return fs::path(dir) / "torchfort.log";
+  copy.flush();
+  if (!copy) usage("TORCHFORT_LOGDIR: cannot write " + copy_path.string() + " (" + std::strerror(errno) + ")");
+  const fs::path log = fs::path(dir) / "torchfort.log";
+  std::ofstream probe(log, std::ios::app);  // (writable now; a later failure is write_step_metric's)
+  if (!probe) usage("TORCHFORT_LOGDIR: cannot write the wandb hook's log " + log.string() + " (" + std::strerror(errno) + ")");
+  return log;
 }
 
 void log_metric(Pack &p, const std::string &metric, int64_t step, const std::string &value) {
   if (p.log_file.empty() || p.rank != 0) return;
   write_metric(p.log_file, p.name, metric, step, value);
+}
+
+void log_step_metric(Pack &p, const std::string &metric, int64_t step, const std::string &value) {
+  if (p.log_file.empty() || p.rank != 0) return;
+  write_step_metric(p.log_file, p.name, metric, step, value);
 }
 
 
@@ -370,8 +414,8 @@ double train_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, const std:
     std::cout << "TORCHFORT::INFO: model: " << p.name << ", step_train: " << p.step_train
               << ", loss: " << static_cast<float>(value)
               << ", lr: " << lr << std::endl;
-    log_metric(p, "train_loss", p.step_train, number_text(static_cast<float>(value)));
-    log_metric(p, "train_lr", p.step_train, number_text(lr));
+    log_step_metric(p, "train_loss", p.step_train, number_text(static_cast<float>(value)));
+    log_step_metric(p, "train_lr", p.step_train, number_text(lr));
   }
   return value;
 }

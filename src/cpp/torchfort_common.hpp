@@ -285,10 +285,17 @@ void write_atomically(const fs::path &path, Write &&write) {
 
 void require_file(const fs::path &path);
 
-// The wandb hook: a metric line appended to log_file; the log of a model named `name` (and its
-// configuration copied next to it), or an empty path when TORCHFORT_LOGDIR is not set.
+// The wandb hook: a metric line appended to log_file. write_metric is the program's own metric
+// (torchfort_*wandb_log_*): a line that cannot be written fails that call. write_step_metric is a
+// line a training step writes after it has updated the model: a failure there must not fail a call
+// whose work is done (a caller retrying it would train twice), so it is a TORCHFORT::WARN line on
+// standard error instead, once each time the log goes from writable to failing.
 void write_metric(const fs::path &log_file, const std::string &model, const std::string &metric, int64_t step,
                   const std::string &value);
+void write_step_metric(const fs::path &log_file, const std::string &model, const std::string &metric, int64_t step,
+                       const std::string &value);
+// The log of a model named `name` (its configuration copied next to it), checked writable (an
+// error otherwise), or an empty path when TORCHFORT_LOGDIR is not set.
 fs::path wandb_log_file(const std::string &name, const std::string &config_text);
 
 // The objects of one kind (supervised models, off- and on-policy systems) by name, as every

@@ -98,16 +98,21 @@ Node parse_file(const std::string &filename, std::string &) {
 void read_optimizer(Block &b, OptimizerConfig &o, int64_t &grad_accumulation_steps, double &max_grad_norm) {
   o.type = b.choice("type", {"sgd", "adam"}, "", true);
   Block p = b.block("parameters");
-  o.learning_rate = p.real("learning_rate", o.learning_rate);
-  o.weight_decay = p.real("weight_decay", o.weight_decay);
+  // (the bounds torch.optim checks: a negative rate is gradient ascent, a negative decay grows the
+  // weights; LibTorch would refuse them only when the model is made, as an internal error)
+  o.learning_rate = p.real("learning_rate", o.learning_rate, 0.0);
+  o.weight_decay = p.real("weight_decay", o.weight_decay, 0.0);
   if (o.type == "sgd") {
-    o.momentum = p.real("momentum", o.momentum);
+    o.momentum = p.real("momentum", o.momentum, 0.0);
     o.dampening = p.real("dampening", o.dampening);
     o.nesterov = p.boolean("nesterov", o.nesterov);
+    if (o.nesterov && !(o.momentum > 0 && o.dampening == 0))
+      p.fail_here("nesterov needs a momentum > 0 and no dampening (as torch.optim.SGD)");
   } else {
-    o.beta1 = p.real("beta1", o.beta1);
-    o.beta2 = p.real("beta2", o.beta2);
-    o.eps = p.real("eps", o.eps);
+    o.beta1 = p.real("beta1", o.beta1, 0.0);
+    o.beta2 = p.real("beta2", o.beta2, 0.0);
+    if (!(o.beta1 < 1) || !(o.beta2 < 1)) p.fail_here("beta1 and beta2 must be in [0, 1)");
+    o.eps = p.real("eps", o.eps, 0.0);
     o.amsgrad = p.boolean("amsgrad", o.amsgrad);
   }
   p.done();

@@ -639,8 +639,8 @@ void report(System &sys, const char *model, const Net &net, double loss) {
             << ", loss: " << static_cast<float>(loss) << ", lr: " << lr << std::endl;
   if (!sys.log_file.empty()) {
     const std::string who = std::string(model) == "critic" ? "critic_0" : "actor";
-    write_metric(sys.log_file, who, "train_loss", net.step_train, number_text(static_cast<float>(loss)));
-    write_metric(sys.log_file, who, "train_lr", net.step_train, number_text(lr));
+    write_step_metric(sys.log_file, who, "train_loss", net.step_train, number_text(static_cast<float>(loss)));
+    write_step_metric(sys.log_file, who, "train_lr", net.step_train, number_text(lr));
   }
 }
 

@@ -527,11 +527,11 @@ void train_step(System &sys, float &p_loss, float &q_loss) {
               << ", q_loss: " << q_loss << ", lr: " << lr << ", skipped: " << skip << ", kl_divergence: " << kl
               << ", clip_fraction: " << clip_fraction << std::endl;
     if (!sys.log_file.empty()) {
-      write_metric(sys.log_file, "actor_critic", "train_loss_p", net.step_train, number_text(p_loss));
-      write_metric(sys.log_file, "actor_critic", "train_loss_q", net.step_train, number_text(q_loss));
-      write_metric(sys.log_file, "actor_critic", "train_lr", net.step_train, number_text(lr));
-      write_metric(sys.log_file, "PPO", "kl_divergence", sys.train_steps, number_text(kl));
-      write_metric(sys.log_file, "PPO", "clip_fraction", sys.train_steps, number_text(clip_fraction));
+      write_step_metric(sys.log_file, "actor_critic", "train_loss_p", net.step_train, number_text(p_loss));
+      write_step_metric(sys.log_file, "actor_critic", "train_loss_q", net.step_train, number_text(q_loss));
+      write_step_metric(sys.log_file, "actor_critic", "train_lr", net.step_train, number_text(lr));
+      write_step_metric(sys.log_file, "PPO", "kl_divergence", sys.train_steps, number_text(kl));
+      write_step_metric(sys.log_file, "PPO", "clip_fraction", sys.train_steps, number_text(clip_fraction));
     }
   }
 }

@@ -171,6 +171,11 @@ class Block {
     int line = node_ != nullptr ? node_->line : 1;
     throw ConfigError(file_ + ":" + std::to_string(line) + ": " + label() + " needs the key '" + key + "'" + hint);
   }
+  // A mistake in how this block's values combine (no one key is wrong): its line and path.
+  [[noreturn]] void fail_here(const std::string &what) const {
+    int line = node_ != nullptr ? node_->line : 1;
+    throw ConfigError(file_ + ":" + std::to_string(line) + ": " + label() + ": " + what);
+  }
   std::string where(const std::string &key) const { return path_.empty() ? key : path_ + "." + key; }
   std::string label() const { return path_.empty() ? "the configuration" : path_; }
 

@@ -20,6 +20,29 @@ TrainStep train_step_of(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_ten
                         reduction, max_grad_norm);
 }
 
+// A training step whose optimizer updates none of the model's parameters would compute the loss and
+// the gradients and change nothing, every step, with a success status: an error instead. (An
+// optimizer over several models' parameters, stepped with each model in turn, is allowed.) The
+// parameters of an optimizer are fixed when it is made, so one check per model suffices.
+void check_trains_model(Optim &opt, const torch::jit::Module &module) {
+  const auto object = module._ivalue();
+  if (opt.trains && !opt.trains->expired() && opt.trains->_unsafe_get_target() == object.get()) return;
+  const auto params = module.parameters();
+  for (const auto &p : opt.params) {
+    const auto *impl = p.unsafeGetTensorImpl();
+    for (const auto &q : params) {
+      if (q.unsafeGetTensorImpl() == impl) {
+        opt.trains = c10::weak_intrusive_ptr<c10::ivalue::Object>(object);
+        return;
+      }
+    }
+  }
+  fail(FTC_ERR_INVALID_ARGUMENT,
+       "the optimizer updates none of the model's parameters (it was made over other tensors, or another "
+       "model's): the training step would change nothing; make the optimizer over this model's parameters "
+       "(torch_model_parameters)");
+}
+
 TrainStep train_step_for(Model &model, ftc_optim o, ftc_scheduler s, std::vector<at::Tensor> inputs,
                          at::Tensor target, int loss_kind, int reduction, double max_grad_norm) {
   TrainStep step;
@@ -27,6 +50,7 @@ TrainStep train_step_for(Model &model, ftc_optim o, ftc_scheduler s, std::vector
   step.module = &module_of(model);
   step.package = model.package.get();
   step.opt = &optim_of(o);
+  check_trains_model(*step.opt, *step.module);
   step.sched = s != nullptr ? &scheduler_of(s) : nullptr;
   if (step.sched != nullptr && step.sched->optim.get() != step.opt) {
     fail(FTC_ERR_INVALID_ARGUMENT, "the scheduler drives another optimizer than the one this step updates (it would "

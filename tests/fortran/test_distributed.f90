@@ -44,6 +44,7 @@ module ddp_case
     logical :: uneven = .false.         ! local batch sizes 2, 4, 6, ... with weights
     logical :: train_step = .false.     ! torch_train_step instead of the building blocks
     real(real64) :: bucket_mb = 25
+    logical :: sync_between = .false.   ! an explicit sync after the first micro-batch (more follow)
     character(len=64) :: model = "ddp_mlp.pt"
     integer :: device = torch_kCPU      ! of the data-parallel model and batch (train_step only)
   end type case_options
@@ -235,6 +236,8 @@ contains
           mx = x((k - 1) * n + 1:k * n, :)
           my = y((k - 1) * n + 1:k * n, :)
           loss = loss + forward_backward(model, mx, my)
+          ! A sync with more backward to come: the step must average what came after it too.
+          if (opts%sync_between .and. k == 1) call torch_ddp_sync_gradients(ddp)
         end do
         if (mod(step, 2) == 1) then
           ! Explicit average (the step then does not average again); the loss comes back global.
@@ -405,6 +408,7 @@ contains
     call parity_case(comm, case_options(name="sgd_momentum", optimizer=OPT_SGD))
     call parity_case(comm, case_options(name="adam", optimizer=OPT_ADAM))
     call parity_case(comm, case_options(name="accumulation", optimizer=OPT_SGD, micro=2))
+    call parity_case(comm, case_options(name="sync_mid_accumulation", optimizer=OPT_SGD, micro=2, sync_between=.true.))
     call parity_case(comm, case_options(name="frozen", optimizer=OPT_ADAM, frozen=.true.))
     call parity_case(comm, case_options(name="uneven", optimizer=OPT_ADAM, uneven=.true.))
     call parity_case(comm, case_options(name="uneven_sgd", optimizer=OPT_SGD, uneven=.true.))
@@ -573,6 +577,19 @@ contains
     call torch_delete(bad)
     call torch_allreduce(comm, bad, stat=stat, errmsg=msg)
     call check(stat == FTORCH_ERR_NULL_HANDLE, "allreduce of an unconstructed tensor")
+    ! A rank whose own checks fail still takes part: every rank fails, none waits (or pairs this call
+    ! with the failing rank's next one).
+    if (rank == 0) call torch_tensor_from_array(bad, v, torch_kCPU)
+    call torch_allreduce(comm, bad, stat=stat, errmsg=msg)
+    if (rank == 0) then
+      call check(stat == FTORCH_ERR_DISTRIBUTED .and. index(msg, "failed before it ran") > 0, &
+                 "a rank refused by its own checks fails the allreduce on the other ranks: " // trim(msg))
+    else
+      call check(stat == FTORCH_ERR_NULL_HANDLE, "the rank without a tensor reports its own error")
+    end if
+    call torch_broadcast(comm, t, root=merge(nranks, 0, rank == 1), stat=stat, errmsg=msg)
+    call check(stat /= 0, "a root out of range on one rank fails the broadcast on every rank")
+    call torch_delete(bad)
     call torch_delete(t)
     block
       type(torch_comm) :: none
@@ -610,6 +627,18 @@ contains
     call torch_optim_SGD(optim, params, learning_rate=0.1d0)
     call torch_ddp_init(ddp, comm, model, optim, bucket_mb=0d0, stat=stat, errmsg=msg)
     call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "bucket size") > 0, "bucket size 0")
+    ! On one rank only: that rank's error there, FTORCH_ERR_DISTRIBUTED on the others (no hang).
+    call torch_ddp_init(ddp, comm, model, optim, bucket_mb=merge(0d0, 25d0, rank == 1), stat=stat, errmsg=msg)
+    if (rank == 1) then
+      call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "bucket size") > 0, "bucket size 0 on rank 1")
+    else
+      call check(stat == FTORCH_ERR_DISTRIBUTED .and. index(msg, "rank(s) 1 failed") > 0, &
+                 "a rank refusing its bucket size fails torch_ddp_init everywhere: " // trim(msg))
+    end if
+    ! Different bucket sizes would run different collectives on each rank.
+    call torch_ddp_init(ddp, comm, model, optim, bucket_mb=merge(1d-6, 25d0, rank == 1), stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_DISTRIBUTED .and. index(msg, "bucket the gradients differently") > 0, &
+               "different bucket sizes: a clear error on every rank: " // trim(msg))
     call torch_tensor_from_array(lone(1), lone_value, torch_kCPU, requires_grad=.true.)
     call torch_optim_SGD(other_optim, lone, learning_rate=0.1d0)
     call torch_ddp_init(ddp, comm, model, other_optim, stat=stat, errmsg=msg)
@@ -664,6 +693,23 @@ contains
       call torch_ddp_init(d2, comm, model, never, stat=stat, errmsg=msg)
       call check(stat == FTORCH_ERR_NULL_HANDLE .and. index(msg, "not constructed") > 0, &
                  "torch_ddp_init with an unconstructed optimizer is an error, never 'no optimizer': " // trim(msg))
+    end block
+    ! A handle released without torch_delete (assignment over it here; elsewhere the finalization of
+    ! a local variable at the end of the routine that set it up) leaves the optimizer data-parallel.
+    block
+      type(torch_ddp) :: d3, unmade
+      type(torch_optim) :: local_optim
+      integer(int64) :: before
+      call torch_optim_SGD(local_optim, params, learning_rate=0.01d0)
+      call torch_ddp_init(d3, comm, model, local_optim)
+      d3 = unmade
+      before = torch_comm_collective_count(comm)
+      call torch_optim_zero_grad(local_optim)
+      loss = forward_backward(model, x, y)
+      call torch_optim_step(local_optim)
+      call check(torch_comm_collective_count(comm) > before, &
+                 "a wrapper released without torch_delete keeps its optimizer data-parallel")
+      call torch_delete(local_optim)
     end block
     ! Deleting the wrapper detaches the optimizer: its steps are local again (no collective).
     block

@@ -356,6 +356,16 @@ contains
     packed = torch_clone(tensor)
   end subroutine count_pack
 
+  subroutine failing_pack(tensor, packed, stat, errmsg)
+    type(torch_tensor), intent(in) :: tensor
+    type(torch_tensor), intent(inout) :: packed
+    integer, intent(inout) :: stat
+    character(len=*), intent(inout) :: errmsg
+    packed = torch_clone(tensor)  ! made, then the hook fails: the library frees it
+    stat = 1
+    errmsg = "pack refused on purpose"
+  end subroutine failing_pack
+
   subroutine count_unpack(packed, tensor, stat, errmsg)
     type(torch_tensor), intent(in) :: packed
     type(torch_tensor), intent(inout) :: tensor
@@ -788,7 +798,50 @@ contains
     call check(torch_saved_tensors_files() == 0, "file offload: files removed with the graph")
     call run_heavy(tx, heavy, 2, g, rss_files)
     call check(all(tensor_values(g, n) == tensor_values(g_ref, n)), "CPU offload: gradients unchanged")
+    call saved_then_modified(cube)
   end subroutine saved_tensor_hooks
+
+  ! A tensor saved for backward, then written in place: an error under every saved-tensor policy, as
+  ! without one (LibTorch checks only what was saved without hooks; FTorch checks the rest). And a
+  ! pack hook that fails after making its result leaks nothing.
+  subroutine saved_then_modified(cube)
+    type(torch_function), intent(in) :: cube
+    real(real64), target :: x(3), y(3)
+    type(torch_tensor) :: tx, xc, ty, outs(1)
+    integer :: policy, stat, i
+    integer(int64) :: live
+    character(len=512) :: msg
+    character(len=*), parameter :: names(0:2) = ["no policy  ", "CPU offload", "user hooks "]
+    y = [1.0_real64, 2.0_real64, 4.0_real64]
+    call torch_tensor_from_array(ty, y, torch_kCPU)
+    do policy = 0, 2
+      x = [0.5_real64, 1.0_real64, 2.0_real64]
+      call torch_tensor_from_array(tx, x, torch_kCPU, requires_grad=.true.)
+      if (policy == 1) call torch_saved_tensors_to_cpu_begin()
+      if (policy == 2) call torch_saved_tensors_hooks_begin(count_pack, count_unpack)
+      call torch_function_apply(cube, [tx], outs, real_args=[0.5_real64])
+      if (policy /= 0) call torch_saved_tensors_hooks_end()
+      tx = ty  ! a leaf requiring grad: `=` writes in place, after cube saved it
+      msg = ""
+      call torch_tensor_backward(torch_sum(outs(1)), stat=stat, errmsg=msg)
+      call check(stat /= 0 .and. index(msg, "modified") > 0, &
+                 "saved tensor modified in place (" // trim(names(policy)) // "): an error: " // trim(msg))
+    end do
+    xc = tx * 1
+    live = ftorch_live_handles()
+    do i = 1, 20
+      xc = tx * 1
+      call torch_saved_tensors_hooks_begin(failing_pack, count_unpack)
+      call torch_function_apply(cube, [xc], outs, real_args=[0.5_real64], stat=stat, errmsg=msg)
+      call torch_saved_tensors_hooks_end()
+    end do
+    call check(stat == FTORCH_ERR_CALLBACK .and. index(msg, "pack refused on purpose") > 0 .and. &
+               ftorch_live_handles() == live, "a failing pack hook: a clear error, and no handle left behind")
+    call torch_delete(outs)
+    call torch_delete(xc)
+    call torch_delete(tx)
+    call torch_delete(ty)
+  end subroutine saved_then_modified
 
   ! Eight applications of a function that saves 8 MB each; policy 0: in memory, 1: files, 2: CPU.
   subroutine run_heavy(tx, heavy, policy, grad, growth)
@@ -865,6 +918,34 @@ contains
                "checkpoint: gradients of parameters used inside the segment unchanged (bitwise)")
     call record("checkpoint_g0", g0c)
     call record("checkpoint_gw", gwc)
+    ! The innermost saved-tensor policy applies to what a segment keeps (its inputs): one file here,
+    ! removed by the backward, and the same gradients as without the policy.
+    call ts0%zero_grad()
+    call segment_weight%zero_grad()
+    call torch_checkpoint_segment(step, [ts0], seg)
+    call torch_tensor_backward(torch_sum(seg(1) * seg(1)))
+    call torch_tensor_get_gradient(g0, ts0)
+    call ts0%zero_grad()
+    call segment_weight%zero_grad()
+    call torch_saved_tensors_to_files_begin(".", threshold_bytes=0_int64)
+    call torch_checkpoint_segment(step, [ts0], seg)
+    call torch_saved_tensors_hooks_end()
+    call check(torch_saved_tensors_files() == 1, "checkpoint: a saved-tensor policy applies to the segment's inputs")
+    call torch_tensor_backward(torch_sum(seg(1) * seg(1)))
+    call torch_tensor_get_gradient(g0c, ts0)
+    call check(torch_saved_tensors_files() == 0 .and. all(tensor_values(g0c, 4) == tensor_values(g0, 4)), &
+               "checkpoint: the offloaded inputs give the same gradients, the file removed")
+    ! Gradients computed without .grad cannot pass through a segment: its backward recomputes it and
+    ! writes the .grad of the weights it uses.
+    call torch_checkpoint_segment(step, [ts0], seg)
+    msg = ""
+    call torch_autograd_grad(gw, torch_sum(seg(1)) + torch_sum(segment_weight), segment_weight, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. &
+               index(msg, "cannot differentiate through a checkpointed segment") > 0, &
+               "checkpoint: torch_autograd_grad through a segment is a clear error: " // trim(msg))
+    call torch_autograd_jacobian(gw, seg(1), ts0, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "torch_autograd_jacobian") > 0, &
+               "checkpoint: torch_autograd_jacobian through a segment is a clear error")
     ! Not twice differentiable.
     call torch_checkpoint_segment(step, [ts0], seg)
     call torch_autograd_grad(g0, torch_sum(seg(1)), ts0, create_graph=.true., stat=stat, errmsg=msg)

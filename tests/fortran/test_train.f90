@@ -550,8 +550,8 @@ contains
     type(torch_scheduler) :: sched, other_sched
     type(torch_model) :: other
     type(torch_tensor), allocatable :: params(:)
-    type(torch_tensor) :: none(0), l, short, nonleaf(1)
-    real(real64), target :: s5(5)
+    type(torch_tensor) :: none(0), l, short, nonleaf(1), free_w
+    real(real64), target :: s5(5), w5(5)
     character(len=1), allocatable :: bytes(:)
     integer :: stat, in_unit, size_bytes
     character(len=512) :: msg
@@ -610,6 +610,27 @@ contains
                torch_optim_get_learning_rate(other_optim) == 0.01d0, &
                "torch_train_step refuses a scheduler of another optimizer: " // trim(msg))
     call torch_delete(other_sched)
+    call torch_delete(other_optim)
+    ! an optimizer over tensors that are not the model's parameters would step nothing, every step
+    call torch_tensor_from_array(free_w, w5, torch_kCPU, requires_grad=.true.)
+    call torch_optim_SGD(other_optim, [free_w], learning_rate=0.1d0)
+    call torch_train_step(model, other_optim, [tx], ty, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "none of the model's parameters") > 0, &
+               "torch_train_step refuses an optimizer over none of the model's parameters: " // trim(msg))
+    ! re-making a parameter's handle (here the optimizer's) would leave the optimizer updating the old leaf
+    call torch_tensor_from_array(free_w, w5, torch_kCPU, requires_grad=.true., stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "is a parameter") > 0, &
+               "a constructor refuses the handle of an optimizer's parameter: " // trim(msg))
+    call torch_model_parameter(model, 1, free_w)
+    call torch_model_parameter(model, 2, free_w)
+    call check(.true., "a parameter handle may be re-pointed to another of the model's parameters")
+    call torch_tensor_from_array(free_w, w5, torch_kCPU, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "is a parameter") > 0, &
+               "a constructor refuses the handle of a model's parameter: " // trim(msg))
+    call torch_delete(free_w)
+    call torch_tensor_from_array(free_w, w5, torch_kCPU)
+    call check(.true., "a deleted parameter handle may be made anew")
+    call torch_delete(free_w)
     call torch_delete(other_optim)
 
     ! checkpoints
