@@ -12,6 +12,7 @@
 #include <optional>
 #include <unordered_set>
 
+#include "once_differentiable.hpp"
 #include "saved_tensors.hpp"
 #include "torch_compat.hpp"
 
@@ -202,21 +203,10 @@ variable_list FunctionNode::apply(variable_list &&grads) {
   if (create_graph && !twice) {
     // Once differentiable: the gradients are constants to a later backward, which must fail
     // rather than silently miss this function's second derivative.
-    variable_list aliases;
-    for (auto &g : result) {
-      at::Tensor a;
-      if (g.defined()) {
-        a = g.detach();
-        a.requires_grad_(true);
-      }
-      aliases.push_back(a);
-    }
-    auto error = ftc::compat::make_node<torch::autograd::DelayedError>(
-        "differentiating the backward of " + label() +
-            ", which is once differentiable (define it with double_backward=.true. if its backward is made of "
-            "differentiable tensor operations)",
-        static_cast<int64_t>(aliases.size()));
-    result = (*error)(std::move(aliases));
+    result = ftc::once_differentiable(std::move(result), grads,
+                                      "differentiating the backward of " + label() +
+                                          ", which is once differentiable (define it with double_backward=.true. if "
+                                          "its backward is made of differentiable tensor operations)");
   }
   return result;
 }

@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "compiled.hpp"
+#include "once_differentiable.hpp"
 #include "optim_state.hpp"
 
 namespace ftc {
@@ -217,7 +218,11 @@ struct PackageNode : public torch::autograd::Function<PackageNode> {
     // backward returns zeros for it).
     for (size_t k = 0; k < n_params; ++k, ++r) out.push_back(p->unused[k] ? at::Tensor() : results.at(r));
     for (size_t k = 0; k < inputs.size(); ++k) out.push_back(p->input_gradient[k] ? results.at(r++) : at::Tensor());
-    return out;
+    // (the compiled backward records no graph: under create_graph its gradients fail when
+    // differentiated, rather than count as constants and drop the second derivative)
+    return ftc::once_differentiable(std::move(out), grad_outputs,
+                                    "differentiating the backward of a training package (second derivatives, "
+                                    "create_graph, torch_autograd_jvp): its compiled backward is once differentiable");
   }
 };
 
@@ -520,6 +525,20 @@ void save_training_package(const Model &model, const std::string &file) {
       for (const auto &name : reader.getAllRecords()) {
         if (name == kStateRecord) {
           writer.writeRecord(name, bytes.data(), bytes.size());
+        } else if (name == kMetaRecord) {
+          // Which parameters train as they are now (frozen or unfrozen since the export), as a
+          // TorchScript file keeps its parameters' requires_grad.
+          auto [data, size] = reader.getRecord(name);
+          std::istringstream text(std::string(static_cast<const char *>(data.get()), size));
+          std::string out;
+          for (std::string line; std::getline(text, line);) {
+            if (line.rfind("requires_grad=", 0) == 0) {
+              line = "requires_grad=";
+              for (size_t k = 0; k < p.params.size(); ++k) line += (k > 0 ? "," : "") + std::string(p.params[k].requires_grad() ? "1" : "0");
+            }
+            out += line + "\n";
+          }
+          writer.writeRecord(name, out.data(), out.size());
         } else {
           auto [data, size] = reader.getRecord(name);
           writer.writeRecord(name, data.get(), size);
@@ -553,6 +572,17 @@ bool fits(const std::vector<InputRule> &rules, const std::vector<at::Tensor> &in
 }
 
 // What keeps the step from the compiled one ("" when nothing does).
+// Whether a gradient hook is registered on t and not removed since (torch_tensor_register_hook:
+// LibTorch keeps a removed hook's slot, emptied).
+bool has_gradient_hook(const at::Tensor &t) {
+  const auto *meta = torch::autograd::impl::get_autograd_meta(t);
+  if (meta == nullptr || !meta->cpp_hooks_list_) return false;
+  for (const auto &hook : *meta->cpp_hooks_list_) {
+    if (hook) return true;
+  }
+  return false;
+}
+
 std::string not_compiled_because(const TrainStep &step, const std::vector<at::Tensor> &data) {
   const TrainingPackage *p = step.package;
   if (p == nullptr) return "the model is not a training package";
@@ -570,6 +600,12 @@ std::string not_compiled_because(const TrainStep &step, const std::vector<at::Te
     if (!opt.params[k].is_same(p->params[k])) return "the optimizer does not update the model's parameters in order";
     if (!p->params[k].requires_grad()) return "a parameter is frozen";
     if (p->unused[k]) return "parameter " + p->param_names[k] + " is not used by the forward (its gradient stays none)";
+    // (the compiled step writes gradients directly: hooks would not run)
+    if (has_gradient_hook(p->params[k])) return "parameter " + p->param_names[k] + " has a gradient hook";
+  }
+  for (const auto &t : data) {
+    // (its gradient, and the graph it came from, need autograd's backward)
+    if (t.requires_grad()) return "an input or the target requires grad";
   }
   const auto *rules = input_rules(*p->step);
   if (rules == nullptr || rules->size() < p->n_inputs + 1) return "the package records no input rules";

@@ -26,6 +26,7 @@
 module package_hooks
   use ftorch
   implicit none
+  integer :: halve_calls = 0
 contains
   subroutine double_grad(grad, new_grad, stat, errmsg)
     type(torch_tensor), intent(in) :: grad
@@ -41,6 +42,7 @@ contains
     integer, intent(inout) :: stat
     character(len=*), intent(inout) :: errmsg
     new_grad = grad * 0.5d0
+    halve_calls = halve_calls + 1
   end subroutine halve_grad
 end module package_hooks
 
@@ -48,7 +50,7 @@ program test_train_package
   use, intrinsic :: iso_fortran_env, only: real64, int64
   use, intrinsic :: iso_fortran_env, only: real32
   use ftorch
-  use package_hooks, only: double_grad, halve_grad
+  use package_hooks, only: double_grad, halve_grad, halve_calls
   use testing, only: check, summary, data_path
   implicit none
   character(len=64) :: mode, name
@@ -247,6 +249,25 @@ contains
     open(newunit=unit, file=data_path(trim(name) // "_hooked.txt"), status="replace", action="write")
     call write_gradients(unit, model, params, tx, "grad", "xgrad")
     close(unit)
+    ! The training step on a parameter with a hook runs the hook: the compiled step, which writes
+    ! gradients directly, steps aside (and for an input that requires grad, whose gradient it
+    ! would not compute).
+    block
+      type(torch_optim) :: optim
+      type(torch_tensor) :: plain_x
+      integer :: calls
+      call torch_optim_Adam(optim, params, learning_rate=1d-3)
+      call torch_tensor_from_array(plain_x, x, torch_kCPU)
+      calls = halve_calls
+      call torch_train_step(model, optim, [plain_x], tg)
+      call check(halve_calls == calls + 1, "torch_train_step runs a parameter's gradient hook")
+      call optim%zero_grad()
+      call torch_train_step(model, optim, [tx], tg)
+      call check(tx%requires_grad() .and. halve_calls == calls + 2, &
+                 "torch_train_step with an input that requires grad takes autograd's backward")
+      call torch_delete(plain_x)
+      call torch_delete(optim)
+    end block
     call torch_delete(loss)
     call torch_delete(tg)
     call torch_delete(tx)
@@ -471,6 +492,38 @@ contains
     msg = ""
     call torch_manual_seed(-1, stat=stat, errmsg=msg)
     call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "negative") > 0, "a negative seed: " // trim(msg))
+    ! Second derivatives: the compiled backward is once differentiable (a clear error, never zeros).
+    block
+      type(torch_tensor) :: tx, tv, y(1), jv
+      real(real64), allocatable, target :: xv(:, :), vv(:, :), yv(:, :)
+      xv = x
+      vv = x * 0 + 1
+      allocate(yv(size(g, 1), size(g, 2)))
+      call torch_tensor_from_array(tx, xv, torch_kCPU, requires_grad=.true.)
+      call torch_tensor_from_array(tv, vv, torch_kCPU)
+      call torch_tensor_from_array(y(1), yv, torch_kCPU)
+      call torch_model_forward(model, [tx], y, requires_grad=.true.)
+      msg = ""
+      call torch_autograd_jvp(jv, y(1), tx, tv, stat=stat, errmsg=msg)
+      call check(stat /= 0 .and. index(msg, "once differentiable") > 0, &
+                 "a Jacobian-vector product through a package is an error, not zeros: " // trim(msg))
+      call torch_delete(tx)
+      call torch_delete(tv)
+      call torch_delete(y)
+      call torch_delete(jv)
+    end block
+    ! Freezing is kept by a saved package, as a TorchScript file keeps requires_grad.
+    block
+      type(torch_model) :: reloaded
+      type(torch_tensor) :: w
+      call torch_model_freeze(model, "fc.weight")
+      call torch_model_save(model, data_path(trim(name) // "_frozen.pt2"))
+      call torch_model_load(reloaded, data_path(trim(name) // "_frozen.pt2"), torch_kCPU, is_training=.true.)
+      call torch_model_parameter(reloaded, "fc.weight", w)
+      call check(.not. w%requires_grad(), "a parameter frozen before torch_model_save stays frozen when reloaded")
+      call torch_delete(w)
+      call torch_delete(reloaded)
+    end block
     call torch_delete(inputs)
     call torch_delete(outputs)
     call torch_delete(model)
