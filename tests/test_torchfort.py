@@ -601,6 +601,29 @@ def test_inference_into_a_narrower_array_keeps_the_values_or_fails(installed, tm
     assert bool((out == 0).all())
 
 
+def _wandb_config(tmp_path, report_frequency):
+    """A built-in MLP's configuration with the wandb hook on."""
+    config = tmp_path / "wandb.yaml"
+    config.write_text(_to_yaml({
+        "general": {"report_frequency": report_frequency, "enable_wandb_hook": "true"},
+        "model": {"type": "mlp", "parameters": {"layer_sizes": [4, 3]}},
+        "loss": {"type": "mse"},
+        "optimizer": {"type": "sgd"},
+    }))
+    return config
+
+
+def _train_2d(lib, name, x, y, loss):
+    """torchfort_train of model `name` on 2-D x and y (torch tensors) from ctypes: its status."""
+    import ctypes
+
+    shape_x = (ctypes.c_int64 * 2)(*x.shape)
+    shape_y = (ctypes.c_int64 * 2)(*y.shape)
+    return lib.torchfort_train(name, ctypes.c_void_p(x.data_ptr()), ctypes.c_size_t(2), shape_x,
+                               ctypes.c_void_p(y.data_ptr()), ctypes.c_size_t(2), shape_y, ctypes.byref(loss),
+                               -1, None)
+
+
 def test_wandb_hook_writes_the_metrics_log(installed, tmp_path, monkeypatch):
     """enable_wandb_hook with TORCHFORT_LOGDIR: the training loss and rate every report_frequency
     steps and the program's own metrics, in the line format TorchFort's wandb_helper.py parses, and
@@ -610,25 +633,15 @@ def test_wandb_hook_writes_the_metrics_log(installed, tmp_path, monkeypatch):
 
     logdir = tmp_path / "logs"
     monkeypatch.setenv("TORCHFORT_LOGDIR", str(logdir))
-    config = tmp_path / "wandb.yaml"
-    config.write_text(_to_yaml({
-        "general": {"report_frequency": 2, "enable_wandb_hook": "true"},
-        "model": {"type": "mlp", "parameters": {"layer_sizes": [4, 3]}},
-        "loss": {"type": "mse"},
-        "optimizer": {"type": "sgd"},
-    }))
+    config = _wandb_config(tmp_path, report_frequency=2)
     lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
     name = b"wandb_model"
     assert lib.torchfort_create_model(name, str(config).encode(), -1) == 0
     x, y = _data(torch.float32)
-    shape_x = (ctypes.c_int64 * 2)(*x.shape)
-    shape_y = (ctypes.c_int64 * 2)(*y.shape)
     loss = ctypes.c_float()
     losses = []
     for _ in range(4):
-        assert lib.torchfort_train(name, ctypes.c_void_p(x.data_ptr()), ctypes.c_size_t(2), shape_x,
-                                   ctypes.c_void_p(y.data_ptr()), ctypes.c_size_t(2), shape_y, ctypes.byref(loss),
-                                   -1, None) == 0
+        assert _train_2d(lib, name, x, y, loss) == 0
         losses.append(loss.value)
     lib.torchfort_wandb_log_double.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_double]
     assert lib.torchfort_wandb_log_double(name, b"energy", 7, 1.5) == 0
@@ -652,13 +665,7 @@ def test_wandb_log_failures_never_fail_a_step_already_taken(installed, tmp_path,
 
     lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
     lib.ftc_last_error.restype = ctypes.c_char_p
-    config = tmp_path / "wandb.yaml"
-    config.write_text(_to_yaml({
-        "general": {"report_frequency": 1, "enable_wandb_hook": "true"},
-        "model": {"type": "mlp", "parameters": {"layer_sizes": [4, 3]}},
-        "loss": {"type": "mse"},
-        "optimizer": {"type": "sgd"},
-    }))
+    config = _wandb_config(tmp_path, report_frequency=1)
     (tmp_path / "a_file").write_text("")
     monkeypatch.setenv("TORCHFORT_LOGDIR", str(tmp_path / "a_file" / "logs"))
     assert lib.torchfort_create_model(b"unlogged", str(config).encode(), -1) == 1
@@ -669,14 +676,10 @@ def test_wandb_log_failures_never_fail_a_step_already_taken(installed, tmp_path,
     name = b"log_fails"
     assert lib.torchfort_create_model(name, str(config).encode(), -1) == 0
     x, y = _data(torch.float32)
-    shape_x = (ctypes.c_int64 * 2)(*x.shape)
-    shape_y = (ctypes.c_int64 * 2)(*y.shape)
     loss = ctypes.c_float()
 
     def train():
-        return lib.torchfort_train(name, ctypes.c_void_p(x.data_ptr()), ctypes.c_size_t(2), shape_x,
-                                   ctypes.c_void_p(y.data_ptr()), ctypes.c_size_t(2), shape_y, ctypes.byref(loss),
-                                   -1, None)
+        return _train_2d(lib, name, x, y, loss)
 
     assert train() == 0
     (logdir / "torchfort.log").unlink()
