@@ -84,7 +84,7 @@ class RunningNormalizer:
         self.scale_only, self.count, self.mean, self.m2 = scale_only, 0, None, None
 
     def update(self, x):
-        flat = x.reshape(x.shape[0], -1)
+        flat = x.reshape(x.shape[0], -1).double()  # (float64 statistics whatever the dtype)
         mean = flat.mean(0)
         m2 = torch.sum(torch.square(flat - mean.unsqueeze(0)), 0)
         n = x.shape[0]
@@ -101,8 +101,8 @@ class RunningNormalizer:
         if self.count < 2:
             return x
         flat = x.reshape(x.shape[0], -1)
-        spread = torch.sqrt(self.m2 / (self.count - 1) + 1e-8)
-        y = flat / spread if self.scale_only else (flat - self.mean) / spread
+        spread = torch.sqrt(self.m2 / (self.count - 1) + 1e-8).to(x.dtype)
+        y = flat / spread if self.scale_only else (flat - self.mean.to(x.dtype)) / spread
         return y.reshape(x.shape)
 
 
@@ -507,7 +507,7 @@ class PPO:
         if self.return_norm:
             self.return_norm.update(ret.reshape(-1, 1))
             scaled = lambda t: self.return_norm(t.reshape(-1, 1)).reshape(t.shape)  # noqa: E731
-            ret, adv, v = scaled(ret), scaled(adv), scaled(v)
+            ret, adv = scaled(ret), scaled(adv)  # (the values stay in the network's scale)
         if self.normalize_advantage:
             flat = adv.flatten()
             n = flat.numel()

@@ -18,7 +18,7 @@ from conftest import COMPILERS, assert_all_passed, helper, run, tool_env
 from rl_reference import OffPolicy
 from test_torchfort import _to_yaml
 
-SEED, SEED2 = 4321, 77
+SEED = 4321
 
 
 def _actor(kind, **p):
@@ -117,7 +117,7 @@ PPO_SYSTEMS = {
     "ppo_squashed_normalized": ({
         "algorithm": {"type": "ppo", "parameters": {"batch_size": 4, "gamma": 0.95, "gae_lambda": 0.9,
                                                     "target_kl_divergence": 0.002, "normalize_states": "true",
-                                                    "normalize_returns": "true"}},
+                                                    "normalize_returns": "true", "clip_q": 0.3}},
         "actor": {"type": "squashed_gaussian_ac", "parameters": {"a_low": -2.0, "a_high": 0.5}},
         "rollout_buffer": {"type": "gae_lambda", "parameters": {"size": 10}},
         "optimizer": {"type": "sgd", "parameters": {"learning_rate": 0.05, "momentum": 0.5},
@@ -245,9 +245,7 @@ def _replay(name: str, work: Path):
                         step[:, 2 * ns + na + 1])
     torch.manual_seed(SEED)
     losses = []
-    for k in range(1, ksteps + 1):
-        if k == ksteps // 2 + 1:
-            torch.manual_seed(SEED2)
+    for _ in range(ksteps):  # (the program's midway checkpoint does not touch the generators)
         losses.append(ref.train_step())
     out = _values(work / f"{name}.outputs")
     probe = torch.tensor(out[0], dtype=dtype).reshape(-1, *state_shape)
@@ -310,9 +308,7 @@ def replay_ppo(name: str, work: Path):
             ref.push(step[:, :ns], step[:, ns:ns + na], step[:, ns + na], step[:, ns + na + 1])
         torch.manual_seed(SEED)
         losses = []
-        for k in range(1, ksteps + 1):
-            if k == ksteps // 2 + 1:
-                torch.manual_seed(SEED2)
+        for _ in range(ksteps):
             losses.append(ref.train_step())
         out = _values(work / f"{name}.outputs")
         probe = torch.tensor(out[0], dtype=dtype).reshape(-1, ns)
@@ -674,6 +670,16 @@ def _push(lib, kind, name, s, a, r, dtype=-1):
                                                             ctypes.byref(reward), False, dtype, None)
 
 
+def _push_multi(lib, kind, name, s, a, r, d):
+    """Transitions of every environment (C order, the environment first), final_state an array."""
+    (sd, sh), (ad, ah), (rd, rh), (dd, dh) = _shape(s), _shape(a), _shape(r), _shape(d)
+    if kind == "off":
+        return lib.torchfort_rl_off_policy_update_replay_buffer_multi(name, _ptr(s), _ptr(s), sd, sh, _ptr(a), ad, ah,
+                                                                      _ptr(r), rd, rh, _ptr(d), dd, dh, -1, None)
+    return lib.torchfort_rl_on_policy_update_rollout_buffer_multi(name, _ptr(s), sd, sh, _ptr(a), ad, ah, _ptr(r), rd,
+                                                                  rh, _ptr(d), dd, dh, -1, None)
+
+
 def _predict(lib, kind, name, s, n_actions=2):
     (sd, sh) = _shape(s)
     out = torch.zeros(n_actions)
@@ -685,7 +691,7 @@ def _predict(lib, kind, name, s, n_actions=2):
 
 @pytest.mark.parametrize("kind", ["off", "on"])
 def test_a_transition_that_is_not_finite_is_refused(installed, tmp_path, kind):
-    """A NaN or infinite state, action or reward (or a real64 value beyond a float32 system's range)
+    """A NaN or infinite state, action, reward or final_state (or a real64 value beyond a float32 system's range)
     given to the replay or rollout buffer is TORCHFORT_RESULT_INVALID_USAGE naming it, and nothing is
     stored: with normalize_states the running statistics stay finite, so predictions do too."""
     lib = _rl_lib()
@@ -709,6 +715,10 @@ def test_a_transition_that_is_not_finite_is_refused(installed, tmp_path, kind):
     big = torch.tensor([0.1, 1e39, 0.2], dtype=torch.float64)
     assert _push(lib, kind, name, big, torch.zeros(2, dtype=torch.float64), 0.5, dtype=-2) == 1
     assert "beyond the range of the system's Float" in lib.ftc_last_error().decode(), lib.ftc_last_error()
+    # final_state as an array: a NaN is refused too (NaN != 0 would have ended the episode)
+    one = torch.rand(1, 3, generator=g)
+    assert _push_multi(lib, kind, name, one, torch.zeros(1, 2), torch.tensor([0.5]), torch.tensor([float("nan")])) == 1
+    assert "final_state holds a NaN or an infinity" in lib.ftc_last_error().decode(), lib.ftc_last_error()
     after = _predict(lib, kind, name, s)
     assert bool(torch.isfinite(after).all()) and torch.equal(before, after)
 
@@ -764,6 +774,18 @@ def test_a_failed_step_leaves_the_priorities_finite(installed, tmp_path):
     assert bool(torch.isfinite(buffer.priority).all()) and math.isfinite(buffer.max_priority), buffer.priority
 
 
+def _ppo_rollout(n_envs: int, batch_size: int) -> dict:
+    return {
+        "algorithm": {"type": "ppo", "parameters": {"batch_size": batch_size, "gamma": 0.9, "gae_lambda": 0.95,
+                                                    "target_kl_divergence": 0.0}},
+        "actor": {"type": "gaussian_ac", "parameters": {"a_low": -1.0, "a_high": 1.0}},
+        "rollout_buffer": {"type": "gae_lambda", "parameters": {"size": 8 * n_envs, "n_envs": n_envs}},
+        "actor_critic_model": {"type": "ActorCriticMLP", "parameters": {
+            "encoder_layer_sizes": [2, 8], "actor_layer_sizes": [8, 1], "value_layer_sizes": [8, 1]}},
+        "optimizer": {"type": "sgd", "parameters": {"learning_rate": 0.1}},
+    }
+
+
 DISTRIBUTED = {
     "ddpg.yaml": {
         "algorithm": {"type": "ddpg", "parameters": {"batch_size": 4, "gamma": 0.9, "rho": 0.8}},
@@ -780,6 +802,9 @@ DISTRIBUTED = {
             "encoder_layer_sizes": [2, 8], "actor_layer_sizes": [8, 1], "value_layer_sizes": [8, 1]}},
         "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2"}},
     },
+    # One environment per rank, and one process with both (the rollout the batch: the whole of it).
+    "ppo_one.yaml": _ppo_rollout(n_envs=1, batch_size=8),
+    "ppo_two.yaml": _ppo_rollout(n_envs=2, batch_size=16),
     "sac.yaml": {
         "algorithm": {"type": "sac", "parameters": {"batch_size": 4, "gamma": 0.9, "rho": 0.8, "alpha": 0.2}},
         "actor": {"type": "parameter_noise", "parameters": {"a_low": -1.0, "a_high": 1.0}},

@@ -34,11 +34,13 @@ class DataclassConfig(nn.Module):
 
 
 class Kwargs(nn.Module):
-    """forward(x, **kwargs): options with defaults."""
+    """forward(x, **kwargs): options with defaults. Its layer is registered under a second name too
+    (tied weights: the state_dict has both names' keys, named_parameters the first only)."""
 
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(FEATURES, OUTPUTS)
+        self.tied = self.fc
 
     def forward(self, x, **kwargs):
         scale = kwargs.get("scale", 2.0)

@@ -153,6 +153,18 @@ def _as_module(gm):
     return Wrapped()
 
 
+def _state_dict_record(model) -> str:
+    """The state_dict's keys in its order, for train_package.cpp: "key", or "key:name" where the
+    tensor is a parameter or buffer named otherwise (tied weights: the state_dict keeps every name,
+    named_parameters and named_buffers the first only)."""
+    held = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    entries = []
+    for key, value in model.state_dict(keep_vars=True).items():
+        name = held.get(id(value), key)
+        entries.append(key if name == key else f"{key}:{name}")
+    return ",".join(entries)
+
+
 def _rules(program, n_user: int | None, min_batch: int, max_batch: int | None) -> str | None:
     """FTorch's input rules (compiled.cpp parse_rules) for the placeholders of an exported
     program (all of them, or the last n_user): a size or the named dynamic batch per dim."""
@@ -489,7 +501,7 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
         "requires_grad": ",".join("1" if p.requires_grad else "0" for _, p in model.named_parameters()),
         "buffers": ",".join(bnames),
         # What torch_model_save writes as the state_dict, in its order (no non-persistent buffers).
-        "state_dict": ",".join(model.state_dict().keys()),
+        "state_dict": _state_dict_record(model),
         "inputs": n_x,
         "outputs": n_o,
         "random_values": n_random,

@@ -5,13 +5,16 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <sstream>
 #include <thread>
 
 #include "comm.hpp"
 #include "ftorch_c_checkpoint.h"
+#include "rng_state.hpp"
 
 namespace {
 
@@ -35,11 +38,18 @@ std::string directory_of(const std::string &file) {
   return slash == std::string::npos ? "." : (slash == 0 ? "/" : file.substr(0, slash));
 }
 
-// Every object given (not null) must be live, before any file is touched.
+// Every object given (not null) must be live, before any file is touched; a scheduler given with
+// an optimizer must be that optimizer's (a checkpoint pairs them: the schedule's rate is the
+// optimizer's).
 void require_objects(ftc_model m, ftc_optim o, ftc_scheduler s) {
   if (m != nullptr) ftc::model_of(m);
   if (o != nullptr) ftc::optim_of(o);
   if (s != nullptr) ftc::scheduler_of(s);
+  if (s != nullptr && o != nullptr && ftc::scheduler_of(s).optim.get() != &ftc::optim_of(o)) {
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+              "the scheduler drives another optimizer than the one given: a checkpoint keeps an optimizer with "
+              "its own scheduler");
+  }
 }
 
 // A temporary file name next to `file`, unique per host, process and thread.
@@ -48,6 +58,49 @@ std::string temporary_name(const std::string &file) {
   if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
   std::ostringstream os;
   os << file << ".tmp." << host << "." << ::getpid() << "." << std::hash<std::thread::id>{}(std::this_thread::get_id());
+  return os.str();
+}
+
+// A scheduler's settings (those of its kind), named as torch.optim.lr_scheduler names them: a
+// checkpoint keeps them, and resumes only into a scheduler with the same ones (a schedule resumed
+// with another T_max, milestones or mode would go on differently from the one saved).
+std::vector<std::pair<std::string, double>> scheduler_settings(const ftc::Scheduler &s) {
+  switch (s.kind) {
+    case FTC_SCHED_STEP:
+      return {{"step_size", static_cast<double>(s.step_lr.step_size)}, {"gamma", s.step_lr.gamma}};
+    case FTC_SCHED_MULTISTEP: {
+      std::vector<std::pair<std::string, double>> v{{"gamma", s.multistep.gamma}};
+      for (size_t i = 0; i < s.milestones.size(); ++i) {
+        v.emplace_back("milestones[" + std::to_string(i) + "]", static_cast<double>(s.milestones[i]));
+      }
+      return v;
+    }
+    case FTC_SCHED_EXPONENTIAL:
+      return {{"gamma", s.exponential_gamma}};
+    case FTC_SCHED_COSINE:
+      return {{"T_max", static_cast<double>(s.cosine.t_max)}, {"eta_min", s.cosine.eta_min}};
+    case FTC_SCHED_LINEAR:
+      return {{"start_factor", s.linear.start_factor},
+              {"end_factor", s.linear.end_factor},
+              {"total_iters", static_cast<double>(s.linear.total_iters)}};
+    case FTC_SCHED_PLATEAU:
+      return {{"mode", static_cast<double>(s.plateau.mode)},
+              {"factor", s.plateau.factor},
+              {"patience", static_cast<double>(s.plateau.patience)},
+              {"threshold", s.plateau.threshold},
+              {"threshold_mode", static_cast<double>(s.plateau.threshold_mode)},
+              {"cooldown", static_cast<double>(s.plateau.cooldown)},
+              {"min_lr", s.plateau.min_lr},
+              {"eps", s.plateau.eps}};
+    default:
+      return {};
+  }
+}
+
+std::string setting_text(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
   return os.str();
 }
 
@@ -65,6 +118,7 @@ struct StagedCheckpoint {
   int64_t optim_steps = 0;
   std::vector<double> sched_state;
   int64_t step = 0;
+  std::optional<RngStates> rng;  // none in checkpoints of other layouts or before they kept it
 };
 
 // What applying a checkpoint replaced, to put back.
@@ -73,9 +127,12 @@ struct CheckpointUndo {
   std::string optim_state;  // serialized; empty when no optimizer
   int64_t optim_steps = 0;
   std::vector<double> sched_state;
+  std::optional<RngStates> rng;
 };
 
-std::shared_ptr<StagedCheckpoint> stage_checkpoint(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s) {
+// stage_checkpoint for one of `ranks` processes checkpointing together (0 of 1: a process alone).
+std::shared_ptr<StagedCheckpoint> stage_checkpoint_of_rank(const char *filename, ftc_model m, ftc_optim o,
+                                                           ftc_scheduler s, int rank, int ranks) {
   auto staged = std::make_shared<StagedCheckpoint>();
   StagedCheckpoint &st = *staged;
   st.m = m;
@@ -175,11 +232,48 @@ std::shared_ptr<StagedCheckpoint> stage_checkpoint(const char *filename, ftc_mod
                       ftc::enum_name(ftc::ftc_scheduler_kind_table, ftc::scheduler_of(s).kind, "FTC_SCHED_") +
                       ": construct a scheduler of the checkpoint's kind to resume");
       }
+      // Its settings (checkpoints before they were kept: not checked).
+      if (archive.try_read("scheduler.settings", value)) {
+        const auto mine = scheduler_settings(ftc::scheduler_of(s));
+        std::vector<double> saved;
+        for (const auto &v : value.toListRef()) saved.push_back(v.toDouble());
+        if (saved.size() != mine.size()) {
+          ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint's scheduler has " + std::to_string(saved.size()) +
+                                                  " settings, the one given to resume into " +
+                                                  std::to_string(mine.size()) +
+                                                  " (other milestones): construct it with the checkpoint's settings");
+        }
+        for (size_t i = 0; i < mine.size(); ++i) {
+          if (saved[i] != mine[i].second) {
+            ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+                      "the checkpoint's scheduler has " + mine[i].first + " = " + setting_text(saved[i]) +
+                          ", the one given to resume into " + setting_text(mine[i].second) +
+                          ": construct it with the checkpoint's settings, or it would go on with another schedule");
+          }
+        }
+      }
     }
     archive.read("step", value);
     st.step = value.toInt();
+    // The random generators: restored where the checkpoint was written by as many processes
+    // (each rank's own state; a single process's is rank 0's of one).
+    if (archive.try_read("rng.ranks", value)) {
+      if (value.toInt() == ranks) {
+        at::Tensor bytes;
+        if (!archive.try_read("rng.rank." + std::to_string(rank), bytes)) {
+          ftc::fail(FTC_ERR_IO, "'" + file + "': its random generator state is incomplete");
+        }
+        st.rng = rng_from_bytes(bytes, file);
+      }
+    } else if (ranks == 1) {
+      st.rng = read_rng_states(archive, "rng.", file);
+    }
 
   return staged;
+}
+
+std::shared_ptr<StagedCheckpoint> stage_checkpoint(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s) {
+  return stage_checkpoint_of_rank(filename, m, o, s, 0, 1);
 }
 
 int64_t staged_step(const StagedCheckpoint &st) { return st.step; }
@@ -206,6 +300,7 @@ void undo_checkpoint(CheckpointUndo &undo, const StagedCheckpoint &st) noexcept 
       opt.steps = undo.optim_steps;
     }
     if (st.s != nullptr && !undo.sched_state.empty()) scheduler_of(st.s).set_state(undo.sched_state);
+    if (undo.rng) set_rng_states(*undo.rng);
   } catch (...) {
   }
 }
@@ -228,6 +323,7 @@ std::shared_ptr<CheckpointUndo> apply_checkpoint(StagedCheckpoint &st) {
     undo->optim_steps = opt.steps;
   }
   if (st.s != nullptr) undo->sched_state = scheduler_of(st.s).state();
+  if (st.rng) undo->rng = rng_states();
   try {
     if (st.o != nullptr) {
       auto &opt = optim_of(st.o);
@@ -237,6 +333,7 @@ std::shared_ptr<CheckpointUndo> apply_checkpoint(StagedCheckpoint &st) {
     if (st.s != nullptr) scheduler_of(st.s).set_state(st.sched_state);  // size and kind checked when staged
     at::NoGradGuard no_grad;
     for (auto &c : st.copies) c.first.copy_(c.second);
+    if (st.rng) set_rng_states(*st.rng);
   } catch (...) {
     undo_checkpoint(*undo, st);
     throw;
@@ -246,57 +343,77 @@ std::shared_ptr<CheckpointUndo> apply_checkpoint(StagedCheckpoint &st) {
 
 }  // namespace ftc
 
+namespace {
+
+// Writes the checkpoint; rank_rng: each rank's random generator states (rng_bytes) when ranks
+// checkpoint together, else null (this process's own).
+void save_checkpoint(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s, int64_t step,
+                     const std::vector<at::Tensor> *rank_rng) {
+  require_objects(m, o, s);
+  if (filename == nullptr || filename[0] == '\0') ftc::fail(FTC_ERR_INVALID_ARGUMENT, "file name is empty");
+  const std::string file(filename);
+  torch::serialize::OutputArchive archive;
+  archive.write("format", c10::IValue(std::string(ftc::kCheckpointFormat)));
+  archive.write("step", c10::IValue(step));
+  if (m != nullptr) {
+    auto &module = ftc::model_of(m);
+    std::vector<std::string> names;
+    for (const auto &p : module.named_parameters()) {
+      names.push_back(p.name);
+      archive.write("model.parameter." + p.name, p.value);
+    }
+    std::vector<std::string> buffer_names;
+    for (const auto &b : module.named_buffers()) {
+      buffer_names.push_back(b.name);
+      archive.write("model.buffer." + b.name, b.value, /*is_buffer=*/true);
+    }
+    archive.write("model.parameters", c10::IValue(names));
+    archive.write("model.buffers", c10::IValue(buffer_names));
+  }
+  if (o != nullptr) {
+    auto &opt = ftc::optim_of(o);
+    archive.write("optimizer.kind", c10::IValue(static_cast<int64_t>(opt.kind)));
+    archive.write("optimizer.shapes", c10::IValue(shapes_of(opt.params)));
+    archive.write("optimizer.steps", c10::IValue(opt.steps));
+    torch::serialize::OutputArchive state;
+    opt.opt->save(state);
+    archive.write("optimizer.state", state);
+  }
+  if (s != nullptr) {
+    archive.write("scheduler.state", c10::IValue(ftc::scheduler_of(s).state()));
+    std::vector<double> settings;
+    for (const auto &[name, v] : scheduler_settings(ftc::scheduler_of(s))) settings.push_back(v);
+    archive.write("scheduler.settings", c10::IValue(settings));
+  }
+  if (rank_rng == nullptr) {
+    ftc::write_rng_states(archive, "rng.", ftc::rng_states());
+  } else {
+    archive.write("rng.ranks", c10::IValue(static_cast<int64_t>(rank_rng->size())));
+    for (size_t r = 0; r < rank_rng->size(); ++r) archive.write("rng.rank." + std::to_string(r), (*rank_rng)[r]);
+  }
+
+  // Write next to the target and rename over it: a crash leaves the previous file intact.
+  const std::string tmp = temporary_name(file);
+  try {
+    archive.save_to(tmp);
+  } catch (const c10::Error &e) {
+    std::remove(tmp.c_str());
+    ftc::fail(FTC_ERR_IO, "cannot write checkpoint '" + file + "': " + e.what_without_backtrace());
+  }
+  fsync_path(tmp);
+  if (std::rename(tmp.c_str(), file.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    ftc::fail(FTC_ERR_IO, "cannot rename the checkpoint into place at '" + file + "'");
+  }
+  fsync_path(directory_of(file));
+}
+
+}  // namespace
+
 extern "C" {
 
 int ftc_checkpoint_save(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s, int64_t step) {
-  return ftc::guard([&] {
-    require_objects(m, o, s);
-    if (filename == nullptr || filename[0] == '\0') ftc::fail(FTC_ERR_INVALID_ARGUMENT, "file name is empty");
-    const std::string file(filename);
-    torch::serialize::OutputArchive archive;
-    archive.write("format", c10::IValue(std::string(ftc::kCheckpointFormat)));
-    archive.write("step", c10::IValue(step));
-    if (m != nullptr) {
-      auto &module = ftc::model_of(m);
-      std::vector<std::string> names;
-      for (const auto &p : module.named_parameters()) {
-        names.push_back(p.name);
-        archive.write("model.parameter." + p.name, p.value);
-      }
-      std::vector<std::string> buffer_names;
-      for (const auto &b : module.named_buffers()) {
-        buffer_names.push_back(b.name);
-        archive.write("model.buffer." + b.name, b.value, /*is_buffer=*/true);
-      }
-      archive.write("model.parameters", c10::IValue(names));
-      archive.write("model.buffers", c10::IValue(buffer_names));
-    }
-    if (o != nullptr) {
-      auto &opt = ftc::optim_of(o);
-      archive.write("optimizer.kind", c10::IValue(static_cast<int64_t>(opt.kind)));
-      archive.write("optimizer.shapes", c10::IValue(shapes_of(opt.params)));
-      archive.write("optimizer.steps", c10::IValue(opt.steps));
-      torch::serialize::OutputArchive state;
-      opt.opt->save(state);
-      archive.write("optimizer.state", state);
-    }
-    if (s != nullptr) archive.write("scheduler.state", c10::IValue(ftc::scheduler_of(s).state()));
-
-    // Write next to the target and rename over it: a crash leaves the previous file intact.
-    const std::string tmp = temporary_name(file);
-    try {
-      archive.save_to(tmp);
-    } catch (const c10::Error &e) {
-      std::remove(tmp.c_str());
-      ftc::fail(FTC_ERR_IO, "cannot write checkpoint '" + file + "': " + e.what_without_backtrace());
-    }
-    fsync_path(tmp);
-    if (std::rename(tmp.c_str(), file.c_str()) != 0) {
-      std::remove(tmp.c_str());
-      ftc::fail(FTC_ERR_IO, "cannot rename the checkpoint into place at '" + file + "'");
-    }
-    fsync_path(directory_of(file));
-  });
+  return ftc::guard([&] { save_checkpoint(filename, m, o, s, step, nullptr); });
 }
 
 int ftc_checkpoint_load(const char *filename, ftc_model m, ftc_optim o, ftc_scheduler s, int64_t *step) {
@@ -312,10 +429,25 @@ int ftc_comm_checkpoint_save(ftc_comm c, const char *filename, ftc_model m, ftc_
                              int64_t step) {
   return ftc::guard([&] {
     auto &comm = *ftc::comm_of(c);
+    // Every rank's random generator states to rank 0 (the same number of bytes on every rank of
+    // one LibTorch; padded to the longest all the same).
+    const std::string mine = ftc::rng_bytes(ftc::rng_states());
+    const auto lengths = comm.gather_values({static_cast<int64_t>(mine.size())});
+    int64_t longest = 0;
+    for (const int64_t n : lengths) longest = std::max(longest, n);
+    const int64_t words = (longest + 7) / 8;
+    std::vector<int64_t> padded(static_cast<size_t>(words), 0), all(static_cast<size_t>(words * comm.size));
+    std::memcpy(padded.data(), mine.data(), mine.size());
+    comm.allgather(padded.data(), all.data(), words, FTC_INT64, sizeof(int64_t));
     int64_t status = FTC_OK;
     std::string message;
     if (comm.rank == 0) {
-      status = ftc_checkpoint_save(filename, m, o, s, step);
+      std::vector<at::Tensor> rank_rng;
+      for (int r = 0; r < comm.size; ++r) {
+        const auto *bytes = reinterpret_cast<const char *>(all.data() + static_cast<size_t>(r) * words);
+        rank_rng.push_back(ftc::bytes_tensor(std::string(bytes, static_cast<size_t>(lengths[static_cast<size_t>(r)]))));
+      }
+      status = ftc::guard([&] { save_checkpoint(filename, m, o, s, step, &rank_rng); });
       if (status != FTC_OK) message = ftc::last_error_message();
     }
     comm.broadcast(&status, 1, FTC_INT64, sizeof(status), 0);
@@ -334,7 +466,7 @@ int ftc_comm_checkpoint_load(ftc_comm c, const char *filename, ftc_model m, ftc_
     // Stage on every rank, agree, then apply everywhere or nowhere. Each local phase runs in the
     // error boundary of its own, so that a rank that fails still takes part in the agreement.
     std::shared_ptr<ftc::StagedCheckpoint> staged;
-    const int status = ftc::guard([&] { staged = ftc::stage_checkpoint(filename, m, o, s); });
+    const int status = ftc::guard([&] { staged = ftc::stage_checkpoint_of_rank(filename, m, o, s, comm.rank, comm.size); });
     std::string message = status != FTC_OK ? ftc::last_error_message() : std::string();
     const int64_t saved_step = staged ? ftc::staged_step(*staged) : 0;
     const int64_t digest = staged ? ftc::staged_digest(*staged) : 0;

@@ -144,8 +144,12 @@ int new_scheduler(ftc_scheduler *out, ftc_optim o, int kind, Set &&set) {
     s.kind = kind;
     s.optim = ftc::optim_ptr(o);
     set(s);
-    if (!opt.initial_lr) opt.initial_lr = ftc::get_lr(opt);
-    s.base_lr = *opt.initial_lr;
+    // The optimizer's initial rate, which later schedules start from: set by the first schedule
+    // (as PyTorch's LRScheduler sets a group's initial_lr), but not by reduce-on-plateau, which
+    // PyTorch does not derive from it (a cosine schedule after a plateau phase starts from the
+    // rate the plateau reached).
+    if (!opt.initial_lr && kind != FTC_SCHED_PLATEAU) opt.initial_lr = ftc::get_lr(opt);
+    s.base_lr = opt.initial_lr ? *opt.initial_lr : ftc::get_lr(opt);
     s.step(false, 0.0);  // PyTorch's initial step
     ftc::replace_handle<ftc::SchedulerTable>(out, std::make_shared<ftc::Scheduler>(std::move(s)));
   });

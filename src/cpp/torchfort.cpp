@@ -4,6 +4,7 @@
 // TorchFort 0.4 (the same trajectory for the same configuration, data and seed); where TorchFort
 // would crash or silently misbehave, an error with TorchFort's result code says why.
 #include "torchfort_common.hpp"
+#include "rng_state.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -499,6 +500,8 @@ void save_state(const Pack &p, const std::string &path) {
   archive.write("step_inference", c10::IValue(p.step_inference));
   archive.write("step_train_current", c10::IValue(p.step_train_current));  // (the accumulation cycle)
   archive.write("device", c10::IValue(p.device));
+  // The default generators (dropout masks): a resumed run draws on as the uninterrupted one.
+  ftc::write_rng_states(archive, "rng.", ftc::rng_states());
   archive.save_to(path);
 }
 
@@ -506,6 +509,7 @@ void save_state(const Pack &p, const std::string &path) {
 // cycles; a checkpoint of an earlier FTorch has none: its cycle starts again).
 struct StepCounts {
   int64_t train = 0, inference = 0, current = 0;
+  std::optional<ftc::RngStates> rng;  // (none in checkpoints before they kept it)
 };
 StepCounts load_state(const std::string &path) {
   torch::serialize::InputArchive archive;
@@ -515,6 +519,7 @@ StepCounts load_state(const std::string &path) {
     usage(path + " is not a TorchFort model state (step_train and step_inference missing)");
   StepCounts counts{train.toInt(), inference.toInt(), 0};
   if (archive.try_read("step_train_current", current)) counts.current = current.toInt();
+  counts.rng = ftc::read_rng_states(archive, "rng.", path);
   return counts;
 }
 
@@ -738,6 +743,7 @@ torchfort_result_t torchfort_load_checkpoint(const char *name, const char *check
     p.step_train = counts.train;
     p.step_inference = counts.inference;
     p.step_train_current = counts.current;
+    if (counts.rng) ftc::set_rng_states(*counts.rng);
     if (step_train != nullptr) *step_train = p.step_train;
     if (step_inference != nullptr) *step_inference = p.step_inference;
   });

@@ -891,6 +891,8 @@ void save_checkpoint(System &sys, const fs::path &dir) {
       std::lock_guard<std::mutex> lock(sys.sampler.mutex());
       archive.write("sampler", sys.sampler.get_state());
     }
+    // The default generators (the noise draws, SAC's and PPO's samples): resumed bit for bit.
+    ftc::write_rng_states(archive, "rng.", ftc::rng_states());
     write_noise(archive, "noise_train", sys.noise_train.get());
     write_noise(archive, "noise_explore", sys.noise_explore.get());
     if (sys.sac()) archive.write("log_alpha", sys.log_alpha.detach().cpu());
@@ -946,7 +948,9 @@ void load_checkpoint(System &sys, const fs::path &dir, const std::function<void(
     require_file(dir / "alpha" / "optimizer.pt");
     if (sys.alpha_schedule) require_file(dir / "alpha" / "lr.pt");
   }
+  const auto rng = ftc::read_rng_states(archive, "rng.", state_file.string());  // (none before it was kept)
   checked();
+  if (rng) ftc::set_rng_states(*rng);
 
   size_t i = 0;
   for (auto &[sub, net] : nets(sys)) {
@@ -1079,7 +1083,7 @@ torchfort_result_t update_multi_arrays(const char *fn, const char *name, void *s
     const at::Tensor d = wrap(final_state, final_state_dim, final_state_shape, dtype, fortran, "final_state", true);
     if (s.dim() == 0 || a.dim() == 0) usage("state_old and action_old need the environment dimension");
     StreamScope scope(sys.rb_device, stream);
-    push(sys, s, sp, a, r.reshape({-1}), (d.reshape({-1}) != 0).to(sys.dtype));
+    push(sys, s, sp, a, r.reshape({-1}), done_flags(d, sys.dtype));
   });
 }
 

@@ -171,24 +171,33 @@ class RolloutBuffer {
     pos_ = 0;
   }
 
-  // Advantages scaled to mean 0 and unit spread over the whole rollout.
-  void normalize_advantages() {
+  // Advantages scaled to mean 0 and unit spread over the whole rollout: this process's, or every
+  // rank's rollout (as TorchFort does: the mean and spread of all of them, by two all-reduces).
+  void normalize_advantages(Ranks *ranks) {
     torch::NoGradGuard no_grad;
     const at::Tensor all = adv_.flatten();
-    const double n = static_cast<double>(all.numel());
-    const at::Tensor mean = at::sum(all) / n;
-    const at::Tensor spread = at::sqrt(at::sum(at::square(all - mean)) / (n - 1.0) + 1e-8);
-    adv_ = (adv_ - mean) / spread;
+    if (ranks == nullptr) {
+      const double n = static_cast<double>(all.numel());
+      const at::Tensor mean = at::sum(all) / n;
+      const at::Tensor spread = at::sqrt(at::sum(at::square(all - mean)) / (n - 1.0) + 1e-8);
+      adv_ = (adv_ - mean) / spread;
+      return;
+    }
+    const auto totals = ranks->sum({static_cast<double>(all.numel()), at::sum(all).item<double>()});
+    const double n = totals[0], mean = totals[1] / n;
+    const double squares = ranks->sum({at::sum(at::square(all - mean)).item<double>()})[0];
+    adv_ = (adv_ - mean) / std::sqrt(squares / (n - 1.0) + 1e-8);
   }
 
-  // Returns, advantages and values divided by the running spread of the returns.
+  // Returns and advantages divided by the running spread of the returns (as TorchFort does). The
+  // stored values stay as the value network gave them: it learns the scaled returns, so they are
+  // already in its scale, the one value clipping (clip_q) compares its new values with.
   void normalize_returns(RunningNormalizer &returns) {
     torch::NoGradGuard no_grad;
     returns.update(ret_.reshape({-1, 1}));
     const auto scaled = [&](const at::Tensor &t) { return returns(t.reshape({-1, 1})).reshape(t.sizes()); };
     ret_ = scaled(ret_);
     adv_ = scaled(adv_);
-    v_ = scaled(v_);
   }
 
   // The next minibatch of the epoch (the last one of an epoch may be smaller).
@@ -434,8 +443,9 @@ void push(System &sys, const at::Tensor &s, const at::Tensor &a, const at::Tenso
       sys.buffer->normalize_returns(*sys.return_norm);
       sys.returns_normalized = true;
     }
-    if (sys.cfg.normalize_advantage && !sys.advantages_normalized) {
-      sys.buffer->normalize_advantages();
+    // (A distributed system's over every rank's rollout, in the next train step: a collective.)
+    if (sys.cfg.normalize_advantage && !sys.advantages_normalized && !sys.ranks) {
+      sys.buffer->normalize_advantages(nullptr);
       sys.advantages_normalized = true;
     }
   }
@@ -451,6 +461,10 @@ void train_step(System &sys, float &p_loss, float &q_loss) {
             std::to_string(sys.buffer->steps()) + " steps, then one more transition to close it): call "
             "torchfort_rl_on_policy_is_ready before training");
   });
+  if (sys.ranks && c.normalize_advantage && !sys.advantages_normalized) {
+    sys.buffer->normalize_advantages(sys.ranks.get());
+    sys.advantages_normalized = true;
+  }
   ++sys.train_steps;
   Net &net = sys.net;
   const bool reporting = c.report_frequency > 0 && sys.train_steps % c.report_frequency == 0 && sys.rank == 0;
@@ -555,6 +569,8 @@ void save_checkpoint(System &sys, const fs::path &dir) {
       std::lock_guard<std::mutex> lock(sys.sampler.mutex());
       archive.write("sampler", sys.sampler.get_state());
     }
+    // The default generators (the noise draws, SAC's and PPO's samples): resumed bit for bit.
+    ftc::write_rng_states(archive, "rng.", ftc::rng_states());
     if (sys.state_norm) sys.state_norm->write(archive, "state_normalizer");
     if (sys.return_norm) sys.return_norm->write(archive, "return_normalizer");
     archive.save_to(f);
@@ -587,7 +603,9 @@ void load_checkpoint(System &sys, const fs::path &dir, const std::function<void(
   RunningNormalizer state_norm(false), return_norm(true);
   if (sys.state_norm) state_norm.read(archive, "state_normalizer", state_file.string());
   if (sys.return_norm) return_norm.read(archive, "return_normalizer", state_file.string());
+  const auto rng = ftc::read_rng_states(archive, "rng.", state_file.string());  // (none before it was kept)
   checked();
+  if (rng) ftc::set_rng_states(*rng);
 
   copy_state(sys.net.module, loaded, model.string());
   ftc::load_optimizer_state(*sys.net.optim->opt, (dir / "actor_critic" / "optimizer.pt").string(),
@@ -667,7 +685,7 @@ torchfort_result_t update_multi_arrays(const char *fn, const char *name, void *s
     const at::Tensor d = wrap(final_state, final_state_dim, final_state_shape, dtype, fortran, "final_state", true);
     if (s.dim() == 0 || a.dim() == 0) usage("state and action need the environment dimension");
     StreamScope scope(sys.model_device, stream);
-    push(sys, s, a, r.reshape({-1}), (d.reshape({-1}) != 0).to(sys.dtype));
+    push(sys, s, a, r.reshape({-1}), done_flags(d, sys.dtype));
   });
 }
 

@@ -7,6 +7,7 @@
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -45,7 +46,9 @@ struct TrainingPackage {
   std::vector<const void *> bound_at;
   std::mutex bind_mutex;
   std::vector<std::string> param_names, buffer_names;
-  std::vector<std::string> state_dict;  // the state_dict's keys, in its order
+  // The state_dict's keys, in its order, each with the parameter or buffer it holds (another name
+  // for tied weights: the state_dict keeps every name, named_parameters only the first).
+  std::vector<std::pair<std::string, std::string>> state_dict;
   std::vector<at::Tensor> params, buffers;  // the module's own tensors
   std::optional<std::vector<InputRule>> input_rules;
   size_t n_inputs = 0, n_outputs = 0, n_random = 0;
@@ -405,7 +408,22 @@ std::shared_ptr<Model> load_training_package(const std::string &file, const c10:
   }
   p->param_names = split(meta["parameters"], ',');
   p->buffer_names = split(meta["buffers"], ',');
-  p->state_dict = split(meta["state_dict"], ',');
+  // "key" or, for a tensor held under another name too, "key:name" (packages before tied weights
+  // were recorded list their keys only).
+  for (const auto &entry : split(meta["state_dict"], ',')) {
+    const auto colon = entry.find(':');
+    if (colon == std::string::npos) {
+      p->state_dict.emplace_back(entry, entry);
+    } else {
+      p->state_dict.emplace_back(entry.substr(0, colon), entry.substr(colon + 1));
+    }
+    const auto &name = p->state_dict.back().second;
+    if (std::find(p->param_names.begin(), p->param_names.end(), name) == p->param_names.end() &&
+        std::find(p->buffer_names.begin(), p->buffer_names.end(), name) == p->buffer_names.end()) {
+      fail(FTC_ERR_IO, "'" + file + "': the training record's state_dict names '" + name +
+                           "', which is neither a parameter nor a buffer of the package");
+    }
+  }
   const auto trainable = split(meta["requires_grad"], ',');
   p->n_inputs = count_of(meta, "inputs", file);
   p->n_outputs = count_of(meta, "outputs", file);
@@ -497,9 +515,8 @@ void save_training_package(const Model &model, const std::string &file) {
   for (size_t k = 0; k < p.params.size(); ++k) by_name[p.param_names[k]] = p.params[k];
   for (size_t k = 0; k < p.buffers.size(); ++k) by_name[p.buffer_names[k]] = p.buffers[k];
   c10::Dict<std::string, at::Tensor> dict;
-  for (const auto &key : p.state_dict) {
-    const auto it = by_name.find(key);
-    if (it != by_name.end()) dict.insert(key, it->second.detach().cpu());
+  for (const auto &[key, name] : p.state_dict) {
+    dict.insert(key, by_name.at(name).detach().cpu());  // (every name checked when loaded)
   }
   const bool package = file.size() >= 4 && file.compare(file.size() - 4, 4, ".pt2") == 0;
   const std::string tmp = file + ".tmp";

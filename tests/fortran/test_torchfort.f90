@@ -84,6 +84,21 @@ program test_torchfort
     res = torchfort_train("r2", x, y, l2(i))
   end do
   call check(all(l1 == l2), "resumed training equals uninterrupted training bit for bit")
+  ! With dropout too: the checkpoint restores the random generators, so the masks go on as they would have.
+  call check(torchfort_set_manual_seed(3) == 0, "seed")
+  call check(torchfort_create_model("d1", trim(dir)//"/adam_dropout.yaml", TORCHFORT_DEVICE_CPU) == 0, "create d1")
+  res = torchfort_train("d1", x, y, loss)
+  call check(torchfort_save_checkpoint("d1", trim(dir)//"/ckpt_dropout") == 0, "save_checkpoint d1")
+  do i = 1, 4
+    res = torchfort_train("d1", x, y, l1(i))
+  end do
+  call check(torchfort_set_manual_seed(98) == 0, "seed")
+  call check(torchfort_create_model("d2", trim(dir)//"/adam_dropout.yaml", TORCHFORT_DEVICE_CPU) == 0, "create d2")
+  call check(torchfort_load_checkpoint("d2", trim(dir)//"/ckpt_dropout", st, si) == 0, "load_checkpoint d2")
+  do i = 1, 4
+    res = torchfort_train("d2", x, y, l2(i))
+  end do
+  call check(all(l1 == l2), "with dropout, resumed training equals uninterrupted training bit for bit")
   call check(torchfort_load_checkpoint("r2", trim(dir)//"/ckpt", st32, si32) == 0, &
              "load_checkpoint with default-integer counters")
   call check(st32 == 3 .and. si32 == 1, "default-integer counters")

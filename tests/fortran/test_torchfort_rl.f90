@@ -121,12 +121,11 @@ contains
     call check(res == 0, "update_replay_buffer "//name)
     call check(torchfort_rl_off_policy_is_ready(name, ready) == 0 .and. ready, "buffer ready "//name)
 
-    ! Train: the first half, a checkpoint, a new seed, the second half.
+    ! Train: the first half, a checkpoint, the second half.
     call check(torchfort_set_manual_seed(seed) == 0, "seed")
     do k = 1, ksteps
       if (k == ksteps / 2 + 1) then
         call check(torchfort_rl_off_policy_save_checkpoint(name, path(name, "_mid")) == 0, "save midway "//name)
-        call check(torchfort_set_manual_seed(seed2) == 0, "seed 2")
       end if
       if (float32) then
         res = torchfort_rl_off_policy_train_step(name, pl32, ql32)
@@ -195,12 +194,13 @@ contains
     close (ou)
     call check(torchfort_rl_off_policy_save_checkpoint(name, path(name, "_final")) == 0, "save final "//name)
 
-    ! Resumed from the midway checkpoint (with the same seed), the second half repeats bit for bit.
+    ! Resumed from the midway checkpoint (its random generators too), the second half repeats bit for bit.
     name2 = name//"_resumed"
     call check(torchfort_rl_off_policy_create_system(name2, path(name, ".yaml"), TORCHFORT_DEVICE_CPU, &
                                                       TORCHFORT_DEVICE_CPU) == 0, "create "//name2)
-    call check(torchfort_rl_off_policy_load_checkpoint(name2, path(name, "_mid")) == 0, "load_checkpoint "//name2)
+    ! (another random stream before the load: the checkpoint restores the generators)
     call check(torchfort_set_manual_seed(seed2) == 0, "seed 2")
+    call check(torchfort_rl_off_policy_load_checkpoint(name2, path(name, "_mid")) == 0, "load_checkpoint "//name2)
     do k = ksteps / 2 + 1, ksteps
       res = torchfort_rl_off_policy_train_step(name2, pl, ql)
       resumed(:, k) = [pl, ql]
@@ -263,7 +263,6 @@ contains
     do k = 1, ksteps
       if (k == ksteps / 2 + 1) then
         call check(torchfort_rl_on_policy_save_checkpoint(name, path(name, "_mid")) == 0, "save midway "//name)
-        call check(torchfort_set_manual_seed(seed2) == 0, "seed 2")
       end if
       res = torchfort_rl_on_policy_train_step(name, pl, ql)
       if (res /= 0) exit
@@ -308,8 +307,9 @@ contains
     name2 = name//"_resumed"
     call check(torchfort_rl_on_policy_create_system(name2, path(name, ".yaml"), TORCHFORT_DEVICE_CPU, &
                                                      TORCHFORT_DEVICE_CPU) == 0, "create "//name2)
-    call check(torchfort_rl_on_policy_load_checkpoint(name2, path(name, "_mid")) == 0, "load_checkpoint "//name2)
+    ! (another random stream before the load: the checkpoint restores the generators)
     call check(torchfort_set_manual_seed(seed2) == 0, "seed 2")
+    call check(torchfort_rl_on_policy_load_checkpoint(name2, path(name, "_mid")) == 0, "load_checkpoint "//name2)
     do k = ksteps / 2 + 1, ksteps
       res = torchfort_rl_on_policy_train_step(name2, pl, ql)
       resumed(:, k) = [pl, ql]

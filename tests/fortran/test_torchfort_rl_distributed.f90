@@ -27,9 +27,9 @@ program test_torchfort_rl_distributed
 #endif
   integer, parameter :: nresume = 3
   character(len=512) :: dir
-  integer :: rank, nranks, ierr, i, istat, comm_int
+  integer :: rank, nranks, ierr, i, e, istat, comm_int
   real(real64) :: s(2), sp(2), a(1), r, probe(2), act(1), act0(1), first(nresume), again(nresume)
-  real(real64) :: s4(2), a4(1), act4(1), act4b(1)
+  real(real64) :: s4(2), a4(1), act4(1), act4b(1), s2(2, 2), a2(1, 2), r2(2)
   real(real32) :: p_loss, q_loss, qa, qb, pa, pb, lq(nresume), lq2(nresume)
   logical :: ready
 
@@ -132,6 +132,39 @@ program test_torchfort_rl_distributed
   call check(torchfort_rl_on_policy_predict("p", probe, act4b) == 0, "predict p")
   call check(all(act4b == act4), "PPO resumed")
 
+  ! ---- PPO's advantages normalized over every rank's rollout, as one process over all of them:
+  ! rank r feeds environment r (rewards of another scale on each); after one step on the whole
+  ! rollout, the network is that of one process fed both environments (its rollout the batch)
+  call check(torchfort_set_manual_seed(300) == 0, "seed")
+  call check(torchfort_rl_on_policy_create_distributed_system("g", trim(dir)//"/ppo_one.yaml", comm_int, &
+             TORCHFORT_DEVICE_CPU, TORCHFORT_DEVICE_CPU) == 0, "create distributed g")
+  if (rank == 0) then
+    call check(torchfort_set_manual_seed(300) == 0, "seed")
+    call check(torchfort_rl_on_policy_create_system("h", trim(dir)//"/ppo_two.yaml", TORCHFORT_DEVICE_CPU, &
+               TORCHFORT_DEVICE_CPU) == 0, "create h")
+  end if
+  do i = 1, 9
+    call ppo_transition(i, rank, s4, a4, r)
+    call check(torchfort_rl_on_policy_update_rollout_buffer("g", s4, a4, r, .false.) == 0, "update g")
+    if (rank == 0) then
+      do e = 1, 2
+        call ppo_transition(i, e - 1, s2(:, e), a2(:, e), r2(e))
+      end do
+      call check(torchfort_rl_on_policy_update_rollout_buffer("h", s2, a2, r2, [0d0, 0d0]) == 0, "update h")
+    end if
+  end do
+  call check(torchfort_rl_on_policy_train_step("g", p_loss, q_loss) == 0, "train g")
+  call check(torchfort_rl_on_policy_predict("g", probe, act4) == 0, "predict g")
+  if (rank == 0) then
+    call check(torchfort_rl_on_policy_train_step("h", pa, qa) == 0, "train h")
+    call check(torchfort_rl_on_policy_predict("h", probe, act4b) == 0, "predict h")
+    ! float32 networks: the same sums in another order (two ranks, then their mean)
+    call check(abs(p_loss - pa) <= 1e-5 * max(abs(pa), 1.0) .and. abs(q_loss - qa) <= 1e-5 * max(abs(qa), 1.0), &
+               "the distributed PPO losses are those of one process over both rollouts")
+    call check(abs(act4(1) - act4b(1)) <= 1e-5 * max(abs(act4b(1)), 1d0), &
+               "the distributed PPO network is that of one process over both rollouts")
+  end if
+
   ! ---- SAC with alpha tuned, built-in networks drawn with another seed on each rank
   call check(torchfort_set_manual_seed(200 + rank) == 0, "seed")
   call check(torchfort_rl_off_policy_create_distributed_system("sac", trim(dir)//"/sac.yaml", MPI_COMM_WORLD, &
@@ -190,6 +223,15 @@ program test_torchfort_rl_distributed
   call MPI_Finalize(ierr)
 
 contains
+
+  !> PPO transition k of environment e (rewards of another scale and offset per environment).
+  subroutine ppo_transition(k, e, s, a, r)
+    integer, intent(in) :: k, e
+    real(real64), intent(out) :: s(2), a(1), r
+    s = [sin(0.3d0 * k + e), cos(0.2d0 * k - e)]
+    a = [0.5d0 * sin(0.7d0 * k - e)]
+    r = (1 + 9 * e) * (s(1) - 0.3d0 * s(2)**2) + 2 * e
+  end subroutine ppo_transition
 
   !> Transition k: a state, an action, a reward and the next state.
   subroutine transition(k, s, a, r, sp)

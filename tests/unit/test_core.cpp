@@ -4,6 +4,8 @@
 // tests/test_unit.py before the end-to-end suite.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstring>
 #include <new>
 #include <string>
 #include <thread>
@@ -11,6 +13,7 @@
 
 #include "internal.hpp"
 #include "compiled.hpp"  // after internal.hpp, which brings in LibTorch
+#include "rng_state.hpp"
 
 namespace {
 
@@ -674,4 +677,143 @@ TEST(InputRules, WhatIsNotARuleIsRefused) {
   EXPECT_FALSE(ftc::parse_rules("v1;float6[3]").has_value());
   EXPECT_FALSE(ftc::parse_rules("v2;float64[3]").has_value());
   EXPECT_FALSE(ftc::parse_rules("v1;float64[batch:4:2]").has_value());
+}
+
+// ------------------------------------------------------------------------------ checkpoints
+
+TEST(Checkpoint, ResumingRestoresTheRandomGenerators) {
+  const std::string file = testing::TempDir() + "ftorch_unit_rng.ckpt";
+  ASSERT_EQ(ftc_manual_seed(7), FTC_OK);
+  (void)at::rand({3});
+  ASSERT_EQ(ftc_checkpoint_save(file.c_str(), nullptr, nullptr, nullptr, 4), FTC_OK) << last_error();
+  const at::Tensor next = at::rand({5});  // what an uninterrupted run draws next (dropout masks, noise)
+  ASSERT_EQ(ftc_manual_seed(99), FTC_OK);
+  (void)at::rand({2});
+  int64_t step = 0;
+  ASSERT_EQ(ftc_checkpoint_load(file.c_str(), nullptr, nullptr, nullptr, &step), FTC_OK) << last_error();
+  EXPECT_EQ(step, 4);
+  EXPECT_TRUE(at::equal(at::rand({5}), next)) << "the draws after the load are those after the save";
+  std::remove(file.c_str());
+}
+
+TEST(Checkpoint, ASchedulerIsCheckpointedWithItsOwnOptimizer) {
+  const std::string file = testing::TempDir() + "ftorch_unit_sched.ckpt";
+  ftc_tensor p = owned(2), q = owned(2);
+  const ftc_sgd_options sgd = FTC_SGD_OPTIONS_DEFAULTS;
+  ftc_optim a = nullptr, b = nullptr;
+  ASSERT_EQ(ftc_optim_sgd(&a, &p, 1, &sgd), FTC_OK);
+  ASSERT_EQ(ftc_optim_sgd(&b, &q, 1, &sgd), FTC_OK);
+  ftc_scheduler sa = nullptr;
+  ASSERT_EQ(ftc_scheduler_exponential_lr(&sa, a, 0.5), FTC_OK);
+  EXPECT_EQ(ftc_checkpoint_save(file.c_str(), nullptr, b, sa, 1), FTC_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("the scheduler drives another optimizer"), std::string::npos) << last_error();
+  ASSERT_EQ(ftc_checkpoint_save(file.c_str(), nullptr, a, sa, 1), FTC_OK) << last_error();
+  EXPECT_EQ(ftc_checkpoint_load(file.c_str(), nullptr, b, sa, nullptr), FTC_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("the scheduler drives another optimizer"), std::string::npos) << last_error();
+  EXPECT_EQ(ftc_checkpoint_load(file.c_str(), nullptr, a, sa, nullptr), FTC_OK) << last_error();
+  ftc_scheduler_delete(&sa);
+  ftc_optim_delete(&a);
+  ftc_optim_delete(&b);
+  ftc_tensor_delete(&p);
+  ftc_tensor_delete(&q);
+  std::remove(file.c_str());
+}
+
+TEST(Checkpoint, ADamagedRandomStateIsAnError) {
+  const auto status_of = [](auto &&body) -> int {
+    try {
+      body();
+    } catch (const ftc::Error &e) {
+      return e.status();
+    }
+    return FTC_OK;
+  };
+  EXPECT_EQ(status_of([] { ftc::rng_from_bytes(ftc::bytes_tensor("not an archive"), "f.ckpt"); }), FTC_ERR_IO);
+  ftc::RngStates s = ftc::rng_states();
+  s.cpu = s.cpu.slice(0, 0, 16).clone();
+  EXPECT_EQ(status_of([&] { ftc::check_rng_states(s, "f.ckpt"); }), FTC_ERR_IO);
+  s = ftc::rng_states();
+  EXPECT_EQ(status_of([&] { ftc::rng_from_bytes(ftc::bytes_tensor(ftc::rng_bytes(s)), "f.ckpt"); }), FTC_OK);
+}
+
+TEST(Schedulers, APlateauScheduleLeavesTheInitialRateToLaterSchedules) {
+  // PyTorch: ReduceLROnPlateau does not set a group's initial_lr, so a CosineAnnealingLR made
+  // after a plateau phase starts from the rate the plateau reached.
+  ftc_tensor p = owned(2);
+  const ftc_sgd_options sgd = FTC_SGD_OPTIONS_DEFAULTS;
+  ftc_optim o = nullptr;
+  ASSERT_EQ(ftc_optim_sgd(&o, &p, 1, &sgd), FTC_OK);
+  ASSERT_EQ(ftc_optim_set_lr(o, 0.1), FTC_OK);
+  ftc_scheduler plateau = nullptr, cosine = nullptr;
+  const ftc_plateau_options po = FTC_PLATEAU_OPTIONS_DEFAULTS;
+  ASSERT_EQ(ftc_scheduler_reduce_on_plateau(&plateau, o, &po), FTC_OK) << last_error();
+  ASSERT_EQ(ftc_optim_set_lr(o, 0.01), FTC_OK);  // (where the plateau phase left it)
+  ftc_cosine_lr_options co = FTC_COSINE_LR_OPTIONS_DEFAULTS;
+  co.t_max = 10;
+  ASSERT_EQ(ftc_scheduler_cosine_annealing_lr(&cosine, o, &co), FTC_OK) << last_error();
+  EXPECT_EQ(ftc::scheduler_of(cosine).base_lr, 0.01);
+  ftc_scheduler_delete(&cosine);
+  ftc_scheduler_delete(&plateau);
+  ftc_optim_delete(&o);
+  ftc_tensor_delete(&p);
+}
+
+TEST(Checkpoint, AScheduleResumesOnlyWithItsOwnSettings) {
+  const std::string file = testing::TempDir() + "ftorch_unit_settings.ckpt";
+  ftc_tensor p = owned(2);
+  const ftc_sgd_options sgd = FTC_SGD_OPTIONS_DEFAULTS;
+  ftc_optim o = nullptr;
+  ASSERT_EQ(ftc_optim_sgd(&o, &p, 1, &sgd), FTC_OK);
+  ftc_cosine_lr_options co = FTC_COSINE_LR_OPTIONS_DEFAULTS;
+  co.t_max = 100;
+  ftc_scheduler saved = nullptr, other = nullptr, same = nullptr;
+  ASSERT_EQ(ftc_scheduler_cosine_annealing_lr(&saved, o, &co), FTC_OK) << last_error();
+  ASSERT_EQ(ftc_checkpoint_save(file.c_str(), nullptr, o, saved, 1), FTC_OK) << last_error();
+  co.t_max = 200;
+  ASSERT_EQ(ftc_scheduler_cosine_annealing_lr(&other, o, &co), FTC_OK) << last_error();
+  EXPECT_EQ(ftc_checkpoint_load(file.c_str(), nullptr, o, other, nullptr), FTC_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("T_max = 100, the one given to resume into 200"), std::string::npos) << last_error();
+  co.t_max = 100;
+  ASSERT_EQ(ftc_scheduler_cosine_annealing_lr(&same, o, &co), FTC_OK) << last_error();
+  EXPECT_EQ(ftc_checkpoint_load(file.c_str(), nullptr, o, same, nullptr), FTC_OK) << last_error();
+  for (ftc_scheduler *s : {&saved, &other, &same}) ftc_scheduler_delete(s);
+  ftc_optim_delete(&o);
+  ftc_tensor_delete(&p);
+  std::remove(file.c_str());
+}
+
+namespace {
+// The collectives of a communicator of one process (rank 0 of 1): nothing to exchange.
+int one_allreduce(int64_t, void *, int64_t, int, int, char *, int64_t) { return 0; }
+int one_broadcast(int64_t, void *, int64_t, int, int, char *, int64_t) { return 0; }
+int one_allgather(int64_t, const void *send, void *recv, int64_t count, int dtype, char *, int64_t) {
+  const size_t size = dtype == FTC_INT64 || dtype == FTC_FLOAT64 ? 8 : (dtype == FTC_UINT8 || dtype == FTC_INT8 ? 1 : 4);
+  std::memcpy(recv, send, static_cast<size_t>(count) * size);
+  return 0;
+}
+int one_barrier(int64_t, char *, int64_t) { return 0; }
+}  // namespace
+
+TEST(Checkpoint, RanksRestoreTheirOwnRandomGenerators) {
+  const std::string file = testing::TempDir() + "ftorch_unit_comm_rng.ckpt";
+  ftc_comm comm = nullptr;
+  ASSERT_EQ(ftc_comm_new(&comm, 0, 0, 1, 0, one_allreduce, one_broadcast, one_allgather, one_barrier, nullptr,
+                         nullptr, nullptr),
+            FTC_OK)
+      << last_error();
+  ASSERT_EQ(ftc_manual_seed(11), FTC_OK);
+  ASSERT_EQ(ftc_comm_checkpoint_save(comm, file.c_str(), nullptr, nullptr, nullptr, 2), FTC_OK) << last_error();
+  const at::Tensor next = at::rand({4});
+  ASSERT_EQ(ftc_manual_seed(12), FTC_OK);
+  int64_t step = 0;
+  ASSERT_EQ(ftc_comm_checkpoint_load(comm, file.c_str(), nullptr, nullptr, nullptr, &step), FTC_OK) << last_error();
+  EXPECT_EQ(step, 2);
+  EXPECT_TRUE(at::equal(at::rand({4}), next)) << "rank 0 of 1 draws on as after the save";
+  // A single process's checkpoint resumes one rank too (the same layout).
+  ASSERT_EQ(ftc_checkpoint_save(file.c_str(), nullptr, nullptr, nullptr, 3), FTC_OK) << last_error();
+  const at::Tensor after = at::rand({4});
+  ASSERT_EQ(ftc_comm_checkpoint_load(comm, file.c_str(), nullptr, nullptr, nullptr, &step), FTC_OK) << last_error();
+  EXPECT_TRUE(at::equal(at::rand({4}), after));
+  ftc_comm_delete(&comm);
+  std::remove(file.c_str());
 }
