@@ -531,3 +531,41 @@ def test_inspect_describes_a_training_package(model_dir):
     assert "torch_train_step with MSE and Adam/AdamW runs the compiled training step" in out
     assert "net.1.running_mean" in out and "trainable" in out
     assert "batch: dim 0 of every input may be 2..any" in out
+
+
+def test_a_package_from_before_tied_weights_were_recorded_still_loads(model_dir, tmp_path):
+    """A package whose record lists a tied weight's second name as a plain key (FTorch before the
+    key:name pairs) loads, and torch_model_save's state_dict leaves that key out, as it did; a
+    key:name pair naming no parameter or buffer is a damaged package."""
+    import ctypes
+
+    from torch.export.pt2_archive._package import PT2ArchiveReader, PT2ArchiveWriter
+
+    from conftest import helper
+    from ftorch._train_package import RECORD_FOR_CPP as record
+
+    def rewritten(out: Path, change) -> Path:
+        with PT2ArchiveReader(str(packaged(model_dir, "kwargs") / "kwargs.pt2")) as reader, \
+                PT2ArchiveWriter(str(out)) as writer:
+            for name in reader.get_file_names():
+                if name == record:
+                    lines = reader.read_string(name).splitlines(keepends=True)
+                    (k,) = [i for i, ln in enumerate(lines) if ln.startswith("state_dict=")]
+                    assert "tied.weight:fc.weight" in lines[k], lines[k]
+                    lines[k] = change(lines[k])
+                    writer.write_string(name, "".join(lines))
+                elif name not in WRITTEN_BY_EVERY_ARCHIVE:
+                    writer.write_bytes(name, reader.read_bytes(name))
+        return out
+
+    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
+    lib.ftc_last_error.restype = ctypes.c_char_p
+    model = ctypes.c_void_p()
+    older = rewritten(tmp_path / "older.pt2", lambda ln: ln.replace(":fc.weight", "").replace(":fc.bias", ""))
+    assert lib.ftc_model_load(ctypes.byref(model), str(older).encode(), 0, -1, 0, -1) == 0, lib.ftc_last_error()
+    assert lib.ftc_model_save(model, str(tmp_path / "older_state.pt").encode()) == 0, lib.ftc_last_error()
+    assert list(torch.load(tmp_path / "older_state.pt", weights_only=True)) == ["fc.weight", "fc.bias"]
+    damaged = rewritten(tmp_path / "damaged.pt2", lambda ln: ln.replace(":fc.weight", ":no.such"))
+    assert lib.ftc_model_load(ctypes.byref(model), str(damaged).encode(), 0, -1, 0, -1) != 0
+    assert "names 'no.such', which is neither a parameter nor a buffer" in lib.ftc_last_error().decode()
+    lib.ftc_model_delete(ctypes.byref(model))

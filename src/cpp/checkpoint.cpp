@@ -131,8 +131,8 @@ struct CheckpointUndo {
 };
 
 // stage_checkpoint for one of `ranks` processes checkpointing together (0 of 1: a process alone).
-std::shared_ptr<StagedCheckpoint> stage_checkpoint_of_rank(const char *filename, ftc_model m, ftc_optim o,
-                                                           ftc_scheduler s, int rank, int ranks) {
+static std::shared_ptr<StagedCheckpoint> stage_checkpoint_of_rank(const char *filename, ftc_model m, ftc_optim o,
+                                                                  ftc_scheduler s, int rank, int ranks) {
   auto staged = std::make_shared<StagedCheckpoint>();
   StagedCheckpoint &st = *staged;
   st.m = m;
@@ -429,23 +429,40 @@ int ftc_comm_checkpoint_save(ftc_comm c, const char *filename, ftc_model m, ftc_
                              int64_t step) {
   return ftc::guard([&] {
     auto &comm = *ftc::comm_of(c);
-    // Every rank's random generator states to rank 0 (the same number of bytes on every rank of
-    // one LibTorch; padded to the longest all the same).
-    const std::string mine = ftc::rng_bytes(ftc::rng_states());
-    const auto lengths = comm.gather_values({static_cast<int64_t>(mine.size())});
+    // Every rank's random generator states to rank 0. Read in an error boundary of its own, so
+    // that a rank failing there still joins the exchange of lengths, which tells every rank.
+    std::string mine;
+    const int read = ftc::guard([&] { mine = ftc::rng_bytes(ftc::rng_states()); });
+    if (read != FTC_OK) mine.clear();
+    const std::string read_message = read != FTC_OK ? ftc::last_error_message() : std::string();
+    const auto lengths = comm.gather_values({read, static_cast<int64_t>(mine.size())});
+    const std::string unread = ftc::ranks_where(comm, [&](int r) { return lengths[2 * r] != FTC_OK; });
+    if (read != FTC_OK) ftc::fail(read, read_message + "; nothing was written");
+    if (!unread.empty()) {
+      ftc::fail(FTC_ERR_DISTRIBUTED, "rank(s) " + unread + " could not read their random generators (see their "
+                                                              "errors); nothing was written");
+    }
+    // Padded to the longest (the same on every rank of one LibTorch), to rank 0 alone where the
+    // communicator has gatherv, else to every rank.
     int64_t longest = 0;
-    for (const int64_t n : lengths) longest = std::max(longest, n);
+    for (int r = 0; r < comm.size; ++r) longest = std::max(longest, lengths[2 * static_cast<size_t>(r) + 1]);
     const int64_t words = (longest + 7) / 8;
     std::vector<int64_t> padded(static_cast<size_t>(words), 0), all(static_cast<size_t>(words * comm.size));
     std::memcpy(padded.data(), mine.data(), mine.size());
-    comm.allgather(padded.data(), all.data(), words, FTC_INT64, sizeof(int64_t));
+    if (comm.rooted()) {
+      comm.gatherv(padded.data(), words, all.data(), std::vector<int64_t>(static_cast<size_t>(comm.size), words),
+                   FTC_INT64, 0);
+    } else {
+      comm.allgather(padded.data(), all.data(), words, FTC_INT64, sizeof(int64_t));
+    }
     int64_t status = FTC_OK;
     std::string message;
     if (comm.rank == 0) {
       std::vector<at::Tensor> rank_rng;
       for (int r = 0; r < comm.size; ++r) {
         const auto *bytes = reinterpret_cast<const char *>(all.data() + static_cast<size_t>(r) * words);
-        rank_rng.push_back(ftc::bytes_tensor(std::string(bytes, static_cast<size_t>(lengths[static_cast<size_t>(r)]))));
+        const auto length = static_cast<size_t>(lengths[2 * static_cast<size_t>(r) + 1]);
+        rank_rng.push_back(ftc::bytes_tensor(std::string(bytes, length)));
       }
       status = ftc::guard([&] { save_checkpoint(filename, m, o, s, step, &rank_rng); });
       if (status != FTC_OK) message = ftc::last_error_message();

@@ -743,7 +743,9 @@ torchfort_result_t torchfort_load_checkpoint(const char *name, const char *check
     p.step_train = counts.train;
     p.step_inference = counts.inference;
     p.step_train_current = counts.current;
-    if (counts.rng) ftc::set_rng_states(*counts.rng);
+    // (The generators are rank 0's, which wrote the file: a distributed model's other ranks keep
+    // their own rather than draw rank 0's dropout masks.)
+    if (counts.rng && (p.comm == nullptr || p.rank == 0)) ftc::set_rng_states(*counts.rng);
     if (step_train != nullptr) *step_train = p.step_train;
     if (step_inference != nullptr) *step_inference = p.step_inference;
   });

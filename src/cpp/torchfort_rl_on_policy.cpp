@@ -461,7 +461,9 @@ void train_step(System &sys, float &p_loss, float &q_loss) {
             std::to_string(sys.buffer->steps()) + " steps, then one more transition to close it): call "
             "torchfort_rl_on_policy_is_ready before training");
   });
-  if (sys.ranks && c.normalize_advantage && !sys.advantages_normalized) {
+  // A distributed system's advantages (see push); also a rollout a distributed system saved before
+  // its first step and one process resumed.
+  if (c.normalize_advantage && !sys.advantages_normalized) {
     sys.buffer->normalize_advantages(sys.ranks.get());
     sys.advantages_normalized = true;
   }

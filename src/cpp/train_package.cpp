@@ -409,20 +409,25 @@ std::shared_ptr<Model> load_training_package(const std::string &file, const c10:
   p->param_names = split(meta["parameters"], ',');
   p->buffer_names = split(meta["buffers"], ',');
   // "key" or, for a tensor held under another name too, "key:name" (packages before tied weights
-  // were recorded list their keys only).
+  // were recorded list their keys only). A plain key that is no parameter or buffer (a module's
+  // extra state; a tied weight's second name in packages of before) is left out of what
+  // torch_model_save writes, as before; a name after ':' must be one.
+  const auto held = [&](const std::string &name) {
+    return std::find(p->param_names.begin(), p->param_names.end(), name) != p->param_names.end() ||
+           std::find(p->buffer_names.begin(), p->buffer_names.end(), name) != p->buffer_names.end();
+  };
   for (const auto &entry : split(meta["state_dict"], ',')) {
     const auto colon = entry.find(':');
     if (colon == std::string::npos) {
-      p->state_dict.emplace_back(entry, entry);
-    } else {
-      p->state_dict.emplace_back(entry.substr(0, colon), entry.substr(colon + 1));
+      if (held(entry)) p->state_dict.emplace_back(entry, entry);
+      continue;
     }
-    const auto &name = p->state_dict.back().second;
-    if (std::find(p->param_names.begin(), p->param_names.end(), name) == p->param_names.end() &&
-        std::find(p->buffer_names.begin(), p->buffer_names.end(), name) == p->buffer_names.end()) {
+    const std::string name = entry.substr(colon + 1);
+    if (!held(name)) {
       fail(FTC_ERR_IO, "'" + file + "': the training record's state_dict names '" + name +
                            "', which is neither a parameter nor a buffer of the package");
     }
+    p->state_dict.emplace_back(entry.substr(0, colon), name);
   }
   const auto trainable = split(meta["requires_grad"], ',');
   p->n_inputs = count_of(meta, "inputs", file);

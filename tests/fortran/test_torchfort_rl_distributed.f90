@@ -153,6 +153,7 @@ program test_torchfort_rl_distributed
       call check(torchfort_rl_on_policy_update_rollout_buffer("h", s2, a2, r2, [0d0, 0d0]) == 0, "update h")
     end if
   end do
+  call check(torchfort_rl_on_policy_save_checkpoint("g", trim(dir)//"/ckpt_g") == 0, "save g before its first step")
   call check(torchfort_rl_on_policy_train_step("g", p_loss, q_loss) == 0, "train g")
   call check(torchfort_rl_on_policy_predict("g", probe, act4) == 0, "predict g")
   if (rank == 0) then
@@ -163,6 +164,21 @@ program test_torchfort_rl_distributed
                "the distributed PPO losses are those of one process over both rollouts")
     call check(abs(act4(1) - act4b(1)) <= 1e-5 * max(abs(act4b(1)), 1d0), &
                "the distributed PPO network is that of one process over both rollouts")
+    ! One process resuming that checkpoint (rank 0's rollout, its advantages not yet normalized)
+    ! trains as one process fed the same transitions
+    call check(torchfort_set_manual_seed(300) == 0, "seed")
+    call check(torchfort_rl_on_policy_create_system("k", trim(dir)//"/ppo_one.yaml", TORCHFORT_DEVICE_CPU, &
+               TORCHFORT_DEVICE_CPU) == 0, "create k")
+    do i = 1, 9
+      call ppo_transition(i, 0, s4, a4, r)
+      call check(torchfort_rl_on_policy_update_rollout_buffer("k", s4, a4, r, .false.) == 0, "update k")
+    end do
+    call check(torchfort_rl_on_policy_train_step("k", pa, qa) == 0, "train k")
+    call check(torchfort_rl_on_policy_create_system("l", trim(dir)//"/ppo_one.yaml", TORCHFORT_DEVICE_CPU, &
+               TORCHFORT_DEVICE_CPU) == 0, "create l")
+    call check(torchfort_rl_on_policy_load_checkpoint("l", trim(dir)//"/ckpt_g") == 0, "load ckpt_g in one process")
+    call check(torchfort_rl_on_policy_train_step("l", pb, qb) == 0, "train l")
+    call check(pa == pb .and. qa == qb, "one process resuming a distributed rollout normalizes its advantages")
   end if
 
   ! ---- SAC with alpha tuned, built-in networks drawn with another seed on each rank

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <string>
 #include <thread>
@@ -815,5 +816,61 @@ TEST(Checkpoint, RanksRestoreTheirOwnRandomGenerators) {
   ASSERT_EQ(ftc_comm_checkpoint_load(comm, file.c_str(), nullptr, nullptr, nullptr, &step), FTC_OK) << last_error();
   EXPECT_TRUE(at::equal(at::rand({4}), after));
   ftc_comm_delete(&comm);
+  std::remove(file.c_str());
+}
+
+namespace {
+// Two ranks played by one process: ctx 0 is rank 0, whose allgather receives rank 1's part from
+// `rank1_parts` (one per call, in order); ctx 1 is rank 1, whose allgather sees every rank send
+// what it sends (the ranks agree).
+std::vector<std::vector<int64_t>> rank1_parts;
+size_t rank1_next = 0;
+int two_allgather(int64_t ctx, const void *send, void *recv, int64_t count, int dtype, char *, int64_t) {
+  if (dtype != FTC_INT64) return 1;
+  auto *out = static_cast<int64_t *>(recv);
+  std::memcpy(out, send, static_cast<size_t>(count) * 8);
+  if (ctx == 0) {
+    if (rank1_next >= rank1_parts.size() || rank1_parts[rank1_next].size() != static_cast<size_t>(count)) return 1;
+    std::memcpy(out + count, rank1_parts[rank1_next++].data(), static_cast<size_t>(count) * 8);
+  } else {
+    std::memcpy(out + count, send, static_cast<size_t>(count) * 8);
+  }
+  return 0;
+}
+}  // namespace
+
+TEST(Checkpoint, EachRankRestoresItsOwnGenerators) {
+  const std::string file = testing::TempDir() + "ftorch_unit_two_ranks.ckpt";
+  // Rank 1's generators: those after seed 55.
+  ASSERT_EQ(ftc_manual_seed(55), FTC_OK);
+  const std::string theirs = ftc::rng_bytes(ftc::rng_states());
+  const at::Tensor their_draws = at::rand({4});
+  std::vector<int64_t> padded((theirs.size() + 7) / 8, 0);
+  std::memcpy(padded.data(), theirs.data(), theirs.size());
+  rank1_parts = {{FTC_OK, static_cast<int64_t>(theirs.size())}, padded};
+  rank1_next = 0;
+  ftc_comm rank0 = nullptr, rank1 = nullptr;
+  ASSERT_EQ(ftc_comm_new(&rank0, 0, 0, 2, 0, one_allreduce, one_broadcast, two_allgather, one_barrier, nullptr,
+                         nullptr, nullptr),
+            FTC_OK);
+  ASSERT_EQ(ftc_comm_new(&rank1, 1, 1, 2, 0, one_allreduce, one_broadcast, two_allgather, one_barrier, nullptr,
+                         nullptr, nullptr),
+            FTC_OK);
+  ASSERT_EQ(ftc_manual_seed(7), FTC_OK);
+  ASSERT_EQ(ftc_comm_checkpoint_save(rank0, file.c_str(), nullptr, nullptr, nullptr, 1), FTC_OK) << last_error();
+  EXPECT_EQ(rank1_next, 2u) << "the lengths, then the states";
+  const at::Tensor my_draws = at::rand({4});
+  // Rank 1 resumes on its own generators, not rank 0's.
+  ASSERT_EQ(ftc_comm_checkpoint_load(rank1, file.c_str(), nullptr, nullptr, nullptr, nullptr), FTC_OK) << last_error();
+  EXPECT_TRUE(at::equal(at::rand({4}), their_draws));
+  EXPECT_FALSE(at::equal(their_draws, my_draws));
+  // Rank 0 on its own (rank 1 agreeing: its status, step and digest, of no tensors; then applied).
+  rank1_parts = {{FTC_OK, 1, static_cast<int64_t>(std::hash<std::string>{}(std::string()))}, {FTC_OK}};
+  rank1_next = 0;
+  ASSERT_EQ(ftc_comm_checkpoint_load(rank0, file.c_str(), nullptr, nullptr, nullptr, nullptr), FTC_OK) << last_error();
+  EXPECT_EQ(rank1_next, 2u);
+  EXPECT_TRUE(at::equal(at::rand({4}), my_draws));
+  ftc_comm_delete(&rank0);
+  ftc_comm_delete(&rank1);
   std::remove(file.c_str());
 }
