@@ -64,6 +64,9 @@ def mpi_data(tmp_path_factory) -> Path:
     torch.manual_seed(22)
     torch.jit.script(deep_model().double()).save(str(d / "ddp_deep.pt"))
     torch.jit.script(torch.nn.Linear(3, 3).double()).save(str(d / "ddp_other.pt"))
+    torch.manual_seed(23)
+    bn = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    torch.jit.script(bn.double()).save(str(d / "ddp_bn.pt"))
     return d
 
 
@@ -193,6 +196,23 @@ def test_node_shared_model_on_the_gpu(mpi_program, mpi_data):
 
 def test_sub_communicator(mpi_program, mpi_data):
     assert_every_rank_passed(mpirun(3, mpi_program, mpi_data, "subcomm"), 3)
+
+
+def test_running_statistics_are_the_same_on_every_rank(mpi_program, mpi_data, tmp_path):
+    """BatchNorm's running statistics, which each rank's forward updates from its own batch, are
+    rank 0's on every rank after each step (PyTorch's DDP broadcasts rank 0's buffers before each
+    forward): every rank holds the same model, and a run resumed from rank 0's checkpoint goes on
+    as the uninterrupted one."""
+    assert_every_rank_passed(mpirun(2, mpi_program, mpi_data, "buffers", str(tmp_path / "bn_rank")), 2)
+    models = [torch.jit.load(str(tmp_path / f"bn_rank{r}.pt")) for r in range(2)]
+    buffers = [dict(m.named_buffers()) for m in models]
+    assert set(buffers[0]) == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
+    for name in buffers[0]:
+        assert torch.equal(buffers[0][name], buffers[1][name]), name
+    assert int(buffers[0]["1.num_batches_tracked"]) == 3
+    assert buffers[0]["1.running_mean"].abs().max() > 0, "the statistics moved"
+    for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(p, q)
 
 
 def test_bucketing(mpi_program, mpi_data):

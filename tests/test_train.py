@@ -26,9 +26,9 @@ STEPS = 25
 #   m1, m2, m3) 2 exponential(gamma) 3 cosine(T_max, eta_min) 4 plateau(factor, patience,
 #   threshold, cooldown, min_lr) 5 linear(start, end, total); mode: 0 building blocks,
 #   1 torch_train_step with max_grad_norm 1, 2 clip norm 0.5, 3 clip value 0.05, 4 lr set at step 10,
-#   5 as 1 with cuda_graph=.true. under FTORCH_CUDA_GRAPHS=eager: 3 warm-up steps of LibTorch's
-#   optimizer, then the work a CUDA graph captures (FTorch's graph-safe update, clipping on the
-#   device), run uncaptured on the CPU, against torch.optim
+#   5 as 1 with cuda_graph=.true. under FTORCH_CUDA_GRAPHS=eager: LibTorch's optimizer for the
+#   first step (it makes the optimizer's state), then the work a CUDA graph captures (FTorch's
+#   graph-safe update, clipping on the device), run uncaptured on the CPU, against torch.optim
 CASES = {
     "sgd": (0, [0.1, 0, 0, 0, 0], -1, [], 0),
     "sgd_momentum": (0, [0.05, 0.9, 0, 0, 0], -1, [], 0),
@@ -310,12 +310,49 @@ def test_graph_step_with_staggered_adam_step_counts(train_binary, data_dir):
         np.testing.assert_allclose(got, p.detach().reshape(-1).numpy(), rtol=1e-9, atol=1e-12)
 
 
-def test_checkpoint_resume_across_processes_is_bit_identical(train_binary, data_dir):
+def test_graph_step_sees_a_freeze_after_the_capture(train_binary, data_dir):
+    """Which parameters require gradients is part of what a CUDA-graph step captured: freezing the
+    first layer after the capture (steps 6-8) and unfreezing it (9-12) warm up and capture anew
+    (a replay of the old capture would train the frozen layer, and never the unfrozen one). Run
+    uncaptured (FTORCH_CUDA_GRAPHS=eager), which replays the captured set of updated parameters,
+    against torch.optim's Adam, which skips parameters without a gradient."""
+    env = dict(os.environ, FTORCH_CUDA_GRAPHS="eager")
+    assert_all_passed(run([train_binary, data_dir, "refreeze"], check=False, env=env))
+    got_loss, _, got_params = read_run(data_dir / "train_refreeze.txt")
+    x, y = train_data()
+    with torch.jit.optimized_execution(False):
+        model = torch.jit.load(str(data_dir / "train_mlp.pt"))
+        params = list(model.parameters())
+        opt = torch.optim.Adam(params, lr=0.01, foreach=False)
+        losses = []
+        for step in range(1, 13):
+            for p in params[:2]:
+                p.requires_grad_(not 6 <= step <= 8)
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            losses.append(loss.item())
+            opt.step()
+    assert [opt.state[p]["step"].item() for p in params] == [9, 9, 12, 12]
+    np.testing.assert_allclose(got_loss, losses, rtol=1e-10, atol=0)
+    for got, p in zip(got_params, params, strict=True):
+        np.testing.assert_allclose(got, p.detach().reshape(-1).numpy(), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["steps", "cuda_graph"])
+def test_checkpoint_resume_across_processes_is_bit_identical(train_binary, data_dir, graph):
+    """Adam (amsgrad) with a step schedule, 20 steps in one process or 10, a checkpoint and 10 in a
+    new one: the same losses and parameters bit for bit. cuda_graph: torch_train_step's CUDA-graph
+    step (FTORCH_CUDA_GRAPHS=eager runs the captured work on the CPU); the resumed process must do
+    the graph's arithmetic from its first step, as the uninterrupted one does by then, not
+    LibTorch's own optimizer step, whose rounding differs in the last bit."""
+    extra, tag = (["graph"], "graph_") if graph else ([], "")
+    env = dict(os.environ, FTORCH_CUDA_GRAPHS="eager") if graph else None
     for phase in ("full", "first", "second"):
-        assert_all_passed(run([train_binary, data_dir, "resume", phase], check=False))
-    full = (data_dir / "resume_full.txt").read_text().splitlines()
-    first = (data_dir / "resume_first.txt").read_text().splitlines()
-    second = (data_dir / "resume_second.txt").read_text().splitlines()
+        assert_all_passed(run([train_binary, data_dir, "resume", phase, *extra], check=False, env=env))
+    full = (data_dir / f"resume_{tag}full.txt").read_text().splitlines()
+    first = (data_dir / f"resume_{tag}first.txt").read_text().splitlines()
+    second = (data_dir / f"resume_{tag}second.txt").read_text().splitlines()
     steps_full = [ln for ln in full if ln.startswith("step")]
     steps_split = [ln for ln in first if ln.startswith("step")] + [ln for ln in second if ln.startswith("step")]
     assert len(steps_full) == 20 and steps_split == steps_full

@@ -49,25 +49,42 @@ struct DataParallel final : GradientSync {
   // backward's accumulation and zeroing in place advance.
   std::vector<at::Tensor> synced;
   std::vector<int64_t> synced_version;
+  // Buffers that a forward changes (BatchNorm's running statistics) change by each rank's own
+  // batch: after an update whose average saw a buffer changed on any rank, rank 0's are broadcast
+  // (PyTorch's DDP broadcasts them before each forward), so that every rank holds the same model
+  // and a resumed run (every rank starting from rank 0's) continues as the uninterrupted one.
+  // Unchanged buffers cost nothing: the flag rides on the average's control reduction.
+  std::vector<int64_t> buffer_version;  // of each buffer, when last broadcast
+  bool buffers_pending = false;
 
   double reduce(double local_loss) override { return average(false, local_loss); }
+  // An average made here (clipping, then the step; or a step after the program's own backward)
+  // is remembered as an explicit sync is: the program may run a backward between clipping and the
+  // step, whose new gradients the step must then average again.
   void before_update() override {
-    if (!fresh || changed_since_sync()) average(false, 0.0);
+    if (fresh && !changed_since_sync()) return;
+    average(false, 0.0);
+    remember_gradients();
   }
   void after_update() override {
     fresh = false;
     synced.clear();
+    if (buffers_pending) broadcast_buffers();
   }
 
   // ftc_ddp_sync: average now, and remember the gradients it left.
   double sync(bool failed, double local_loss) {
     const double global = average(failed, local_loss);
+    remember_gradients();
+    return global;
+  }
+  void remember_gradients() {
+    synced.clear();
     synced_version.clear();
     for (const auto &p : params) {
       synced.push_back(p.grad());
       synced_version.push_back(p.grad().defined() ? p.grad()._version() : -1);
     }
-    return global;
   }
 
   // Whether the gradients changed on any rank since an explicit sync (false after the averages the
@@ -103,13 +120,15 @@ struct DataParallel final : GradientSync {
     synced.clear();  // (this average supersedes an earlier explicit sync)
     const size_t n = params.size();
     // One small reduction first: failures, weights, loss and which parameters have gradients.
-    std::vector<double> control(3 + n, 0.0);
+    std::vector<double> control(4 + n, 0.0);
     control[0] = failed ? 1 : 0;
     control[1] = weight;
     control[2] = weight * local_loss;
     for (size_t i = 0; i < n; ++i) control[3 + i] = has_gradient(i) ? 1 : 0;
+    control[3 + n] = buffers_changed() ? 1 : 0;
     comm->allreduce(control.data(), static_cast<int64_t>(control.size()), FTC_FLOAT64, sizeof(double),
                     FTC_OP_SUM);
+    buffers_pending = buffers_pending || (control[3 + n] > 0 && comm->size > 1);
     if (control[0] > 0) {
       fail(FTC_ERR_DISTRIBUTED, failed ? "this rank failed before averaging the gradients (the other ranks were told)"
                                        : std::to_string(static_cast<int64_t>(control[0])) +
@@ -164,8 +183,9 @@ struct DataParallel final : GradientSync {
       sum_across(*comm, buf);
       for (const size_t i : buckets[b]) {
         auto &p = params[i];
-        // Frozen here, or no rank produced a gradient: left as it is (undefined stays undefined).
-        if (direct[i] || !p.requires_grad() || control[3 + i] == 0) continue;
+        // No rank produced a gradient, or none here and frozen here: left as it is (undefined
+        // stays undefined).
+        if (direct[i] || control[3 + i] == 0 || (!p.grad().defined() && !p.requires_grad())) continue;
         at::Tensor values = buf.narrow(0, offset[i], p.numel()).view(p.sizes());
         if (in_bucket(p.grad(), values)) continue;
         if (p.device() == buf.device() && p.is_contiguous()) {
@@ -183,7 +203,9 @@ struct DataParallel final : GradientSync {
     return control[2] / control[1];
   }
 
-  bool has_gradient(size_t i) const { return params[i].requires_grad() && params[i].grad().defined(); }
+  // Any gradient the optimizer will step with: also that of a parameter frozen after its backward
+  // (LibTorch's optimizers step every parameter with a gradient, frozen or not).
+  bool has_gradient(size_t i) const { return params[i].grad().defined(); }
 
   // All-reduce of parameter i's gradient in its own memory (scaled by share first), or through
   // wire_buffer's copy where the caller's collectives cannot reach it in place. A rank without a
@@ -207,11 +229,33 @@ struct DataParallel final : GradientSync {
            grad.numel() == place.numel() && grad.device() == place.device();
   }
 
-  // Parameters and buffers of rank 0 to every rank, in buckets of flat buffers.
+  bool buffers_changed() const {
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (buffers[i]._version() != buffer_version[i]) return true;
+    }
+    return false;
+  }
+  void remember_buffers() {
+    buffer_version.clear();
+    for (const auto &b : buffers) buffer_version.push_back(b._version());
+    buffers_pending = false;
+  }
+
+  // Parameters and buffers of rank 0 to every rank.
   void broadcast_parameters() {
-    at::NoGradGuard no_grad;
     std::vector<at::Tensor> all = params;
     all.insert(all.end(), buffers.begin(), buffers.end());
+    broadcast_from_rank_0(all);
+    remember_buffers();
+  }
+  void broadcast_buffers() {
+    broadcast_from_rank_0(buffers);
+    remember_buffers();
+  }
+
+  // Tensors of rank 0 to every rank, in buckets of flat buffers.
+  void broadcast_from_rank_0(std::vector<at::Tensor> &all) {
+    at::NoGradGuard no_grad;
     if (all.empty()) return;
     const auto groups = std::get<0>(c10d::compute_bucket_assignment_by_size(all, {static_cast<size_t>(bucket_bytes)}));
     for (const auto &group : groups) {

@@ -141,8 +141,11 @@ std::vector<int64_t> key_of(const TrainStep &step) {
   }
   for (const auto &t : step.inputs) push_tensor(key, t);
   push_tensor(key, step.target);
+  // Which parameters require gradients: the captured backward computes theirs and the captured
+  // update changes them, so a freeze or unfreeze after the capture warms up and captures again.
   for (const auto &p : step.opt->params) {
     push_tensor(key, p);
+    key.push_back(p.requires_grad() ? 1 : 0);
     for (const auto &t : state_tensors(*step.opt, p)) push_tensor(key, t);
   }
   return key;
@@ -258,13 +261,15 @@ void graph_update(Optim &opt, TrainGraph &g) {
   }
 }
 
-// Forward, loss, backward and clipping of a step whose gradients were set to none before; which
-// parameters the update then changes (g.updated). The loss value stays on the device.
-at::Tensor loss_and_gradients(TrainStep &step, TrainGraph &g) {
+// Forward, loss, backward and clipping of a step whose gradients were set to none before. When
+// capturing, which parameters the update then changes (g.updated); a replay updates those, so a
+// step run uncaptured after the capture (FTORCH_CUDA_GRAPHS=eager) checks that they are still the
+// ones with gradients. The loss value stays on the device.
+at::Tensor loss_and_gradients(TrainStep &step, TrainGraph &g, bool capturing) {
   Optim &opt = *step.opt;
   at::Tensor loss = step_loss(step);
   if (step.max_grad_norm > 0) clip_on_device(opt.params, step.max_grad_norm);
-  g.updated.clear();
+  std::vector<size_t> updated;
   const bool stateful = needs_state(opt);
   for (size_t i = 0; i < opt.params.size(); ++i) {
     if (!opt.params[i].grad().defined()) continue;
@@ -273,9 +278,29 @@ at::Tensor loss_and_gradients(TrainStep &step, TrainGraph &g) {
                                          " had no gradient during the warm-up steps, so the optimizer has no state "
                                          "for it yet");
     }
-    g.updated.push_back(i);
+    updated.push_back(i);
   }
+  if (!capturing && updated != g.updated) {
+    fail(FTC_ERR_INVALID_ARGUMENT, "the parameters with a gradient are not those of the captured step (" +
+                                       std::to_string(updated.size()) + " against " +
+                                       std::to_string(g.updated.size()) +
+                                       "): a CUDA graph replays the captured backward and update, so which "
+                                       "parameters get gradients must not depend on the data");
+  }
+  g.updated = std::move(updated);
   return loss;
+}
+
+// Whether the optimizer has its state for every parameter that requires a gradient (or needs
+// none): then the warm-up steps do the graph's arithmetic too, as the steps after the capture do;
+// LibTorch's own step (which rounds differently in the last bit) only makes missing state. So a
+// run resumed from a checkpoint, or continued after a freeze, takes the steps it would have taken.
+bool has_state(const Optim &opt) {
+  if (!needs_state(opt)) return true;
+  for (const auto &p : opt.params) {
+    if (p.requires_grad() && state_of(opt, p) == nullptr) return false;
+  }
+  return true;
 }
 
 // Scalars for every parameter, where they are and (pinned) on the host.
@@ -287,16 +312,24 @@ void make_scalars(const Optim &opt, TrainGraph &g) {
                                    : at::zeros({n, 3}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
 }
 
-// FTORCH_CUDA_GRAPHS=eager after the warm-up: what a replay does, run as it is.
-double eager_graph_step(TrainStep &step, TrainGraph &g) {
+// What a replay does, run as it is: warm-up steps (capturing: the set of updated parameters made
+// anew) and FTORCH_CUDA_GRAPHS=eager after the warm-up.
+double eager_graph_step(TrainStep &step, TrainGraph &g, bool capturing) {
   Optim &opt = *step.opt;
   if (!g.scalars.defined()) make_scalars(opt, g);
   opt.opt->zero_grad(true);
-  const at::Tensor loss = loss_and_gradients(step, g);
+  const at::Tensor loss = loss_and_gradients(step, g, capturing);
   fill_scalars(opt, g);
   if (!g.host_scalars.is_same(g.scalars)) g.scalars.copy_(g.host_scalars);
   graph_update(opt, g);
   return loss.item<double>();
+}
+
+// A step before the capture: LibTorch's (which makes the optimizer's state) while some parameter
+// has none, until the last warm-up, else the captured work run uncaptured (see has_state).
+double warmup_step(TrainStep &step, TrainGraph &g) {
+  if (g.calls + 1 < warmup_steps() && !has_state(*step.opt)) return eager_train_step(step);
+  return eager_graph_step(step, g, true);
 }
 
 #ifdef FTORCH_WITH_CUDA
@@ -325,9 +358,9 @@ double cuda_graph_step(TrainStep &step, TrainGraph &g) {
       double value = 0;
       try {
         c10::cuda::CUDAStreamGuard on_side(side);
-        // The last warm-up runs the work the capture records, uncaptured (its kernels loaded, its
-        // allocations made once); the earlier ones LibTorch's step, which creates the state.
-        value = g.calls + 1 == warmup_steps() ? eager_graph_step(step, g) : eager_train_step(step);
+        // The warm-up runs the work the capture records, uncaptured (its kernels loaded, its
+        // allocations made once), or LibTorch's step while the optimizer's state is missing.
+        value = warmup_step(step, g);
       } catch (...) {
         join(side, main);
         throw;
@@ -354,7 +387,7 @@ double cuda_graph_step(TrainStep &step, TrainGraph &g) {
         g.capture_error = "the training step cannot be captured as a CUDA graph: " + reason;
       };
       try {
-        g.loss = loss_and_gradients(step, g);
+        g.loss = loss_and_gradients(step, g, true);
         graph_update(opt, g);
       } catch (const Error &e) {
         abandon(e.what());
@@ -415,8 +448,8 @@ int ftc_train_step_cuda_graph(ftc_model m, ftc_optim o, ftc_scheduler s, const f
     const int64_t warmup = ftc::warmup_steps();
     double value;
     if (eager) {
-      // As on a GPU: LibTorch's steps first, then (from the last warm-up on) the captured work.
-      value = g.calls + 1 < warmup ? ftc::eager_train_step(step) : ftc::eager_graph_step(step, g);
+      // As on a GPU: the warm-up steps, then the captured work.
+      value = g.calls < warmup ? ftc::warmup_step(step, g) : ftc::eager_graph_step(step, g, false);
     } else {
 #ifdef FTORCH_WITH_CUDA
       value = ftc::cuda_graph_step(step, g);

@@ -74,6 +74,23 @@ double reduced_step(Optim &opt, Body &&body) {
   return sync->reduce(local);
 }
 
+// Tells the other ranks of a data-parallel optimizer o (any handle, or null) that this rank failed
+// before its step's reduced_step. Never throws.
+void report_failure_to_ranks(ftc_optim o) noexcept;
+
+// The part of a training step before its reduced_step (resolving and checking the arguments,
+// moving the batch): a failure there reaches the other ranks of a data-parallel optimizer o,
+// which would otherwise wait in the step's average forever (and pair it with this rank's next).
+template <class Prepare>
+auto before_reduced_step(ftc_optim o, Prepare &&prepare) -> decltype(prepare()) {
+  try {
+    return prepare();
+  } catch (...) {
+    report_failure_to_ranks(o);
+    throw;
+  }
+}
+
 // An optimizer's state replaced by a saved one, as PyTorch's load_state_dict does: a parameter
 // without state in the archive has none afterwards (LibTorch's own load keeps whatever state such
 // a parameter had, so rolling back to a checkpoint taken before the first step would keep the

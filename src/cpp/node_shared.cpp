@@ -315,17 +315,24 @@ double shared_train_step(Model &model, ftc_optim o, ftc_scheduler s,
   auto &comm = *model.shared->comm;
   const auto start = std::chrono::steady_clock::now();
   std::vector<int64_t> all;
-  auto batches = gathered(comm, kTrainStep, resolve, "input and target tensor", all);
+  // (A leader whose optimizer is data-parallel over the leaders tells them when its group fails
+  // before the step: see before_reduced_step.)
+  const ftc_optim leader_optim = comm.rank == 0 ? o : nullptr;
+  auto batches = before_reduced_step(leader_optim, [&] {
+    return gathered(comm, kTrainStep, resolve, "input and target tensor", all);
+  });
   double value = 0;
   std::string message;
   int status = FTC_OK;
   if (comm.rank == 0) {
     status = local(message, [&] {
-      for (auto &t : batches) t = t.to(model.shared->device);
-      at::Tensor target = batches.back();
-      batches.pop_back();
-      TrainStep step = train_step_for(model, o, s, std::move(batches), std::move(target), loss_kind, reduction,
-                                      max_grad_norm);
+      TrainStep step = before_reduced_step(leader_optim, [&] {
+        for (auto &t : batches) t = t.to(model.shared->device);
+        at::Tensor target = batches.back();
+        batches.pop_back();
+        return train_step_for(model, o, s, std::move(batches), std::move(target), loss_kind, reduction,
+                              max_grad_norm);
+      });
       value = run_train_step(step);
       finish_train_step(step, value, start, nullptr, nullptr);
     });

@@ -71,6 +71,16 @@ TrainStep train_step_for(Model &model, ftc_optim o, ftc_scheduler s, std::vector
   return step;
 }
 
+void report_failure_to_ranks(ftc_optim o) noexcept {
+  try {
+    if (o == nullptr) return;
+    Optim &opt = optim_of(o);
+    if (opt.sync) opt.sync->report_failure();
+  } catch (...) {
+    // Not an optimizer of this process: there is no one to tell.
+  }
+}
+
 double run_train_step(TrainStep &step) {
   const auto compiled = compiled_train_step(step);
   return compiled ? *compiled : eager_train_step(step);
@@ -149,7 +159,8 @@ int ftc_train_step(ftc_model m, ftc_optim o, ftc_scheduler s, const ftc_tensor *
       if (seconds != nullptr) *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       return;
     }
-    ftc::TrainStep step = ftc::train_step_of(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm);
+    ftc::TrainStep step = ftc::before_reduced_step(
+        o, [&] { return ftc::train_step_of(m, o, s, inputs, n_inputs, target, loss_kind, reduction, max_grad_norm); });
     ftc::finish_train_step(step, ftc::run_train_step(step), start, loss, seconds);
   });
 }

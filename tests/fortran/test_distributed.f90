@@ -6,6 +6,7 @@
 !>                batches, torch_train_step, LBFGS), 20 steps, 1e-12 relative (LBFGS 1e-6)
 !>   subcomm      the same on a sub-communicator (ranks 0 and 1 train, the others do not)
 !>   bucketing    a 50-tensor model: fewer collectives than tensors, same result as bucket size 1
+!>   buffers <prefix>  BatchNorm running statistics after 3 steps: each rank saves its model
 !>   collectives  values of allreduce/broadcast/allgather/barrier, and their errors
 !>   errors       mismatched models, a failing rank, bad arguments: clear errors on every rank
 !>   resume full|first|second <file>   checkpoint of a data-parallel run, resumed bit for bit
@@ -16,7 +17,8 @@
 !>                and a failing leader end the call on every rank; groups of ranks per node
 !>   shared_ddp   4 ranks as 2 groups of 2 (groups=2), each group one node-shared model, the two
 !>                leaders data-parallel (torch_ddp over a communicator of leaders): 10 Adam steps
-!>                equal single-process training on the batches of all 4 ranks
+!>                equal single-process training on the batches of all 4 ranks; a rank of one
+!>                group failing before a step fails it on every rank (no hang)
 !>   shared_cuda  the same with the model on the GPU (its leader's device 0), against the CPU
 !>   cuda         parity of torch_train_step with the models and batches on the GPU (every rank
 !>                on device 0, gradients staged through host memory) against the CPU
@@ -354,6 +356,7 @@ program test_distributed
   type(torch_comm) :: comm
   integer :: rank, nranks, ierr
   character(len=64) :: mode
+  character(len=4096) :: arg
 
   call MPI_Init(ierr)
   call MPI_Comm_rank(MPI_COMM_WORLD, rank, ierr)
@@ -369,6 +372,9 @@ program test_distributed
     call subcommunicator()
   case ("bucketing")
     call bucketing()
+  case ("buffers")
+    call get_command_argument(3, arg)
+    call running_buffers(trim(arg))
   case ("collectives")
     call collectives()
   case ("errors")
@@ -440,6 +446,43 @@ contains
 
   ! 50 parameter tensors: one bucket (2 collectives per average: control + bucket) against one
   ! bucket per tensor; the same parameters after training.
+  ! A model with BatchNorm (running statistics that each forward updates from its own batch):
+  ! 3 data-parallel steps on different rows per rank, then each rank saves its model to
+  ! <prefix><rank>.pt; the test compares the files (the same buffers on every rank).
+  subroutine running_buffers(prefix)
+    character(len=*), intent(in) :: prefix
+    type(torch_model) :: model
+    type(torch_optim) :: optim
+    type(torch_ddp) :: ddp
+    type(torch_tensor), allocatable :: params(:)
+    type(torch_tensor) :: tx, ty
+    real(real64), allocatable, target :: x(:, :), y(:, :)
+    real(real64) :: loss
+    integer :: step
+    character(len=16) :: rank_text
+    call make_rows(4 * rank + 1, 4 * rank + 4, x, y)
+    x = x + 3 * rank  ! batches whose statistics differ a lot
+    call torch_model_load(model, data_path("ddp_bn.pt"), torch_kCPU, is_training=.true.)
+    allocate(params(torch_model_parameter_count(model)))
+    call torch_model_parameters(model, params)
+    call torch_optim_SGD(optim, params, learning_rate=0.05d0)
+    call torch_ddp_init(ddp, comm, model, optim)
+    call torch_tensor_from_array(tx, x, torch_kCPU)
+    call torch_tensor_from_array(ty, y, torch_kCPU)
+    do step = 1, 3
+      call torch_train_step(model, optim, [tx], ty, loss=loss)
+    end do
+    write(rank_text, '(i0)') rank
+    call torch_model_save(model, prefix // trim(rank_text) // ".pt")
+    call check(.true., "saved the model after 3 steps")
+    call torch_delete(ddp)
+    call torch_delete(params)
+    call torch_delete(optim)
+    call torch_delete(tx)
+    call torch_delete(ty)
+    call torch_delete(model)
+  end subroutine running_buffers
+
   subroutine bucketing()
     type(torch_model) :: a, b
     type(torch_optim) :: oa, ob
@@ -598,6 +641,17 @@ contains
     end block
   end subroutine collectives
 
+  ! Whether every rank holds the same values.
+  logical function same_on_every_rank(values)
+    real(real64), intent(in) :: values(:)
+    real(real64), allocatable :: highest(:), lowest(:)
+    highest = values
+    lowest = values
+    call torch_allreduce(comm, highest, torch_kReduceMax)
+    call torch_allreduce(comm, lowest, torch_kReduceMin)
+    same_on_every_rank = all(highest == lowest)
+  end function same_on_every_rank
+
   subroutine errors()
     type(torch_model) :: model
     type(torch_optim) :: optim, other_optim
@@ -680,6 +734,36 @@ contains
     call torch_tensor_from_array(ty, y, torch_kCPU)
     call torch_train_step(model, optim, [tx], ty, loss=loss, stat=stat, errmsg=msg)
     call check(stat == 0, "training goes on after a failed step")
+    ! A rank whose own arguments are refused before the step (an unconstructed target): the
+    ! others are told, instead of waiting forever in the average of the step.
+    block
+      type(torch_tensor) :: unmade_target
+      if (rank == 1) then
+        call torch_train_step(model, optim, [tx], unmade_target, loss=loss, stat=stat, errmsg=msg)
+        call check(stat /= 0 .and. index(msg, "target") > 0, "an unconstructed target on rank 1: its error there")
+      else
+        call torch_train_step(model, optim, [tx], ty, loss=loss, stat=stat, errmsg=msg)
+        call check(stat == FTORCH_ERR_DISTRIBUTED .and. index(msg, "rank(s) failed") > 0, &
+                   "... and the other ranks learn of it (no hang): " // trim(msg))
+      end if
+    end block
+    call check(same_on_every_rank(parameter_values(params)), "the replicas are equal before the next cases")
+    ! Clipping averages the gradients; a backward after it and before the step adds gradients of
+    ! this rank alone, which the step must average again (else each replica steps on its own gradients).
+    call torch_optim_zero_grad(optim)
+    loss = forward_backward(model, x, y)
+    call torch_optim_clip_grad_norm(optim, 1d9)
+    loss = forward_backward(model, x, y)
+    call torch_optim_step(optim)
+    call check(same_on_every_rank(parameter_values(params)), "a backward between clipping and the step is averaged")
+    ! A parameter frozen after its backward keeps its gradient, which the optimizer steps with:
+    ! averaged too.
+    call torch_optim_zero_grad(optim)
+    loss = forward_backward(model, x, y)
+    call torch_model_freeze(model, "fc1.weight")
+    call torch_optim_step(optim)
+    call torch_model_unfreeze(model, "fc1.weight")
+    call check(same_on_every_rank(parameter_values(params)), "a parameter frozen after its backward is averaged")
     ! Unconstructed arguments.
     block
       type(torch_model) :: unloaded
@@ -1136,7 +1220,7 @@ contains
     real(real64), allocatable, target :: x(:, :), y(:, :), xall(:, :), yall(:, :)
     real(real64) :: loss, local_loss, rows
     integer :: first, last, total, group, step
-    logical :: ok, leader
+    logical :: ok, leader, failed
     if (nranks /= 4) error stop "mode shared_ddp: run on 4 ranks"
     call torch_comm_init_node(group_comm, MPI_COMM_WORLD, groups=2, group=group)
     call shared_rows(first, last, total)
@@ -1159,11 +1243,33 @@ contains
     call torch_tensor_from_array(tx(1), x, torch_kCPU)
     call torch_tensor_from_array(ty, y, torch_kCPU)
     ok = .true.
+    failed = .true.
     do step = 1, 10
+      if (step == 5) then
+        ! World rank 3 gives a target of another shape: its group fails while gathering, and its
+        ! leader tells the other leader, whose group fails too (no one waits; no step is taken).
+        block
+          real(real64), allocatable, target :: wide(:, :)
+          type(torch_tensor) :: twide
+          integer :: stat
+          character(len=512) :: msg
+          allocate(wide(size(y, 1), size(y, 2) + 1))
+          wide = 0
+          call torch_tensor_from_array(twide, wide, torch_kCPU)
+          if (rank == 3) then
+            call torch_train_step(shared, optim, tx, twide, loss=loss, stat=stat, errmsg=msg)
+          else
+            call torch_train_step(shared, optim, tx, ty, loss=loss, stat=stat, errmsg=msg)
+          end if
+          failed = failed .and. stat /= 0
+          call torch_delete(twide)
+        end block
+      end if
       call torch_train_step(shared, optim, tx, ty, loss=loss)
       call torch_train_step(local, local_optim, tall, tyall, loss=local_loss)
       ok = ok .and. abs(loss - local_loss) <= 1d-12 * abs(local_loss)
     end do
+    call check(failed, "a rank of one group failing before the step fails the step on every rank of both groups")
     call check(ok, "two node-shared groups whose leaders are data-parallel: the loss of every step == one process")
     if (leader) then
       call check(max_relative_difference(parameter_values(params), parameter_values(local_params)) <= 1d-12, &

@@ -58,9 +58,12 @@ program test_train
     call rollback()
   case ("staggered")
     call staggered_steps()
+  case ("refreeze")
+    call freeze_between_graph_steps()
   case ("resume")
     call get_command_argument(3, arg)
-    call resume(trim(arg))
+    call get_command_argument(4, mode)
+    call resume(trim(arg), trim(mode) == "graph")
   case ("saver")
     call get_command_argument(3, arg)
     call saver(trim(arg))
@@ -257,6 +260,30 @@ contains
     call torch_delete(optim)
   end subroutine staggered_steps
 
+  ! CUDA-graph steps with Adam from the first step on; the first layer frozen for steps 6-8 (after
+  ! the capture) and trainable again from step 9: each change captures the step anew.
+  subroutine freeze_between_graph_steps()
+    integer, parameter :: steps = 12
+    type(torch_optim) :: optim
+    type(torch_tensor), allocatable :: params(:)
+    real(real64) :: loss
+    integer :: step
+    call load_fresh_model(params)
+    call torch_optim_Adam(optim, params, learning_rate=0.01d0)
+    open(newunit=unit, file=data_path("train_refreeze.txt"), status="replace", action="write")
+    do step = 1, steps
+      if (step == 6) call torch_model_freeze(model, "0")
+      if (step == 9) call torch_model_unfreeze(model, "0")
+      call torch_train_step(model, optim, [tx], ty, loss, cuda_graph=.true.)
+      write(unit, '(a,2(1x,es25.17e3))') "step", loss, 0.01d0
+    end do
+    call write_params(unit, params)
+    close(unit)
+    call check(torch_optim_step_count(optim) == steps, "the optimizer counted every graph step")
+    call torch_delete(params)
+    call torch_delete(optim)
+  end subroutine freeze_between_graph_steps
+
   subroutine parameter_handling()
     type(torch_optim) :: optim
     type(torch_tensor), allocatable :: params(:)
@@ -389,13 +416,18 @@ contains
     call torch_delete(ti); call torch_delete(to); call torch_delete(tt); call torch_delete(tl)
   end subroutine half
 
-  subroutine resume(phase)
+  ! Steps 1-20 in one run (full), or 1-10, a checkpoint, and 11-20 in a new process (first,
+  ! second). With graph, torch_train_step with cuda_graph (run with FTORCH_CUDA_GRAPHS=eager).
+  subroutine resume(phase, graph)
     character(len=*), intent(in) :: phase
+    logical, intent(in) :: graph
+    character(len=16) :: tag
     type(torch_optim) :: optim
     type(torch_scheduler) :: sched
     type(torch_tensor), allocatable :: params(:)
     real(real64) :: loss
     integer :: step, first, last, saved
+    tag = merge("graph_", "      ", graph)
     call load_fresh_model(params)
     call torch_optim_Adam(optim, params, learning_rate=0.02d0, amsgrad=.true.)
     call torch_scheduler_step_lr(sched, optim, step_size=3, gamma=0.7d0)
@@ -403,19 +435,24 @@ contains
     last = 20
     if (phase == "first") last = 10
     if (phase == "second") then
-      call torch_checkpoint_load(data_path("resume.ckpt"), model, optim, sched, step=saved)
+      call torch_checkpoint_load(data_path("resume_" // trim(tag) // "ckpt"), model, optim, sched, step=saved)
       call check(saved == 10, "the checkpoint restores the step counter")
       call check(torch_optim_step_count(optim) == 10, "the checkpoint restores the optimizer's step count")
       first = saved + 1
     end if
-    open(newunit=unit, file=data_path("resume_" // phase // ".txt"), status="replace", action="write")
+    open(newunit=unit, file=data_path("resume_" // trim(tag) // phase // ".txt"), status="replace", action="write")
     do step = first, last
-      loss = forward_backward(optim)
-      call optim%step()
-      call sched%step()
+      if (graph) then
+        call torch_train_step(model, optim, [tx], ty, loss, scheduler=sched, cuda_graph=.true.)
+      else
+        loss = forward_backward(optim)
+        call optim%step()
+        call sched%step()
+      end if
       write(unit, '(a,i0,2(1x,es25.17e3))') "step ", step, loss, torch_optim_get_learning_rate(optim)
     end do
-    if (phase == "first") call torch_checkpoint_save(data_path("resume.ckpt"), model, optim, sched, step=10)
+    if (phase == "first") call torch_checkpoint_save(data_path("resume_" // trim(tag) // "ckpt"), model, optim, sched, &
+                                                     step=10)
     call write_params(unit, params)
     close(unit)
     call check(.true., "resume phase " // phase // " ran")
