@@ -198,6 +198,86 @@ def test_training_mode_is_kept_with_train(tmp_path):
     assert torch.jit.load(str(tmp_path / "train.pt")).training
 
 
+class _NormedNet(torch.nn.Module):
+    """BatchNorm between two layers: a forward in training mode updates its running statistics."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+        self.bn = torch.nn.BatchNorm1d(3)
+        self.out = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.out(self.bn(self.fc(x)))
+
+
+@pytest.mark.parametrize("trace", [False, True], ids=["script", "trace"])
+def test_export_in_training_mode_keeps_the_running_statistics(tmp_path, trace):
+    """The reference runs (and a trace) run the forward in training mode, which updates
+    BatchNorm's buffers even without gradients: the file holds the model's own statistics, and
+    the caller's model, its per-module modes included, is left as it was."""
+    import ftorch
+
+    model = _NormedNet()
+    with torch.no_grad():
+        model.bn.running_mean.fill_(5.0)
+    model.train()
+    model.bn.eval()  # (a frozen BatchNorm, as in fine-tuning)
+    ftorch.export(model, ["8,4"], tmp_path / "bn.pt", training=True, trace=trace)
+    saved = dict(torch.jit.load(str(tmp_path / "bn.pt")).named_buffers())
+    assert torch.equal(saved["bn.running_mean"], torch.full((3,), 5.0))
+    assert int(saved["bn.num_batches_tracked"]) == 0
+    assert torch.equal(model.bn.running_mean, torch.full((3,), 5.0)) and int(model.bn.num_batches_tracked) == 0
+    assert model.training and not model.bn.training
+
+
+def test_float64_weights_are_not_rounded_through_float32(tmp_path):
+    """--weights with --dtype float64: the weights are loaded after the model became float64."""
+    import ftorch
+
+    torch.manual_seed(0)
+    state = {k: v.double() / 3 for k, v in _NormedNet().state_dict().items() if v.is_floating_point()}
+    state["bn.num_batches_tracked"] = torch.tensor(0)
+    torch.save(state, tmp_path / "w64.pt")
+    ftorch.export(_NormedNet(), ["8,4"], tmp_path / "m64.pt", weights=tmp_path / "w64.pt", dtype="float64")
+    saved = torch.jit.load(str(tmp_path / "m64.pt")).state_dict()
+    for k, v in state.items():
+        assert saved[k].dtype == v.dtype and torch.equal(saved[k], v), k
+
+
+def test_the_check_compares_infinities_complex_and_integers_exactly():
+    """An infinite reference allows only itself; complex outputs compare both parts; integer
+    outputs compare exactly whatever tolerance was given."""
+    from ftorch._export_report import _compare
+
+    inf = float("inf")
+
+    def ok(ref, got, rtol=None, atol=None):
+        return _compare([torch.tensor(ref)], [torch.tensor(got)], rtol, atol)[0].ok
+
+    assert ok([inf, -inf, 1.0], [inf, -inf, 1.0])
+    assert not ok([inf], [0.0]) and not ok([inf], [float("nan")]) and not ok([-inf], [inf])
+    assert not ok([1.0], [inf])
+    assert not ok([1 + 1j], [1 - 5j]) and ok([1 + 1j], [1 + 1j])
+    assert not ok([3], [4], rtol=0.5, atol=2.0) and ok([3], [3], rtol=0.5, atol=2.0)
+
+
+def test_package_input_rules_leave_out_lifted_constants():
+    """A tensor made in forward is a constant that torch.export lifts to an input of its program;
+    the compiled model does not take it, so the rules FTorch checks each call against list only
+    the arguments (a rule too many would refuse every call)."""
+    from ftorch._train_package import _rules
+
+    class Scaled(torch.nn.Module):
+        def forward(self, x):
+            return x * torch.tensor([1.0, 2.0, 3.0])
+
+    program = torch.export.export(Scaled(), (torch.randn(4, 3),), strict=False)
+    assert any(n.op == "placeholder" and n.name not in program.graph_signature.user_inputs
+               for n in program.graph.nodes), "the constant is a placeholder of the program"
+    assert _rules(program, None, 1, None) == "v1;float32[4,3]"
+
+
 # ---------------------------------------------------------------------------------------------
 # AOTInductor packages
 

@@ -110,14 +110,14 @@ def export(
             model, label = model_or_spec, type(model_or_spec).__name__
             if init_kwargs:
                 raise UsageError("init_kwargs apply to a model given by name, not to a module instance")
-            if weights is not None:
-                load_weights(model, weights)
         elif isinstance(model_or_spec, str):
-            model, label = load_model(model_or_spec, init_kwargs, weights)
+            model, label = load_model(model_or_spec, init_kwargs, None)
         else:
             raise UsageError(f"model: expected an nn.Module or 'file.py:Name', got {type(model_or_spec).__name__}")
         if dtype is not None:
             model = model.to(_torch_dtype(dtype))
+        if weights is not None:  # after the dtype: float64 weights are not rounded through float32
+            load_weights(model, weights)
         name = type(model).__name__
         specs, given = _normalize_inputs(model, name, inputs)
         if dynamic_batch and any(len(s.shape) == 0 for s in specs):
@@ -128,14 +128,15 @@ def export(
                 if not (min_batch <= s.shape[0] <= (max_batch if max_batch is not None else s.shape[0])):
                     raise UsageError(f"input {s.name}: example batch size {s.shape[0]} is outside "
                                      f"--min-batch {min_batch} .. --max-batch {max_batch}")
-        was_training = model.training
+        modes = [(m, m.training) for m in model.modules()]
         model = model.to(dev)
         try:
             return _export(model, name, label, specs, given, Path(torchscript) if torchscript else None,
                            Path(pt2) if pt2 else None, Path(train_package) if train_package else None, trace, dynamic_batch, min_batch, max_batch, check, training,
                            freeze, dev, rtol, atol, seed)
         finally:
-            model.train(was_training)
+            for m, mode in modes:  # the caller's modes, module by module
+                m.training = mode
 
 
 def _export(model, name, label, specs, given, ts_path, pt2_path, train_path, trace, dynamic_batch, min_batch, max_batch,
@@ -156,6 +157,16 @@ def _export(model, name, label, specs, given, ts_path, pt2_path, train_path, tra
     example = [fortran_layout(t.to(dev)) if t is not None else d for t, d in zip(given or [None] * len(specs), draw())]
     second = draw()
 
+    # A forward in training mode updates buffers even without gradients (BatchNorm's running
+    # statistics): the files are written from the model's own buffers, and the caller gets them
+    # back, whatever the reference runs did to them.
+    kept = [(b, b.detach().clone()) for b in model.buffers()]
+
+    def restore_buffers() -> None:
+        with torch.no_grad():
+            for b, value in kept:
+                b.copy_(value)
+
     def eager(mode: bool, args: list) -> list:
         model.train(mode)
         with torch.no_grad():
@@ -164,6 +175,17 @@ def _export(model, name, label, specs, given, ts_path, pt2_path, train_path, tra
         return _flatten_outputs(out, name)
 
     try:
+        return _export_files(model, name, label, specs, ts_path, pt2_path, train_path, trace, dynamic_batch,
+                             min_batch, max_batch, check, training, freeze, dev, rtol, atol, gen, draw, example,
+                             second, eager, restore_buffers)
+    finally:
+        restore_buffers()
+
+
+def _export_files(model, name, label, specs, ts_path, pt2_path, train_path, trace, dynamic_batch, min_batch,
+                  max_batch, check, training, freeze, dev, rtol, atol, gen, draw, example, second, eager,
+                  restore_buffers) -> ExportReport:
+    try:
         ref0 = eager(training, example)
     except ExportError:
         raise
@@ -171,6 +193,7 @@ def _export(model, name, label, specs, given, ts_path, pt2_path, train_path, tra
         raise ExportError(f"{label}: forward fails on the example inputs "
                           f"({'; '.join(s.describe() for s in specs)}): {_error_text(exc)}"
                           f"{_user_frame(exc, None)}. Check the --input shapes and dtypes") from None
+    restore_buffers()
     report = ExportReport(
         model=label, inputs=specs,
         outputs=[{"shape": list(t.shape), "dtype": dtype_name(t.dtype) if str(t.dtype).removeprefix("torch.")
@@ -187,11 +210,13 @@ def _export(model, name, label, specs, given, ts_path, pt2_path, train_path, tra
     if ts_path is not None:
         report.torchscript = str(ts_path)
         report.torchscript_method = "trace" if trace else "script"
-        _write_torchscript(model, name, label, example, ts_path, trace, training, freeze, report)
+        _write_torchscript(model, name, label, example, ts_path, trace, training, freeze, report,
+                           before_save=restore_buffers)
         if check:
             _check_torchscript(model, name, ts_path, training, dev, example, second, draw, extra_batches, eager,
                                rtol, atol, report)
     if pt2_path is not None:
+        restore_buffers()
         report.pt2 = str(pt2_path)
         if dynamic_batch:
             report.dynamic_batch = [min_batch, max_batch]
@@ -204,6 +229,7 @@ def _export(model, name, label, specs, given, ts_path, pt2_path, train_path, tra
     if train_path is not None:
         from . import _train_package
 
+        restore_buffers()
         report.train_package = str(train_path)
         if dynamic_batch:
             report.dynamic_batch = [min_batch, max_batch]

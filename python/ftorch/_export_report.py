@@ -144,6 +144,10 @@ def _compare(ref: list, got: list, rtol: float | None, atol: float | None) -> li
         default_rtol, default_atol = _TOLERANCES.get(dt, (0.0, 0.0))
         rt = default_rtol if rtol is None else rtol
         at = default_atol if atol is None else atol
+        if not (g.is_floating_point() or g.is_complex()):
+            rt, at = 0.0, 0.0  # integers and booleans exactly, whatever tolerance was given
+        if g.is_complex():  # real and imaginary parts, each within the tolerance
+            r, g = torch.view_as_real(r.resolve_conj()), torch.view_as_real(g.resolve_conj())
         if g.numel() == 0:
             checks.append(OutputCheck(i, tuple(g.shape), dt, 0.0, 0.0, True))
             continue
@@ -154,7 +158,9 @@ def _compare(ref: list, got: list, rtol: float | None, atol: float | None) -> li
         diff = torch.nan_to_num(diff, nan=float("inf"))
         rel = diff / rd.abs()
         rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
-        ok = bool((diff <= at + rt * rd.abs()).all())
+        # (an infinite reference allows nothing but itself: its bound atol + rtol * inf would allow anything)
+        bound = torch.where(torch.isinf(rd), torch.zeros_like(rd), at + rt * rd.abs())
+        ok = bool((diff <= bound).all())
         checks.append(OutputCheck(i, tuple(g.shape), dt, float(diff.max()), float(rel.max()), ok,
                                   "" if ok else f"beyond rtol={rt:g}, atol={at:g}"))
     if len(got) != len(ref):

@@ -13,7 +13,10 @@ from ._export_errors import _display_path, _error_text, ExportError, _first_line
 from ._export_report import FileCheck, _run_checks, RunCheck
 
 
-def _write_torchscript(model, name, label, example, path: Path, trace, training, freeze, report) -> None:
+def _write_torchscript(model, name, label, example, path: Path, trace, training, freeze, report,
+                       before_save=None) -> None:
+    """before_save runs between making the module (a trace runs the forward, which may update
+    buffers: the module shares them with the model) and saving it."""
     import torch
 
     model.train(training)
@@ -40,6 +43,8 @@ def _write_torchscript(model, name, label, example, path: Path, trace, training,
                 module = torch.jit.script(model)
         except Exception as exc:
             raise _script_error(label, exc) from None
+    if before_save is not None:
+        before_save()
     if freeze:
         module = torch.jit.freeze(module.eval())
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -172,7 +172,10 @@ def _rules(program, n_user: int | None, min_batch: int, max_batch: int | None) -
 
     items = ["v1"]
     names: dict[str, str] = {}
-    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    # The arguments the compiled model takes: not the constants torch.export lifted out of the code
+    # (a torch.tensor made in forward), which AOTInductor keeps inside the package.
+    user = set(program.graph_signature.user_inputs)
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in user]
     for node in placeholders:
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor):
