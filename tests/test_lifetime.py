@@ -303,6 +303,15 @@ def test_torch_assign_of_another_shape_is_an_error(lifetime):
     assert "[assignment(=)] the arrays of tensors have different shapes" in proc.stderr, proc.stderr
 
 
+def test_assignment_into_a_view_of_a_leaf_that_requires_grad_is_an_error(lifetime):
+    """v = torch_reshape(leaf) then v = 7: the values would land in the leaf behind autograd's back
+    (PyTorch refuses the in-place write into a view of such a leaf): the program stops, naming it."""
+    _, binary = lifetime
+    proc = _form(binary, "assign-into-view-of-leaf")
+    assert proc.returncode != 0 and "assigned" not in proc.stdout, proc.stdout + proc.stderr
+    assert "[assignment(=)]" in proc.stderr and "leaf" in proc.stderr, proc.stderr
+
+
 def test_self_assignment_of_a_type(lifetime):
     """`s = s` of a variable of a type with a tensor component. flang and gfortran 13 and 14
     finalize `s` (deleting `s%t`) before assigning the components: a stale-handle error, `s%t`

@@ -172,6 +172,15 @@ void assign_into(TensorTable::Slot &slot, const at::Tensor &rhs) {
   // a model on the GPU writes into outputs that wrap CPU arrays).
   const bool grad_mode = at::GradMode::is_enabled();
   const bool carries_history = grad_mode && rhs.requires_grad();
+  // Into a view (torch_reshape, a slice) whose base or right-hand side is part of a graph: the
+  // values land in the base's memory, so autograd must record the write on the base, as PyTorch's
+  // in-place copy into a view does (CopySlices): the base's later uses then take their gradients
+  // through the new values, to the right-hand side, and none through the overwritten ones. (A
+  // view of a leaf that requires grad is refused, as in PyTorch.)
+  if (grad_mode && l.is_view() && !slot.life.is_parameter() && (carries_history || l.requires_grad())) {
+    l.copy_(memory_overlaps(l, rhs) ? rhs.clone() : rhs);
+    return;
+  }
   if (slot.life.is_parameter()) {
     if (carries_history) parameter_takes_history();
   } else if (is_shared(l) && parts_from_others(l, carries_history)) {

@@ -232,6 +232,7 @@ void copy_values(at::Tensor &dst, const at::Tensor &src) {
   } else {
     download(dst, src);
   }
+  dst.unsafeGetTensorImpl()->bump_version();  // (as copy_ would: see above)
 }
 
 }  // namespace ftc

@@ -196,6 +196,8 @@ program test_lifetime
       call copy_into_unallocated_only_type()
     case ("--torch-assign-other-shape")
       call torch_assign_other_shape()
+    case ("--assign-into-view-of-leaf")
+      call assign_into_view_of_leaf()
     case default
       error stop "unknown argument"
     end select
@@ -231,6 +233,18 @@ contains
     call torch_assign(a, b)
     print '(a)', "assigned"
   end subroutine torch_assign_other_shape
+
+  ! `=` into a view of a leaf that requires grad: refused (PyTorch refuses the in-place write),
+  ! never the leaf overwritten behind autograd.
+  subroutine assign_into_view_of_leaf()
+    type(torch_tensor) :: x0, v
+    real(real64), target :: x(6)
+    x = 1
+    call torch_tensor_from_array(x0, x, torch_kCPU, requires_grad=.true.)
+    v = torch_reshape(x0, [2, 3])
+    v = 7d0
+    print '(a)', "assigned"
+  end subroutine assign_into_view_of_leaf
 
   ! Whether this compiler finalizes the left-hand side of an intrinsic assignment of a derived type,
   ! as Fortran says: flang, gfortran from 13; not gfortran 11 and 12.

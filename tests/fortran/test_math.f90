@@ -434,6 +434,45 @@ contains
     call torch_tensor_backward(u)
     call check(all(uv == 1.5d0 ** 4) .and. .not. torch_tensor_is_leaf(u), "u = u * u twice from leaf u, then backward")
 
+    ! `=` into a view of a tensor with history: the base takes the write into its graph, as an
+    ! in-place copy into a view does in PyTorch (CopySlices). Gradients of the base then flow
+    ! through the new values (to the right-hand side) and not through the overwritten ones.
+    block
+      real(real64), target :: x0v(6), xbv(6), cv(6), av(6), g0(6), ga(6)
+      type(torch_tensor) :: tx0, tx, tc, ta, vw, l2, tg0, tga
+      integer :: i
+      x0v = [(real(i, real64), i = 1, 6)]
+      cv = [(real(9 + i, real64), i = 1, 6)]
+      av = 0.5d0
+      call torch_tensor_from_array(tx0, x0v, torch_kCPU, requires_grad=.true.)
+      call torch_tensor_from_array(ta, av, torch_kCPU, requires_grad=.true.)
+      call torch_tensor_from_array(tx, xbv, torch_kCPU)
+      call torch_tensor_from_array(tc, cv, torch_kCPU)
+      call torch_tensor_from_array(tg0, g0, torch_kCPU)
+      call torch_tensor_from_array(tga, ga, torch_kCPU)
+      tx = 2d0 * tx0
+      vw = torch_reshape(tx, [2, 3])
+      vw = 0d0
+      l2 = torch_sum(tx * tc)
+      call torch_tensor_backward(l2)
+      call torch_tensor_get_gradient(tg0, tx0)
+      call check(all(xbv == 0d0) .and. all(g0 == 0d0), &
+                 "v = 0 into a view of x = 2*x0: no gradient reaches x0 through the overwritten values")
+      call tx0%zero_grad()
+      tx = 2d0 * tx0
+      call torch_delete(vw)  ! (else `vw = ...` below would copy into the view made above)
+      vw = torch_reshape(tx, [2, 3])
+      vw = torch_reshape(2d0 * ta, [2, 3])
+      l2 = torch_sum(tx * tc)
+      call torch_tensor_backward(l2)
+      call torch_tensor_get_gradient(tg0, tx0)
+      call torch_tensor_get_gradient(tga, ta)
+      call check(all(g0 == 0d0) .and. all(ga == 2 * cv), &
+                 "v = 2*a into a view of x: the gradient reaches a (2c), not x0")
+      call torch_delete(tx0); call torch_delete(tx); call torch_delete(tc); call torch_delete(ta)
+      call torch_delete(vw); call torch_delete(l2); call torch_delete(tg0); call torch_delete(tga)
+    end block
+
     call torch_delete(t); call torch_delete(v); call torch_delete(w); call torch_delete(x); call torch_delete(tg)
     call torch_delete(loss); call torch_delete(u)
   end subroutine assignment_with_other_holders
