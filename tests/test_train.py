@@ -281,14 +281,12 @@ def test_freeze_set_gradient_and_accumulation_match_pytorch(train_binary, data_d
             np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-14, err_msg=kind)
 
 
-def test_graph_step_with_staggered_adam_step_counts(train_binary, data_dir):
-    """The CUDA-graph step's update (run uncaptured, FTORCH_CUDA_GRAPHS=eager) when the parameters'
-    Adam step counts differ: the first layer was frozen for 3 steps, so it starts the graph-safe
-    update 3 steps behind the others (two groups of the multi-tensor update). torch.optim's Adam
-    skips parameters without a gradient in the same way."""
+def _check_first_layer_frozen(train_binary, data_dir, mode, trainable):
+    """Runs mode under FTORCH_CUDA_GRAPHS=eager and replays it with torch.optim's Adam, the first
+    layer trainable at the steps where trainable(step) holds."""
     env = dict(os.environ, FTORCH_CUDA_GRAPHS="eager")
-    assert_all_passed(run([train_binary, data_dir, "staggered"], check=False, env=env))
-    got_loss, _, got_params = read_run(data_dir / "train_staggered.txt")
+    assert_all_passed(run([train_binary, data_dir, mode], check=False, env=env))
+    got_loss, _, got_params = read_run(data_dir / f"train_{mode}.txt")
     x, y = train_data()
     with torch.jit.optimized_execution(False):
         model = torch.jit.load(str(data_dir / "train_mlp.pt"))
@@ -297,7 +295,7 @@ def test_graph_step_with_staggered_adam_step_counts(train_binary, data_dir):
         losses = []
         for step in range(1, 13):
             for p in params[:2]:
-                p.requires_grad_(step > 3)
+                p.requires_grad_(trainable(step))
             opt.zero_grad()
             loss = F.mse_loss(model(x), y)
             loss.backward()
@@ -310,33 +308,21 @@ def test_graph_step_with_staggered_adam_step_counts(train_binary, data_dir):
         np.testing.assert_allclose(got, p.detach().reshape(-1).numpy(), rtol=1e-9, atol=1e-12)
 
 
+def test_graph_step_with_staggered_adam_step_counts(train_binary, data_dir):
+    """The CUDA-graph step's update (run uncaptured, FTORCH_CUDA_GRAPHS=eager) when the parameters'
+    Adam step counts differ: the first layer was frozen for 3 steps, so it starts the graph-safe
+    update 3 steps behind the others (two groups of the multi-tensor update). torch.optim's Adam
+    skips parameters without a gradient in the same way."""
+    _check_first_layer_frozen(train_binary, data_dir, "staggered", lambda step: step > 3)
+
+
 def test_graph_step_sees_a_freeze_after_the_capture(train_binary, data_dir):
     """Which parameters require gradients is part of what a CUDA-graph step captured: freezing the
     first layer after the capture (steps 6-8) and unfreezing it (9-12) warm up and capture anew
     (a replay of the old capture would train the frozen layer, and never the unfrozen one). Run
     uncaptured (FTORCH_CUDA_GRAPHS=eager), which replays the captured set of updated parameters,
     against torch.optim's Adam, which skips parameters without a gradient."""
-    env = dict(os.environ, FTORCH_CUDA_GRAPHS="eager")
-    assert_all_passed(run([train_binary, data_dir, "refreeze"], check=False, env=env))
-    got_loss, _, got_params = read_run(data_dir / "train_refreeze.txt")
-    x, y = train_data()
-    with torch.jit.optimized_execution(False):
-        model = torch.jit.load(str(data_dir / "train_mlp.pt"))
-        params = list(model.parameters())
-        opt = torch.optim.Adam(params, lr=0.01, foreach=False)
-        losses = []
-        for step in range(1, 13):
-            for p in params[:2]:
-                p.requires_grad_(not 6 <= step <= 8)
-            opt.zero_grad()
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            losses.append(loss.item())
-            opt.step()
-    assert [opt.state[p]["step"].item() for p in params] == [9, 9, 12, 12]
-    np.testing.assert_allclose(got_loss, losses, rtol=1e-10, atol=0)
-    for got, p in zip(got_params, params, strict=True):
-        np.testing.assert_allclose(got, p.detach().reshape(-1).numpy(), rtol=1e-9, atol=1e-12)
+    _check_first_layer_frozen(train_binary, data_dir, "refreeze", lambda step: not 6 <= step <= 8)
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["steps", "cuda_graph"])

@@ -57,9 +57,9 @@ program test_train
     call parameter_handling()
     call rollback()
   case ("staggered")
-    call staggered_steps()
+    call first_layer_frozen("staggered", 1, 3, 5)
   case ("refreeze")
-    call freeze_between_graph_steps()
+    call first_layer_frozen("refreeze", 6, 8, 1)
   case ("resume")
     call get_command_argument(3, arg)
     call get_command_argument(4, mode)
@@ -231,38 +231,14 @@ contains
     if (run_mode == 6) call torch_delete(warm)
   end subroutine parity
 
-  ! Adam steps with the first layer frozen, then unfrozen, then the CUDA-graph form of the step:
-  ! the first layer's parameters have taken STAGGER steps fewer than the others when the
-  ! graph-safe update starts, so it updates them in groups of different step counts.
-  subroutine staggered_steps()
-    integer, parameter :: stagger = 3, steps = 12
-    type(torch_optim) :: optim
-    type(torch_tensor), allocatable :: params(:)
-    real(real64) :: loss
-    integer :: step
-    call load_fresh_model(params)
-    call torch_optim_Adam(optim, params, learning_rate=0.01d0)
-    call torch_model_freeze(model, "0")
-    open(newunit=unit, file=data_path("train_staggered.txt"), status="replace", action="write")
-    do step = 1, steps
-      if (step == stagger + 1) call torch_model_unfreeze(model, "0")
-      if (step <= stagger + 1) then
-        call torch_train_step(model, optim, [tx], ty, loss)
-      else
-        call torch_train_step(model, optim, [tx], ty, loss, cuda_graph=.true.)
-      end if
-      write(unit, '(a,2(1x,es25.17e3))') "step", loss, 0.01d0
-    end do
-    call write_params(unit, params)
-    close(unit)
-    call check(torch_optim_step_count(optim) == steps, "the optimizer counted every step")
-    call torch_delete(params)
-    call torch_delete(optim)
-  end subroutine staggered_steps
-
-  ! CUDA-graph steps with Adam from the first step on; the first layer frozen for steps 6-8 (after
-  ! the capture) and trainable again from step 9: each change captures the step anew.
-  subroutine freeze_between_graph_steps()
+  ! 12 Adam steps with the first layer frozen for steps frozen_from..frozen_to, CUDA-graph steps
+  ! from step first_graph on, written to train_<name>.txt. staggered: frozen for steps 1-3, graph
+  ! steps from 5: the first layer has taken 3 steps fewer than the others when the graph-safe
+  ! update starts, so it updates them in groups of different step counts. refreeze: graph steps
+  ! throughout, the layer frozen for steps 6-8 (after the capture): each change captures anew.
+  subroutine first_layer_frozen(name, frozen_from, frozen_to, first_graph)
+    character(len=*), intent(in) :: name
+    integer, intent(in) :: frozen_from, frozen_to, first_graph
     integer, parameter :: steps = 12
     type(torch_optim) :: optim
     type(torch_tensor), allocatable :: params(:)
@@ -270,19 +246,19 @@ contains
     integer :: step
     call load_fresh_model(params)
     call torch_optim_Adam(optim, params, learning_rate=0.01d0)
-    open(newunit=unit, file=data_path("train_refreeze.txt"), status="replace", action="write")
+    open(newunit=unit, file=data_path("train_" // name // ".txt"), status="replace", action="write")
     do step = 1, steps
-      if (step == 6) call torch_model_freeze(model, "0")
-      if (step == 9) call torch_model_unfreeze(model, "0")
-      call torch_train_step(model, optim, [tx], ty, loss, cuda_graph=.true.)
+      if (step == frozen_from) call torch_model_freeze(model, "0")
+      if (step == frozen_to + 1) call torch_model_unfreeze(model, "0")
+      call torch_train_step(model, optim, [tx], ty, loss, cuda_graph=step >= first_graph)
       write(unit, '(a,2(1x,es25.17e3))') "step", loss, 0.01d0
     end do
     call write_params(unit, params)
     close(unit)
-    call check(torch_optim_step_count(optim) == steps, "the optimizer counted every graph step")
+    call check(torch_optim_step_count(optim) == steps, "the optimizer counted every step")
     call torch_delete(params)
     call torch_delete(optim)
-  end subroutine freeze_between_graph_steps
+  end subroutine first_layer_frozen
 
   subroutine parameter_handling()
     type(torch_optim) :: optim
