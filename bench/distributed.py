@@ -79,7 +79,10 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--build-dir", type=Path, default=None)
+    parser.add_argument("--more-ranks", default="",
+                        help="more rank counts for the weak-scaling rows, e.g. 4,8 (a machine with that many cores)")
     args = parser.parse_args(argv)
+    more = [int(n) for n in args.more_ranks.split(",") if n.strip()]
 
     import ftorch
     import torch
@@ -101,11 +104,11 @@ def main(argv=None) -> int:
     run(["cmake", "--build", build_dir], env=env)
     program = build_dir / "bench_ddp"
 
-    samples = {key: [] for key in ("fortran_1", "fortran_2", "python_1", "python_2")}
+    samples = {f"{lang}_{n}": [] for n in (1, 2, *more) for lang in ("fortran", "python")}
     split = []
     update_1 = []
     for _ in range(repeats):
-        for ranks in (1, 2):
+        for ranks in (1, 2, *more):
             out = run(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", ranks, program, work / "mlp.pt",
                        features, batch, warmup, steps], env=env)
             values = result_line(out)
@@ -132,6 +135,8 @@ def main(argv=None) -> int:
         "fortran_1_update_ms": statistics.median(update_1),
         "step_with_barrier_only_ms": in_step,
         "weak_scaling": {"fortran": med["fortran_2"] / med["fortran_1"], "python": med["python_2"] / med["python_1"]},
+        "weak_scaling_by_ranks": {str(n): {"fortran": med[f"fortran_{n}"] / med["fortran_1"],
+                                           "python": med[f"python_{n}"] / med["python_1"]} for n in (2, *more)},
         "fortran_over_python_2_ranks": med["fortran_2"] / med["python_2"],
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -147,6 +152,9 @@ def main(argv=None) -> int:
         f"| 2 | {med['fortran_2']:.3f} ms | {med['python_2']:.3f} ms | {med['fortran_2'] / med['python_2']:.2f} |",
         f"| 2 ranks / 1 rank (weak scaling) | {results['weak_scaling']['fortran']:.3f} | "
         f"{results['weak_scaling']['python']:.3f} | |",
+        *(f"| {n} | {med[f'fortran_{n}']:.3f} ms ({med[f'fortran_{n}'] / med['fortran_1']:.3f}x 1 rank) | "
+          f"{med[f'python_{n}']:.3f} ms ({med[f'python_{n}'] / med['python_1']:.3f}x) | "
+          f"{med[f'fortran_{n}'] / med[f'python_{n}']:.2f} |" for n in more),
         "",
         f"FTorch on 2 ranks per step: compute {compute:.3f} ms, gradient averaging {comm:.3f} ms, update {update:.3f} ms "
         f"(on 1 rank: {statistics.median(update_1):.3f} ms); "

@@ -233,7 +233,7 @@ class OffPolicy:
         self.noise_explore = None if self.sac else Noise(actor, float(actor["sigma_explore"]), 0.0)
         self.buffer = ReplayBuffer(cfg["replay_buffer"], self.gamma, self.nstep,
                                    a.get("nstep_reward_reduction", "sum"))
-        load = lambda sub: torch.jit.load(str(start / sub / "model.pt"))  # noqa: E731
+        load = lambda sub: torch.jit.load(str(start / sub / "model.pt"), map_location="cpu")  # noqa: E731
         self.policy = load("policy")
         self.policy_target = None if self.sac else load("policy_target")
         self.critics = [load(f"critic_{i}") for i in range(n_critics)]
@@ -439,7 +439,7 @@ class PPO:
         rb = cfg["rollout_buffer"]["parameters"]
         self.n_envs = int(rb.get("n_envs", 1))
         self.steps = int(rb["size"]) // self.n_envs
-        self.net = torch.jit.load(str(start / "actor_critic" / "model.pt"))
+        self.net = torch.jit.load(str(start / "actor_critic" / "model.pt"), map_location="cpu")
         general = cfg["optimizer"].get("general") or {}
         self.accumulate = int(general.get("grad_accumulation_steps", 1))
         self.max_norm = float(general.get("max_grad_norm", 0.0))

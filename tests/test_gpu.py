@@ -36,8 +36,8 @@ def libcudart() -> str | None:
     return None
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_device_memory_on_the_gpu(installed, data_dir, tmp_path):
+def device_memory_program(installed, tmp_path) -> tuple[Path, dict]:
+    """tests/projects/gpu built against the installed package, and the environment it runs in."""
     fc = require_compiler("gfortran")
     bdir = tmp_path / "build"
     cudart = libcudart()
@@ -48,7 +48,42 @@ def test_device_memory_on_the_gpu(installed, data_dir, tmp_path):
     env = dict(os.environ)
     if cudart:
         env["LD_LIBRARY_PATH"] = str(Path(cudart).parent) + os.pathsep + env.get("LD_LIBRARY_PATH", "")
-    assert assert_all_passed(run([bdir / "device_memory", data_dir], env=env, check=False)) == 11
+    return bdir / "device_memory", env
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_device_memory_on_the_gpu(installed, data_dir, tmp_path):
+    program, env = device_memory_program(installed, tmp_path)
+    assert assert_all_passed(run([program, data_dir], env=env, check=False)) == 11
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_training_package_on_the_gpu(installed, data_dir, tmp_path):
+    """The same program with training packages in the TorchScript model's place: one exported for
+    CUDA (Inductor's GPU kernels) runs every step of it on cudaMalloc'd memory -- forward into
+    wrapped device memory, FTorch's idiom, SGD steps, Adam steps captured as a CUDA graph, on wrapped
+    buffers and on torch-owned tensors given new data by `=` -- against one exported for the CPU
+    (the program's bounds: 1e-12 for forward and three SGD steps, 1e-10 relative for ten Adam steps;
+    both packages compute float64 tanh(W x + b) * 2 with their own kernels, a few ulps apart)."""
+    import shutil
+    import sys
+
+    from models import SimpleNet
+
+    sys.path.insert(0, str(TESTS))
+    import ftorch
+
+    net = SimpleNet().double()
+    net.load_state_dict(torch.jit.load(str(data_dir / "simplenet_f64.pt")).state_dict())
+    dirs = {}
+    for device in ("cuda", "cpu"):
+        d = dirs[device] = tmp_path / device
+        d.mkdir()
+        report = ftorch.export(net, ["5:float64"], train_package=d / "simplenet_f64.pt2", device=device)
+        assert report.ok, report
+        shutil.copy(d / "simplenet_f64.pt2", d / "simplenet_f64.pt")
+    program, env = device_memory_program(installed, tmp_path)
+    assert assert_all_passed(run([program, dirs["cuda"], dirs["cpu"]], env=env, check=False)) == 11
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

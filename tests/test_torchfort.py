@@ -695,3 +695,81 @@ def test_wandb_log_failures_never_fail_a_step_already_taken(installed, tmp_path,
     lib.torchfort_wandb_log_double.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_double]
     assert lib.torchfort_wandb_log_double(name, b"energy", 7, 1.5) == 1
     assert "cannot write the wandb hook's log" in lib.ftc_last_error().decode()
+
+
+DEVICE_C_PROGRAM = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include "torchfort.h"
+/* usage: prog CONFIG DEVICE FLOAT64 CHECKPOINT_DIR: 8 training steps of model CONFIG on DEVICE
+   (TORCHFORT_DEVICE_CPU or a GPU number), the losses and the inference output printed, a checkpoint
+   written there and read into a model on the CPU, whose inference output is printed too. */
+int main(int argc, char **argv) {
+  if (argc < 5) return 9;
+  const int device = atoi(argv[2]), f8 = atoi(argv[3]);
+  double xd[6][4], yd[6][3], od[6][3], cd[6][3], ld = 0;
+  float xf[6][4], yf[6][3], of[6][3], cf[6][3], lf = 0;
+  for (int b = 0; b < 6; ++b) {
+    for (int i = 0; i < 4; ++i) xf[b][i] = (float)(xd[b][i] = (((i + 1) * 7 + (b + 1) * 3) % 11 - 5) / 8.0);
+    for (int j = 0; j < 3; ++j) yf[b][j] = (float)(yd[b][j] = (((j + 1) * 5 + (b + 1) * 2) % 7 - 3) / 4.0);
+  }
+  void *x = f8 ? (void *)xd : (void *)xf, *y = f8 ? (void *)yd : (void *)yf, *loss = f8 ? (void *)&ld : (void *)&lf;
+  void *out = f8 ? (void *)od : (void *)of, *back = f8 ? (void *)cd : (void *)cf;
+  const torchfort_datatype_t dt = f8 ? TORCHFORT_DOUBLE : TORCHFORT_FLOAT;
+  int64_t xs[2] = {6, 4}, ys[2] = {6, 3}, st = 0, si = 0;
+  if (torchfort_set_manual_seed(1234) != TORCHFORT_RESULT_SUCCESS) return 1;
+  if (torchfort_create_model("m", argv[1], device) != TORCHFORT_RESULT_SUCCESS) return 2;
+  for (int s = 0; s < 8; ++s) {
+    if (torchfort_train("m", x, 2, xs, y, 2, ys, loss, dt, NULL) != TORCHFORT_RESULT_SUCCESS) return 3;
+    printf("%.17e\n", f8 ? ld : (double)lf);
+  }
+  if (torchfort_inference("m", x, 2, xs, out, 2, ys, dt, NULL) != TORCHFORT_RESULT_SUCCESS) return 4;
+  if (torchfort_save_checkpoint("m", argv[4]) != TORCHFORT_RESULT_SUCCESS) return 5;
+  if (torchfort_create_model("cpu", argv[1], TORCHFORT_DEVICE_CPU) != TORCHFORT_RESULT_SUCCESS) return 6;
+  if (torchfort_load_checkpoint("cpu", argv[4], &st, &si) != TORCHFORT_RESULT_SUCCESS || st != 8) return 7;
+  if (torchfort_inference("cpu", x, 2, xs, back, 2, ys, dt, NULL) != TORCHFORT_RESULT_SUCCESS) return 8;
+  for (int b = 0; b < 6; ++b)
+    for (int j = 0; j < 3; ++j) printf("%.17e\n", f8 ? od[b][j] : (double)of[b][j]);
+  for (int b = 0; b < 6; ++b)
+    for (int j = 0; j < 3; ++j) printf("%.17e\n", f8 ? cd[b][j] : (double)cf[b][j]);
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda_graphs"])
+def test_torchfort_models_train_on_the_gpu(installed, torchfort_dir, tmp_path, graphs):
+    """Models created on GPU 0 (TorchFort's device argument), given host arrays as TorchFort's
+    programs do, with and without `enable_cuda_graphs`: the losses and outputs of every
+    configuration except dropout's (its masks come from the GPU's generator) equal PyTorch's on the
+    CPU, and a checkpoint written on the GPU resumes on the CPU with the same outputs. Bounds: float64
+    1e-10 (cuBLAS and the CPU's BLAS order the sums of the 4- to 16-long dot products differently, a
+    few ulps per step, through 8 steps of Adam or SGD); float32 1e-5 (those ulps are float32's,
+    6e-8, through the same 8 steps; the CPU run itself is within 2e-6 of PyTorch)."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    (tmp_path / "main.c").write_text(DEVICE_C_PROGRAM)
+    libdir = helper("--libdir")
+    run([cc, "-std=c99", "-Wall", "-Wextra", "-Werror", tmp_path / "main.c", f"-I{helper('--includedir')}",
+         f"-L{libdir}", "-lftorch_c", f"-Wl,-rpath,{libdir}", "-o", tmp_path / "main"])
+    for name, cfg in CONFIGS.items():
+        if name == "adam_dropout":
+            continue
+        cfg = {**cfg, "general": {**cfg.get("general", {}), "enable_cuda_graphs": str(graphs).lower()}}
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(_to_yaml(cfg).replace("{dir}", str(torchfort_dir)))
+        proc = run([tmp_path / "main", config, "0", "1" if name.startswith("f8") else "0", tmp_path / f"{name}_ckpt"],
+                   check=False)
+        assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        values = torch.tensor([float(v) for v in proc.stdout.split("\n") if v.strip() and not v.startswith("TORCHFORT::")],
+                              dtype=torch.float64)
+        losses, out, _ = reference(name, cfg, torchfort_dir)
+        tol = 1e-10 if name.startswith("f8") else 1e-5
+        torch.testing.assert_close(values[:STEPS], torch.tensor(losses, dtype=torch.float64), rtol=tol, atol=tol,
+                                   msg=lambda m: f"{name} losses on the GPU: {m}")
+        torch.testing.assert_close(values[STEPS:STEPS + 18].reshape(BATCH, 3), out.to(torch.float64), rtol=tol,
+                                   atol=tol, msg=lambda m: f"{name} inference on the GPU: {m}")
+        torch.testing.assert_close(values[STEPS + 18:], values[STEPS:STEPS + 18], rtol=tol, atol=tol,
+                                   msg=lambda m: f"{name}: the GPU's checkpoint on the CPU: {m}")

@@ -865,3 +865,33 @@ def test_distributed_systems_train_as_one(installed, tmp_path, compiler):
     proc = mpirun(1, bdir / "test_torchfort_rl_distributed_without", tmp_path, check=False, timeout=300)
     assert proc.returncode != 0
     assert "distributed systems need MPI, which FTorch takes from your program" in proc.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("rb_device", ["0", "-1"], ids=["buffer_on_the_gpu", "buffer_on_the_cpu"])
+def test_torchfort_rl_program_on_the_gpu(cmake_consumer, rl_dir, tmp_path, rb_device):
+    """The RL program with its networks on GPU 0 and its buffers on the GPU or the CPU (TorchFort's
+    model_device and rb_device): every check of the program passes (a midway checkpoint resumed on
+    the GPU repeats the second half bit for bit, its generators included). The systems whose
+    training draws no random numbers (DDPG's and PPO's; TD3's target smoothing and SAC's samples
+    come from the GPU's generator, not the CPU's the reference replays) equal the Python reference
+    on the CPU: losses, predictions, values. Bounds: the CPU test's (1e-10 float64, 1e-5 float32)
+    times 100, for the GPU's kernels, which round the dot products and reductions differently (a
+    few ulps per operation), through the critics' targets over the same dependent steps."""
+    work = tmp_path / "run"
+    shutil.copytree(rl_dir, work)
+    binary = cmake_consumer(COMPILERS[0]) / "test_torchfort_rl"
+    assert_all_passed(run([binary, work, "0", rb_device], check=False))
+    for name in [*SYSTEMS, *PPO_SYSTEMS]:
+        if "ddpg" not in name and "ppo" not in name:
+            continue
+        ref, losses, out, want = replay_ppo(name, work) if name in PPO_SYSTEMS else replay(name, work)
+        tol = 1e-3 if name.startswith("f4") else 1e-8
+        got = torch.tensor(_values(work / f"{name}.losses"), dtype=torch.float64)
+        loss_tol = max(tol, 1.2e-7)  # the losses cross the C API as float (see above)
+        torch.testing.assert_close(got, torch.tensor(losses, dtype=torch.float64), rtol=loss_tol, atol=loss_tol,
+                                   msg=lambda m: f"{name} losses on the GPU: {m}")
+        for i, key in ((1, "predict"), (4, "evaluate")):
+            torch.testing.assert_close(torch.tensor(out[i], dtype=torch.float64),
+                                       want[key].reshape(-1).to(torch.float64), rtol=tol, atol=tol,
+                                       msg=lambda m: f"{name} {key} on the GPU: {m}")

@@ -5,6 +5,8 @@
 #                        the nvptx offload compiler (gcc-12-offload-nvptx, nvptx-tools, libgomp's
 #                        nvptx plugin), ~45 MB
 #   DIR/whl/             the fypp wheel
+#   DIR/yaml/            libyaml's header and static library (Debian's libyaml-dev), for the
+#                        TorchFort API's configuration files (gpu_check.sh builds with it)
 # Usage: bash tools/gpu_bundle.sh DIR
 # On the GPU machine: bash tools/gpu_check.sh DIR/gfortran.tar.xz DIR/whl
 # The drivers find their programs and libraries relative to themselves; the target's binutils and
@@ -24,4 +26,6 @@ rm -rf "$tmp/root/usr/share" "$tmp"/root/usr/bin/*lto-dump* "$tmp"/root/usr/bin/
 ln -sf x86_64-linux-gnu-gfortran-12 "$tmp/root/usr/bin/gfortran"
 tar cJf "$out/gfortran.tar.xz" -C "$tmp/root" .
 python3 -m pip download -q --no-deps -d "$out/whl" fypp
-ls -la "$out/gfortran.tar.xz" "$out/whl"
+(cd "$tmp" && apt-get download libyaml-dev >/dev/null)
+rm -rf "$out/yaml" && dpkg -x "$tmp"/libyaml-dev_*.deb "$out/yaml"
+ls -la "$out/gfortran.tar.xz" "$out/whl" "$out/yaml/usr/include/yaml.h"

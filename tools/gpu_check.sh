@@ -6,7 +6,9 @@
 #   GFORTRAN_BUNDLE  a relocatable gfortran 12 with OpenACC offloading to nvptx
 #                    (tools/gpu_bundle.sh makes it and WHEEL_DIR on a Debian 12 machine); needed
 #                    only when no gfortran is on PATH
-#   WHEEL_DIR        a directory holding a fypp wheel; needed only when fypp is not installed
+#   WHEEL_DIR        a directory holding a fypp wheel; needed only when fypp is not installed;
+#                    libyaml (TorchFort's configuration files) is taken from WHEEL_DIR/../yaml when
+#                    that exists (gpu_bundle.sh puts it there) and no yaml.h is installed
 # Environment: PYTHON (default python3), JOBS (pytest workers, default 8), LOG_DIR (where the logs
 #   and the benchmark's results go, default bench/results), BENCH_REPS (default 5), DEADLINE
 #   (seconds from this script's start: every step ends by then, each limit cut to what is left
@@ -22,10 +24,14 @@
 #      without a copy, FTorch's GPU idiom, a train step, a GPU checkpoint loaded on the CPU), the
 #      CUDA cases of the CMake consumer, the OpenACC program (offloaded to the GPU), example 14,
 #      data-parallel training on the GPU (2 MPI ranks; needs OpenMPI there)
+#      the TorchFort API's models and RL systems on the GPU, a training package exported for CUDA
+#      in the device program
 #   3. host-device copies of FTorch's GPU idiom against torch's pinned and pageable copies
 #      (bench/transfer.py, values checked), written to LOG_DIR/transfer.{md,json}; the GPU
 #      benchmark (bench/gpu.py: training steps with and without CUDA graphs, FTorch against
 #      PyTorch), written to LOG_DIR/gpu.{md,json}
+#      node-shared inference for 1..16 ranks (bench/node_shared.py), data-parallel weak scaling
+#      on 1, 2, 4, 8 ranks of the CPU cores (bench/distributed.py)
 #   4. the rest of the examples, training, lifetime and consumer tests against the installed package
 set -uo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -78,6 +84,10 @@ if not torch.cuda.is_available():
 print("device:", torch.cuda.get_device_name(0))
 PY
 
+yaml_dir="$(cd "$(dirname "${2:-/nonexistent}")" 2>/dev/null && pwd)/yaml"
+if [ -f "$yaml_dir/usr/include/yaml.h" ] && [ ! -f /usr/include/yaml.h ]; then
+  export CMAKE_ARGS="${CMAKE_ARGS:-} -DFTORCH_YAML_INCLUDE_DIR=$yaml_dir/usr/include -DFTORCH_YAML_LIBRARY=$yaml_dir/usr/lib/x86_64-linux-gnu/libyaml.a"
+fi
 export FTORCH_TEST_USE_INSTALLED=1 CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 step build 400 "$py" -m pip install -v --no-build-isolation --no-deps "$repo" || exit 1
 step doctor 60 "$py" -m ftorch doctor
@@ -88,10 +98,14 @@ else
                 tests/test_cmake_consumer.py -k "gpu or device or openacc or cuda"
                 "tests/test_examples.py::test_example_runs[cuda_graph-gfortran]"
                 "tests/test_distributed.py::test_data_parallel_on_the_gpu"
-                "tests/test_distributed.py::test_node_shared_model_on_the_gpu")
+                "tests/test_distributed.py::test_node_shared_model_on_the_gpu"
+                "tests/test_torchfort.py::test_torchfort_models_train_on_the_gpu"
+                "tests/test_torchfort_rl.py::test_torchfort_rl_program_on_the_gpu")
 fi
 step device_tests 300 "$py" -m pytest -q -rs -n "$jobs" "${device_tests[@]}"
 step transfer 200 "$py" bench/transfer.py --out "$logs"
+step node_shared 300 "$py" bench/node_shared.py --out "$logs" --repeats "${NODE_SHARED_REPEATS:-1}"
+step distributed 300 "$py" bench/distributed.py --out "$logs" --repeats 3 --more-ranks "${DDP_RANKS:-4,8}"
 step bench 400 "$py" bench/gpu.py --out "$logs" --reps "${BENCH_REPS:-5}" ${BENCH_SIZES:+--sizes "$BENCH_SIZES"}
 step suite 400 "$py" -m pytest -q -rs -n "$jobs" tests/test_other_consumers.py tests/test_examples.py \
   tests/test_train.py tests/test_cmake_consumer.py tests/test_lifetime.py

@@ -6,7 +6,8 @@
 !> (losses to DIR/<name>.losses), predicts, explores and evaluates (DIR/<name>.outputs) and saves
 !> the final checkpoint (DIR/<name>_final): tests/test_torchfort_rl.py replays all of it in
 !> Python. Then a second system resumes the midway checkpoint and must repeat the second half bit for
-!> bit; the errors a user meets are checked last.
+!> bit; the errors a user meets are checked last. Optional arguments 2 and 3: the networks' and the
+!> buffers' devices (TORCHFORT_DEVICE_CPU, -1, by default; a GPU number).
 program test_torchfort_rl
   use, intrinsic :: iso_fortran_env, only: real32, real64, int64
   use torchfort
@@ -16,9 +17,16 @@ program test_torchfort_rl
   integer, parameter :: seed = 4321, seed2 = 77, nprobe = 5
   character(len=512) :: dir
   character(len=64) :: name
-  integer :: u, ios
+  character(len=16) :: arg
+  integer :: u, ios, model_dev = TORCHFORT_DEVICE_CPU, rb_dev = TORCHFORT_DEVICE_CPU
 
   call get_command_argument(1, dir)
+  if (command_argument_count() >= 3) then
+    call get_command_argument(2, arg)
+    read (arg, *) model_dev
+    call get_command_argument(3, arg)
+    read (arg, *) rb_dev
+  end if
   open (newunit=u, file=trim(dir)//"/rl_configs.txt", status="old", action="read")
   do
     read (u, '(a)', iostat=ios) name
@@ -72,7 +80,7 @@ contains
     allocate (s(ns1 * ns2, n_envs), sp(ns1 * ns2, n_envs), a(na, n_envs), r(n_envs), d(n_envs))
     allocate (probe(ns1 * ns2, nprobe), act(na, nprobe), q(nprobe), act1(na))
 
-    res = torchfort_rl_off_policy_create_system(name, path(name, ".yaml"), TORCHFORT_DEVICE_CPU, TORCHFORT_DEVICE_CPU)
+    res = torchfort_rl_off_policy_create_system(name, path(name, ".yaml"), model_dev, rb_dev)
     call check(res == TORCHFORT_RESULT_SUCCESS, "create "//name)
     call check(torchfort_rl_off_policy_save_checkpoint(name, path(name, "_init")) == 0, "save initial "//name)
     call check(torchfort_rl_off_policy_is_ready(name, ready) == 0 .and. .not. ready, "empty buffer not ready "//name)
@@ -196,8 +204,8 @@ contains
 
     ! Resumed from the midway checkpoint (its random generators too), the second half repeats bit for bit.
     name2 = name//"_resumed"
-    call check(torchfort_rl_off_policy_create_system(name2, path(name, ".yaml"), TORCHFORT_DEVICE_CPU, &
-                                                      TORCHFORT_DEVICE_CPU) == 0, "create "//name2)
+    call check(torchfort_rl_off_policy_create_system(name2, path(name, ".yaml"), model_dev, rb_dev) == 0, &
+               "create "//name2)
     ! (another random stream before the load: the checkpoint restores the generators)
     call check(torchfort_set_manual_seed(seed2) == 0, "seed 2")
     call check(torchfort_rl_off_policy_load_checkpoint(name2, path(name, "_mid")) == 0, "load_checkpoint "//name2)
@@ -231,7 +239,7 @@ contains
     close (pu)
     float32 = index(name, "f4") == 1
     allocate (s(ns, n_envs), a(na, n_envs), r(n_envs), d(n_envs), probe(ns, nprobe), act(na, nprobe), q(nprobe))
-    res = torchfort_rl_on_policy_create_system(name, path(name, ".yaml"), TORCHFORT_DEVICE_CPU, TORCHFORT_DEVICE_CPU)
+    res = torchfort_rl_on_policy_create_system(name, path(name, ".yaml"), model_dev, rb_dev)
     call check(res == TORCHFORT_RESULT_SUCCESS, "create "//name)
     call check(torchfort_rl_on_policy_save_checkpoint(name, path(name, "_init")) == 0, "save initial "//name)
     open (newunit=tu, file=path(name, ".transitions"), status="replace", action="write")
@@ -305,8 +313,8 @@ contains
     call check(res == TORCHFORT_RESULT_INVALID_USAGE, "no training after reset "//name)
 
     name2 = name//"_resumed"
-    call check(torchfort_rl_on_policy_create_system(name2, path(name, ".yaml"), TORCHFORT_DEVICE_CPU, &
-                                                     TORCHFORT_DEVICE_CPU) == 0, "create "//name2)
+    call check(torchfort_rl_on_policy_create_system(name2, path(name, ".yaml"), model_dev, rb_dev) == 0, &
+               "create "//name2)
     ! (another random stream before the load: the checkpoint restores the generators)
     call check(torchfort_set_manual_seed(seed2) == 0, "seed 2")
     call check(torchfort_rl_on_policy_load_checkpoint(name2, path(name, "_mid")) == 0, "load_checkpoint "//name2)

@@ -4,8 +4,10 @@
 ! step on it, and the results are read back with cudaMemcpy; FTorch's GPU idiom (CUDA model and
 ! input, output over a host array); then ten Adam steps captured as a CUDA
 ! graph (torch_train_step(..., cuda_graph=.true.)) on the same buffers, new data copied into them
-! before each step. The same runs on the CPU are the reference. Usage: device_memory DATA_DIR
-! (simplenet_f64.pt). Exit status 77: no CUDA device.
+! before each step. The same runs on the CPU are the reference. Usage: device_memory DATA_DIR [CPU_DIR]
+! (simplenet_f64.pt in each: the CUDA model from DATA_DIR, the CPU reference from CPU_DIR, default
+! DATA_DIR; a training package exported for each device can stand in the TorchScript file's place).
+! Exit status 77: no CUDA device.
 module cudart
   use, intrinsic :: iso_c_binding, only: c_int, c_ptr, c_size_t
   implicit none
@@ -38,7 +40,7 @@ program device_memory
   implicit none
   integer, parameter :: n = 5
   integer(c_size_t), parameter :: nbytes = n * 8
-  character(len=1024) :: dir
+  character(len=1024) :: dir, cpu_dir
   type(c_ptr) :: x_dev, y_dev, t_dev
   real(real64), target :: x(n), y_cpu(n), y_back(n), y_idiom(n), t(n), p_gpu(n * n + n), p_cpu(n * n + n)
   type(torch_model) :: gpu_model, cpu_model
@@ -48,6 +50,8 @@ program device_memory
   integer :: i, k
 
   call get_command_argument(1, dir)
+  cpu_dir = dir
+  if (command_argument_count() >= 2) call get_command_argument(2, cpu_dir)
   if (.not. torch_device_available(torch_kCUDA)) then
     print '(a)', "no CUDA device: skipped"
     stop 77
@@ -70,7 +74,7 @@ program device_memory
   call torch_tensor_from_array(cy, y_cpu, torch_kCPU)
   call torch_tensor_from_array(ct, t, torch_kCPU)
   call torch_model_load(gpu_model, trim(dir) // "/simplenet_f64.pt", torch_kCUDA, is_training=.true.)
-  call torch_model_load(cpu_model, trim(dir) // "/simplenet_f64.pt", torch_kCPU, is_training=.true.)
+  call torch_model_load(cpu_model, trim(cpu_dir) // "/simplenet_f64.pt", torch_kCPU, is_training=.true.)
 
   ! Forward writes into the CUDA buffer y_dev itself. Tolerance against the CPU: cuBLAS and the
   ! CPU's BLAS may order the float64 dot products of length 5 differently, a few ulps of O(1)
@@ -178,7 +182,7 @@ contains
     call torch_delete(gpu_opt)
     call torch_delete(cpu_opt)
     call torch_model_load(gpu_model, trim(dir) // "/simplenet_f64.pt", torch_kCUDA, is_training=.true.)
-    call torch_model_load(cpu_model, trim(dir) // "/simplenet_f64.pt", torch_kCPU, is_training=.true.)
+    call torch_model_load(cpu_model, trim(cpu_dir) // "/simplenet_f64.pt", torch_kCPU, is_training=.true.)
     call make_optim(gpu_model, gpu_opt, .true.)
     call make_optim(cpu_model, cpu_opt, .true.)
   end subroutine fresh_adam
