@@ -49,15 +49,54 @@ if(FTORCH_TORCH_CUDA AND NOT TARGET torch::cudart AND NOT DEFINED CMAKE_CUDA_COM
     add_library(torch::cudart INTERFACE IMPORTED)
     set_target_properties(torch::cudart PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_cuda_includes}"
                                                    INTERFACE_LINK_LIBRARIES "${FTORCH_CUDART_LIBRARY}")
-    # LibTorch's CUDA API (the CUDA-graph training step) includes cuda_runtime.h, which needs the
-    # runtime's crt/ headers: in a CUDA toolkit, or NVIDIA's nvidia-cuda-crt package, not in what
-    # torch's wheel depends on. Without them that step is left out (it then says how to get it).
+    # LibTorch's CUDA API (the CUDA-graph steps) includes cuda_runtime.h and cuda_fp16.h, which need
+    # the runtime's crt/ headers and (CUDA 13) CCCL's nv/target: in a CUDA toolkit, or NVIDIA's
+    # nvidia-cuda-crt and nvidia-cuda-cccl packages, not in what torch's wheel depends on. Taken from
+    # next to torch's runtime, else from a CUDA toolkit of the same major release on this machine
+    # (CUDA_HOME, CUDA_PATH, nvcc's, /usr/local/cuda; after torch's own headers, which win). Without
+    # them those steps are left out (they then say how to get them).
+    set(_cuda_extra "")
     find_path(FTORCH_CUDA_CRT_DIR crt/host_config.h PATHS ${_cuda_includes} NO_DEFAULT_PATH)
     if(NOT FTORCH_CUDA_CRT_DIR)
-      set(FTORCH_CUDA_GRAPHS_MISSING TRUE)
-      message(STATUS "FTorch: no crt/host_config.h next to torch's CUDA runtime: CUDA-graph training steps left out "
-                     "(pip install nvidia-cuda-crt==${FTORCH_TORCH_CUDA}.* and rebuild to have them)")
+      find_program(FTORCH_NVCC nvcc PATHS "$ENV{CUDA_HOME}/bin" "$ENV{CUDA_PATH}/bin" /usr/local/cuda/bin)
+      set(_toolkits "$ENV{CUDA_HOME}/include" "$ENV{CUDA_PATH}/include")
+      if(FTORCH_NVCC)
+        get_filename_component(_nvcc_bin "${FTORCH_NVCC}" DIRECTORY)
+        list(APPEND _toolkits "${_nvcc_bin}/../include" "${_nvcc_bin}/../targets/${CMAKE_SYSTEM_PROCESSOR}-linux/include")
+      endif()
+      list(APPEND _toolkits /usr/local/cuda/include "/usr/local/cuda/targets/${CMAKE_SYSTEM_PROCESSOR}-linux/include")
+      foreach(_dir IN LISTS _toolkits)
+        if(NOT _cuda_extra AND EXISTS "${_dir}/crt/host_config.h" AND EXISTS "${_dir}/cuda_runtime_api.h")
+          file(STRINGS "${_dir}/cuda_runtime_api.h" _cudart_version REGEX "#define[ \t]+CUDART_VERSION[ \t]+[0-9]+")
+          string(REGEX MATCH "[0-9]+$" _cudart_version "${_cudart_version}")
+          if(_cudart_version)
+            math(EXPR _toolkit_major "${_cudart_version} / 1000")
+            if(_toolkit_major EQUAL _cuda_major)
+              get_filename_component(_dir "${_dir}" ABSOLUTE)
+              set(_cuda_extra "${_dir}")
+              if(IS_DIRECTORY "${_dir}/cccl")
+                list(APPEND _cuda_extra "${_dir}/cccl")
+              endif()
+              message(STATUS "FTorch: the CUDA runtime's crt/ headers from the CUDA ${_toolkit_major} toolkit at ${_dir}")
+            endif()
+          endif()
+        endif()
+      endforeach()
     endif()
+    find_path(FTORCH_CUDA_NV_TARGET_DIR nv/target PATHS ${_cuda_includes} ${_cuda_extra} NO_DEFAULT_PATH
+              PATH_SUFFIXES "" cccl)
+    if(NOT FTORCH_CUDA_CRT_DIR AND NOT _cuda_extra)
+      set(FTORCH_CUDA_GRAPHS_MISSING TRUE)
+      message(STATUS "FTorch: no crt/host_config.h next to torch's CUDA runtime and no CUDA ${_cuda_major} toolkit: "
+                     "CUDA graphs left out (pip install nvidia-cuda-crt==${FTORCH_TORCH_CUDA}.* "
+                     "nvidia-cuda-cccl==${FTORCH_TORCH_CUDA}.* and rebuild to have them)")
+    elseif(NOT FTORCH_CUDA_NV_TARGET_DIR AND _cuda_major GREATER_EQUAL 13)
+      set(FTORCH_CUDA_GRAPHS_MISSING TRUE)
+      message(STATUS "FTorch: no nv/target (CCCL) next to torch's CUDA runtime: CUDA graphs left out "
+                     "(pip install nvidia-cuda-cccl==${FTORCH_TORCH_CUDA}.* and rebuild to have them)")
+    endif()
+    set(_cuda_all_includes ${_cuda_includes} ${_cuda_extra})
+    set_target_properties(torch::cudart PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_cuda_all_includes}")
   else()
     message(STATUS "FTorch: torch is a CUDA ${FTORCH_TORCH_CUDA} build without NVIDIA's runtime packages next "
                    "to it: LibTorch's CMake package looks for a CUDA toolkit")

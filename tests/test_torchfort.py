@@ -773,3 +773,71 @@ def test_torchfort_models_train_on_the_gpu(installed, torchfort_dir, tmp_path, g
                                    atol=tol, msg=lambda m: f"{name} inference on the GPU: {m}")
         torch.testing.assert_close(values[STEPS + 18:], values[STEPS:STEPS + 18], rtol=tol, atol=tol,
                                    msg=lambda m: f"{name}: the GPU's checkpoint on the CPU: {m}")
+
+
+@pytest.mark.parametrize("device", [-1, 0], ids=["cpu_uncaptured", "cuda"])
+def test_cuda_graph_steps_equal_eager_steps(installed, tmp_path, monkeypatch, device):
+    """`enable_cuda_graphs: true`: after 3 warm-up calls, training's forward, loss and backward and
+    inference's forward are replays of one capture, reading each call's arrays (new values every
+    step) through copies of their own. Against the same model without graphs: the same losses and
+    outputs at every step, with gradient accumulation (2 calls per update) and clipping; a loss that
+    is not finite after the capture (at a cycle's first and second call) fails the call and leaves
+    the model and the cycle's gradients as they were; a checkpoint loaded in between (gradients
+    replaced) is captured again. On the CPU (FTORCH_CUDA_GRAPHS=eager: the replayed work, uncaptured)
+    the two runs are bit for bit equal; on a GPU a captured cuBLAS call may take another algorithm
+    than the eager one (the capture runs on a stream of its own), so float32 within 1e-6 relative."""
+    import ctypes
+
+    if device >= 0 and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if device < 0:
+        monkeypatch.setenv("FTORCH_CUDA_GRAPHS", "eager")
+    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
+    lib.ftc_last_error.restype = ctypes.c_char_p
+    cfg = {"model": {"type": "mlp", "parameters": {"layer_sizes": [4, 16, 3]}}, "loss": {"type": "mse"},
+           "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2"},
+                         "general": {"grad_accumulation_steps": 2, "max_grad_norm": 0.5}}}
+    names = {}
+    for graphs in ("false", "true"):
+        config = tmp_path / f"{graphs}.yaml"
+        config.write_text(_to_yaml({**cfg, "general": {"enable_cuda_graphs": graphs}}))
+        names[graphs] = f"graphs_{graphs}_{device}".encode()
+        assert lib.torchfort_set_manual_seed(7) == 0
+        assert lib.torchfort_create_model(names[graphs], str(config).encode(), device) == 0, lib.ftc_last_error()
+    x0, y0 = _data(torch.float32)
+    shape = lambda t: (ctypes.c_int64 * t.dim())(*t.shape)  # noqa: E731
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+
+    def train(name, x, y):
+        loss = ctypes.c_float()
+        rc = lib.torchfort_train(name, ptr(x), ctypes.c_size_t(2), shape(x), ptr(y), ctypes.c_size_t(2), shape(y),
+                                 ctypes.byref(loss), -1, None)
+        return rc, loss.value
+
+    def infer(name, x):
+        out = torch.zeros(x.shape[0], 3)
+        assert lib.torchfort_inference(name, ptr(x), ctypes.c_size_t(2), shape(x), ptr(out), ctypes.c_size_t(2),
+                                       shape(out), -1, None) == 0
+        return out
+
+    rtol = 0 if device < 0 else 1e-6
+    for step in range(14):
+        x = (x0 * (1 + 0.1 * step)).contiguous()
+        y = (y0 - 0.05 * step).contiguous()
+        if step in (6, 9):  # a cycle's first call (6) and second (9), both after the capture
+            bad = y.clone()
+            bad[1, 2] = float("nan")
+            before = {g: infer(n, x) for g, n in names.items()}
+            for g, n in names.items():
+                rc, _ = train(n, x, bad)
+                assert rc == 3, (g, step)
+                assert "the loss is nan" in lib.ftc_last_error().decode()
+                assert torch.equal(infer(n, x), before[g]), (g, step)
+        if step == 11:  # a checkpoint of the model without graphs loaded into both (mid-cycle)
+            assert lib.torchfort_save_checkpoint(names["false"], str(tmp_path / "ckpt").encode()) == 0
+            for n in names.values():
+                assert lib.torchfort_load_checkpoint(n, str(tmp_path / "ckpt").encode(), None, None) == 0
+        (rc0, l0), (rc1, l1) = train(names["false"], x, y), train(names["true"], x, y)
+        assert rc0 == 0 and rc1 == 0, lib.ftc_last_error()
+        assert l1 == pytest.approx(l0, rel=rtol, abs=0), step
+        torch.testing.assert_close(infer(names["true"], x), infer(names["false"], x), rtol=rtol, atol=rtol)

@@ -2,7 +2,8 @@
 !> own batch of columns, either through a node-shared model held by rank 0 of the node (`shared`:
 !> the batches gathered there, one forward, the rows scattered back) or with a model of its own
 !> (`local`). The model sits on `device` (cpu or cuda: with `local` every rank then holds its own
-!> CUDA context). Each rank times its calls; rank 0 prints the slowest rank's mean:
+!> CUDA context and, as FTorch's GPU idiom does, copies its input to the device at every call and
+!> gets the output in its host array; `shared` gathers the host arrays). Each rank times its calls; rank 0 prints the slowest rank's mean:
 !>   RESULT <ms per forward> <columns per second over all ranks>
 !> Usage: mpirun -np N bench_node_shared <model.pt> <features> <batch per rank> <cpu|cuda>
 !>        <shared|local> <warm-up calls> <timed calls>
@@ -45,12 +46,12 @@ program bench_node_shared
   end if
 
   do i = 1, warmup
-    call torch_model_forward(model, tx, ty)
+    call forward()
   end do
   call MPI_Barrier(MPI_COMM_WORLD, ierr)
   start = MPI_Wtime()
   do i = 1, steps
-    call torch_model_forward(model, tx, ty)
+    call forward()
   end do
   mine = (MPI_Wtime() - start) / steps
   call MPI_Reduce(mine, slowest, 1, MPI_DOUBLE_PRECISION, MPI_MAX, 0, MPI_COMM_WORLD, ierr)
@@ -61,4 +62,14 @@ program bench_node_shared
   call torch_delete(model)
   if (trim(mode) == "shared") call torch_delete(node)
   call MPI_Finalize(ierr)
+
+contains
+
+  ! One forward of this rank's columns (a model of its own on the GPU: the input copied there first).
+  subroutine forward()
+    if (trim(mode) == "local" .and. device == torch_kCUDA) then
+      call torch_tensor_from_array(tx(1), x, torch_kCUDA)
+    end if
+    call torch_model_forward(model, tx, ty)
+  end subroutine forward
 end program bench_node_shared

@@ -9,6 +9,7 @@
 // update here is FTorch's, written to give the same values (tested against them on the CPU with
 // FTORCH_CUDA_GRAPHS=eager, which runs these same steps without capturing them).
 #include "internal.hpp"
+#include "captured_call.hpp"
 #include "optim_state.hpp"
 
 #include <algorithm>
@@ -41,18 +42,6 @@ struct TrainGraph {
 };
 
 namespace {
-
-// Eager steps before the capture: PyTorch's recipe warms up 3; TorchScript's profiling executor
-// must also have settled (it optimizes forward after its profiled runs and backward one call later).
-int64_t warmup_steps() {
-  return std::max<int64_t>(3, static_cast<int64_t>(torch::jit::getNumProfiledRuns().load()) + 2);
-}
-
-// FTORCH_CUDA_GRAPHS=eager: run the steps a graph would replay without capturing them (any device).
-bool eager_graphs() {
-  const char *v = std::getenv("FTORCH_CUDA_GRAPHS");
-  return v != nullptr && std::strcmp(v, "eager") == 0;
-}
 
 void check_graphable(const TrainStep &step, bool eager) {
   const Optim &opt = *step.opt;
@@ -90,9 +79,10 @@ void check_graphable(const TrainStep &step, bool eager) {
   require_device(step.target, "target");
 #if defined(FTORCH_CUDA_GRAPHS_MISSING)
   fail(FTC_ERR_DEVICE, "this FTorch was built against torch " FTORCH_TORCH_VERSION " without the CUDA runtime's "
-                       "crt/ headers (no CUDA toolkit was named, and NVIDIA's nvidia-cuda-crt package was not "
-                       "installed), so CUDA graphs were left out: pip install \"nvidia-cuda-crt==" FTORCH_CUDA_GRAPHS_MISSING
-                       ".*\" and rebuild FTorch");
+                       "crt/ headers or CCCL's nv/target (no CUDA toolkit of torch's CUDA release was found, and "
+                       "NVIDIA's nvidia-cuda-crt and nvidia-cuda-cccl packages were not installed), so CUDA graphs "
+                       "were left out: pip install \"nvidia-cuda-crt==" FTORCH_CUDA_GRAPHS_MISSING ".*\" \"nvidia-cuda-cccl=="
+                       FTORCH_CUDA_GRAPHS_MISSING ".*\" (or set CUDA_HOME to such a toolkit) and rebuild FTorch");
 #elif !defined(FTORCH_WITH_CUDA)
   fail(FTC_ERR_DEVICE, "this FTorch was built against a torch without CUDA (" FTORCH_TORCH_VERSION
                        "): CUDA graphs need a CUDA build of torch");
@@ -333,13 +323,6 @@ double warmup_step(TrainStep &step, TrainGraph &g) {
 }
 
 #ifdef FTORCH_WITH_CUDA
-// Work queued on stream `from` before this point comes before what `to` queues next.
-void join(const c10::cuda::CUDAStream &from, const c10::cuda::CUDAStream &to) {
-  at::cuda::CUDAEvent event;
-  event.record(from);
-  event.block(to);
-}
-
 // One step on the CUDA device of the parameters: warm-up, capture, replay.
 double cuda_graph_step(TrainStep &step, TrainGraph &g) {
   Optim &opt = *step.opt;
@@ -370,44 +353,17 @@ double cuda_graph_step(TrainStep &step, TrainGraph &g) {
     }
     if (!g.scalars.defined()) make_scalars(opt, g);
     opt.opt->zero_grad(true);  // backward in the capture then writes gradients of the graph's own
-    {
+    try {
       c10::cuda::CUDAStreamGuard on_side(side);
-      auto graph = std::make_unique<at::cuda::CUDAGraph>();
-      graph->capture_begin();
-      // A capture that fails leaves its graph registered with LibTorch's allocator, which keeps a
-      // pointer to it: the graph object is then kept (released from its owner, never deleted), and
-      // this key's later steps fail with the same reason instead of capturing again.
-      auto abandon = [&](const std::string &reason) {
-        try {
-          graph->capture_end();
-        } catch (...) {
-          // The capture is invalid already; the first reason is the one to report.
-        }
-        static_cast<void>(graph.release());
-        g.capture_error = "the training step cannot be captured as a CUDA graph: " + reason;
-      };
-      try {
-        g.loss = loss_and_gradients(step, g, true);
-        graph_update(opt, g);
-      } catch (const Error &e) {
-        abandon(e.what());
-        join(side, main);
-        throw;  // FTorch's own error (a parameter without state, say), as it is
-      } catch (const std::exception &e) {
-        abandon(e.what());
-        join(side, main);
-        fail(FTC_ERR_TORCH, g.capture_error);
-      }
-      try {
-        graph->capture_end();
-      } catch (const std::exception &e) {
-        static_cast<void>(graph.release());
-        g.capture_error = std::string("the training step cannot be captured as a CUDA graph (an operation of the "
-                                      "model or loss synchronizes with the host?): ") + e.what();
-        join(side, main);
-        fail(FTC_ERR_TORCH, g.capture_error);
-      }
-      g.graph = std::move(graph);
+      g.graph = capture_graph(
+          [&] {
+            g.loss = loss_and_gradients(step, g, true);
+            graph_update(opt, g);
+          },
+          "the training step", g.capture_error);
+    } catch (...) {
+      join(side, main);
+      throw;
     }
     join(side, main);
   }

@@ -4,6 +4,7 @@
 // TorchFort 0.4 (the same trajectory for the same configuration, data and seed); where TorchFort
 // would crash or silently misbehave, an error with TorchFort's result code says why.
 #include "torchfort_common.hpp"
+#include "captured_call.hpp"
 #include "rng_state.hpp"
 
 #include <algorithm>
@@ -241,6 +242,10 @@ struct Pack {
   std::unique_ptr<Loss> loss;
   int64_t step_train = 0, step_inference = 0, step_train_current = 0;
   fs::path log_file;  // the wandb hook's metrics log (empty: off)
+  // enable_cuda_graphs: training's forward, loss and backward, and inference's forward, each
+  // captured as a CUDA graph after its warm-up calls (TorchFort's split: the optimizer's update and
+  // the schedule stay outside)
+  ftc::CapturedCall train_graph, inference_graph;
   std::mutex mutex;   // one call at a time per model
 };
 
@@ -369,6 +374,78 @@ void log_step_metric(Pack &p, const std::string &metric, int64_t step, const std
 
 // Returns the loss in double precision (TorchFort rounds it to float first; a float64 model's
 // TORCHFORT_DOUBLE loss keeps its precision here).
+// The loss of one forward on inputs, as a tensor of one element.
+at::Tensor loss_of(Pack &p, const std::vector<at::Tensor> &inputs, const std::vector<at::Tensor> &labels,
+                   const std::vector<at::Tensor> &extra) {
+  const std::vector<at::Tensor> outputs = run_forward(p, inputs);
+  at::Tensor loss = (*p.loss)(outputs, labels, extra);
+  if (loss.numel() != 1)
+    usage("the loss has " + std::to_string(loss.numel()) + " elements; training needs one value (loss "
+          "parameters: reduction mean or sum, not none)");
+  return loss;
+}
+
+// A loss that is not finite would make every parameter (and Adam's moments) NaN and the call would
+// still succeed: an error, with the model and this accumulation cycle's gradients as they were (on
+// every rank: reduced_step tells them all).
+void require_finite(const Pack &p, double value) {
+  if (!std::isfinite(value))
+    throw Failure(TORCHFORT_RESULT_INTERNAL_ERROR,
+                  "the loss is " + std::to_string(value) + " at training step " + std::to_string(p.step_train + 1) +
+                      "; the model was not changed by this call (look for NaN or infinite inputs or labels, "
+                      "lower the learning rate, or clip gradients with max_grad_norm)");
+}
+
+// Whether this model's steps go through CUDA graphs: enable_cuda_graphs on a GPU (or with
+// FTORCH_CUDA_GRAPHS=eager, their work uncaptured on any device), not data-parallel (its averages
+// move the gradients into buckets, where a replay would not find them).
+bool uses_graphs(const Pack &p) {
+  return p.cfg.enable_cuda_graphs && (ftc::eager_graphs() || (p.device.is_cuda() && ftc::cuda_graphs_built())) &&
+         !(p.optim && p.optim->sync);
+}
+
+// Forward, loss and backward through the model's captured graph: the arguments copied into the
+// graph's own tensors, the gradients accumulated into the parameters' (kept: zero_grad leaves them
+// in place). A replay runs backward before the host sees the loss, so a loss that is not finite
+// puts the gradients back as they were before the error.
+double graph_loss_and_gradients(Pack &p, const std::vector<at::Tensor> &inputs, const std::vector<at::Tensor> &labels,
+                                const std::vector<at::Tensor> &extra, bool cycle_start) {
+  std::vector<at::Tensor> args = inputs;
+  args.insert(args.end(), labels.begin(), labels.end());
+  args.insert(args.end(), extra.begin(), extra.end());
+  const auto n_in = static_cast<std::ptrdiff_t>(inputs.size()), n_labels = static_cast<std::ptrdiff_t>(labels.size());
+  std::vector<at::Tensor> before;
+  if (!cycle_start) {
+    for (const auto &q : p.params) before.push_back(q.grad().defined() ? q.grad().clone() : at::Tensor());
+  }
+  bool replayed = false;
+  const std::vector<at::Tensor> results = p.train_graph.run(
+      args, p.device, /*mode=*/1,
+      [&](const std::vector<at::Tensor> &a, bool capturing) {
+        at::Tensor loss = loss_of(p, {a.begin(), a.begin() + n_in}, {a.begin() + n_in, a.begin() + n_in + n_labels},
+                                  {a.begin() + n_in + n_labels, a.end()});
+        if (!capturing) require_finite(p, loss.item<double>());
+        loss.backward();
+        return std::vector<at::Tensor>{loss.detach()};
+      },
+      &replayed);
+  const double value = results.at(0).item<double>();
+  if (replayed && !std::isfinite(value)) {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < p.params.size(); ++i) {
+      at::Tensor g = p.params[i].grad();
+      if (!g.defined()) continue;
+      if (cycle_start || !before[i].defined()) {
+        g.zero_();
+      } else {
+        g.copy_(before[i]);
+      }
+    }
+    require_finite(p, value);
+  }
+  return value;
+}
+
 double train_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, const std::vector<at::Tensor> &labels_in,
                   const std::vector<at::Tensor> &extra_in) {
   if (!p.opt)
@@ -376,27 +453,18 @@ double train_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, const std:
   if (!p.loss)
     usage("model '" + p.name + "' cannot be trained: its configuration (" + p.cfg.filename + ") has no loss block");
   p.module.train();
-  const auto inputs = on_device(inputs_in, p.device);
-  const auto labels = on_device(labels_in, p.device);
-  const auto extra = on_device(extra_in, p.device);
   const int64_t accumulate = p.cfg.grad_accumulation_steps;
-  if (p.step_train_current % accumulate == 0) p.opt->zero_grad(/*set_to_none=*/true);
+  const bool cycle_start = p.step_train_current % accumulate == 0;
+  const bool graphs = uses_graphs(p);
+  // (a captured backward adds into the gradients it found: they stay, zeroed in place)
+  if (cycle_start) p.opt->zero_grad(/*set_to_none=*/!graphs);
   // Data-parallel: gradients and the loss averaged over the ranks (a failure here reaches them all).
   const double value = ftc::reduced_step(*p.optim, [&] {
-    const std::vector<at::Tensor> outputs = run_forward(p, inputs);
-    at::Tensor loss = (*p.loss)(outputs, labels, extra);
-    if (loss.numel() != 1)
-      usage("the loss has " + std::to_string(loss.numel()) + " elements; training needs one value (loss "
-            "parameters: reduction mean or sum, not none)");
-    // A loss that is not finite would make every parameter (and Adam's moments) NaN and the call
-    // would still succeed: an error before backward, the model and this accumulation cycle's
-    // gradients as they were (on every rank: reduced_step tells them all).
+    if (graphs) return graph_loss_and_gradients(p, inputs_in, labels_in, extra_in, cycle_start);
+    at::Tensor loss = loss_of(p, on_device(inputs_in, p.device), on_device(labels_in, p.device),
+                              on_device(extra_in, p.device));
     const double value = loss.item<double>();
-    if (!std::isfinite(value))
-      throw Failure(TORCHFORT_RESULT_INTERNAL_ERROR,
-                    "the loss is " + std::to_string(value) + " at training step " + std::to_string(p.step_train + 1) +
-                        "; the model was not changed by this call (look for NaN or infinite inputs or labels, "
-                        "lower the learning rate, or clip gradients with max_grad_norm)");
+    require_finite(p, value);
     loss.backward();
     return value;
   });
@@ -424,7 +492,12 @@ double train_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, const std:
 void inference_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, std::vector<at::Tensor> &outputs) {
   torch::NoGradGuard no_grad;
   p.module.eval();
-  const std::vector<at::Tensor> results = run_forward(p, on_device(inputs_in, p.device));
+  bool replayed = false;
+  const std::vector<at::Tensor> results =
+      uses_graphs(p) ? p.inference_graph.run(
+                           inputs_in, p.device, /*mode=*/0,
+                           [&](const std::vector<at::Tensor> &a, bool) { return run_forward(p, a); }, &replayed)
+                     : run_forward(p, on_device(inputs_in, p.device));
   if (results.size() != outputs.size())
     usage("the model returns " + std::to_string(results.size()) + " tensors, but " + std::to_string(outputs.size()) +
           " output arrays were given");
@@ -569,6 +642,11 @@ std::shared_ptr<Pack> create_pack(const char *name, const char *config_fname, in
     }
     if (p->cfg.has_scheduler) p->schedule = std::make_unique<Schedule>(*p->opt, p->cfg.scheduler);
     if (p->cfg.enable_wandb_hook) p->log_file = wandb_log_file(p->name, p->cfg.text);
+    if (p->cfg.enable_cuda_graphs && p->device.is_cuda() && !ftc::cuda_graphs_built())
+      std::cerr << "TORCHFORT::WARNING: model " << p->name << ": enable_cuda_graphs is set, but this FTorch was built "
+                << "without CUDA graphs (the CUDA runtime's crt/ headers or CCCL were missing: pip install nvidia-cuda-crt "
+                << "nvidia-cuda-cccl, or set CUDA_HOME to a CUDA toolkit, and rebuild); its steps run uncaptured"
+                << std::endl;
     return p;
 }
 
@@ -740,6 +818,9 @@ torchfort_result_t torchfort_load_checkpoint(const char *name, const char *check
     ftc::load_optimizer_state(*p.opt, (dir / "optimizer.pt").string(), p.device);
     if (p.schedule) p.schedule->load((dir / "lr.pt").string());
     load_grads(p.params, dir / "grads.pt");  // (gradients accumulated within the cycle)
+    // The captured backward adds into the gradients it found, which load_grads replaced.
+    p.train_graph.reset();
+    p.inference_graph.reset();
     p.step_train = counts.train;
     p.step_inference = counts.inference;
     p.step_train_current = counts.current;

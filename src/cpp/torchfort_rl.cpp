@@ -835,6 +835,7 @@ void train_step(System &sys, float &p_loss, float &q_loss) {
   b.a = sys.input(b.a);
   b.r = sys.input(b.r);
   b.d = sys.input(b.d);
+  if (b.w.defined()) b.w = sys.input(b.w);  // (importance weights, made where the buffer is)
   if (sys.reward_norm) b.r = (*sys.reward_norm)(b.r.unsqueeze(1)).squeeze(1);
   if (sys.sac()) {
     train_sac(sys, b, p_loss, q_loss);
