@@ -290,6 +290,14 @@ def test_dtype_converts_the_model_and_the_inputs(tmp_path):
     assert "real(real64)" in cli("inspect", tmp_path / "mlp64.pt").stdout
     proc = cli("export", SPEC, "--input", "8,5", "--dtype", "int32", "-o", tmp_path / "bad.pt")
     assert proc.returncode == 2 and "float32 or float64" in proc.stderr
+    # From Python, the caller's module keeps its dtype: a copy of it is converted.
+    import ftorch
+
+    model = torch.nn.Linear(5, 3)
+    weight = model.weight.detach().clone()
+    assert ftorch.export(model, ["8,5"], tmp_path / "lin64.pt", dtype="float64").ok
+    assert model.weight.dtype == torch.float32 and torch.equal(model.weight.detach(), weight)
+    assert {p.dtype for p in torch.jit.load(str(tmp_path / "lin64.pt")).parameters()} == {torch.float64}
 
 
 def test_dynamic_batch_package_runs_other_batch_sizes(packages, trained):
@@ -404,6 +412,9 @@ def test_unscriptable_model_names_the_construct_and_suggests_trace(tmp_path, bad
         ([SPEC, "--init-kwargs", '{"n": 5}', "--input", "8,5", "-o", "m.pt"], "unexpected keyword argument 'n'"),
         ([SPEC, "--weights", "nothere.pt", "--input", "8,5", "-o", "m.pt"], "no such weights file"),
         ([SPEC, "--freeze", "--train", "--input", "8,5", "-o", "m.pt"], "--freeze is for inference"),
+        ([SPEC, "--input", "8,5", "-o", "m.pt", "--min-batch", "2"], "--min-batch and --max-batch bound the batch of"),
+        ([SPEC, "--input", "8,5", "--pt2", "m.pt2", "--trace"], "--trace applies to the TorchScript file"),
+        ([SPEC, "--input", "8,5", "--pt2", "m.pt2", "--train"], "--train without a file applies to the TorchScript"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(tmp_path, args, message):

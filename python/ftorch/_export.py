@@ -12,6 +12,8 @@ torch is imported inside the functions, so that ``import ftorch`` stays fast.
 
 from __future__ import annotations
 
+import copy
+
 import os
 import warnings
 from pathlib import Path
@@ -82,6 +84,14 @@ def export(
         raise UsageError("--freeze is for inference: it cannot keep training mode (--train)")
     if min_batch < 1 or (max_batch is not None and max_batch < min_batch):
         raise UsageError(f"bad batch range {min_batch}..{max_batch}")
+    if not dynamic_batch and (min_batch != 1 or max_batch is not None):
+        raise UsageError("--min-batch and --max-batch bound the batch of --dynamic-batch, which is not given (without "
+                         "it every input keeps its example shape)")
+    if torchscript is None:
+        # (options of the TorchScript file only: without one they would change nothing)
+        for flag, given in (("--trace", trace), ("--freeze", freeze), ("--train without a file", training)):
+            if given:
+                raise UsageError(f"{flag} applies to the TorchScript file (-o FILE.pt), which is not asked for")
     if dtype is not None:
         if _DTYPE_ALIASES.get(dtype) not in ("float32", "float64"):
             raise UsageError(f"--dtype {dtype!r}: the model's dtype is float32 or float64")
@@ -114,6 +124,13 @@ def export(
             model, label = load_model(model_or_spec, init_kwargs, None)
         else:
             raise UsageError(f"model: expected an nn.Module or 'file.py:Name', got {type(model_or_spec).__name__}")
+        if model is model_or_spec and _converts(model, dtype, dev):
+            # The caller's module stays as it is: converted is a copy of it.
+            try:
+                model = copy.deepcopy(model)
+            except Exception as exc:
+                raise UsageError(f"--dtype/--device convert a copy of the model, but it cannot be copied "
+                                 f"(copy.deepcopy: {exc}); convert it yourself before exporting") from None
         if dtype is not None:
             model = model.to(_torch_dtype(dtype))
         if weights is not None:  # after the dtype: float64 weights are not rounded through float32
@@ -137,6 +154,14 @@ def export(
         finally:
             for m, mode in modes:  # the caller's modes, module by module
                 m.training = mode
+
+
+def _converts(model, dtype, dev) -> bool:
+    """Whether model.to(dtype) or model.to(dev) would change the model."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    if any(t.device != dev for t in tensors):
+        return True
+    return dtype is not None and any(t.is_floating_point() and t.dtype != _torch_dtype(dtype) for t in tensors)
 
 
 def _export(model, name, label, specs, given, ts_path, pt2_path, train_path, trace, dynamic_batch, min_batch, max_batch,
