@@ -68,6 +68,10 @@ struct FunctionNode : Node {
   std::vector<at::Tensor> inputs;
   std::vector<ftc_tensor> forward_handles;
   std::vector<at::Tensor> to_save;
+  // The handles save_for_backward was given and their tensors' versions then: a handle given new
+  // values by `=` before forward returns is an error (see check_saved_unchanged).
+  std::vector<ftc_tensor> to_save_handles;
+  std::vector<uint32_t> to_save_versions;
   std::vector<int> non_differentiable;
   std::vector<std::pair<int, int>> dirty;  // (input, output)
   std::unique_ptr<at::AutoGradMode> forward_mode;
@@ -211,6 +215,30 @@ variable_list FunctionNode::apply(variable_list &&grads) {
   return result;
 }
 
+// The nodes whose forward runs on this thread (nested custom functions: several).
+thread_local std::vector<const FunctionNode *> forwards_in_progress;
+
+// What save_for_backward saved is what backward gets. A handle given new values by `=` after it was
+// saved, before forward returned, would leave backward with the old values where `=` gave the
+// handle new memory and with the new ones where it wrote in place: an error either way, as PyTorch
+// refuses a saved tensor modified in place (inputs marked dirty are modified on purpose).
+void check_saved_unchanged(const FunctionNode &node) {
+  std::unordered_set<at::TensorImpl *> dirty;
+  for (const auto &d : node.dirty) dirty.insert(node.inputs[static_cast<size_t>(d.first)].unsafeGetTensorImpl());
+  for (size_t k = 0; k < node.to_save.size(); ++k) {
+    const at::Tensor &saved = node.to_save[k];
+    const auto *slot = ftc::TensorTable::instance().find(node.to_save_handles[k]);
+    const bool replaced = slot != nullptr && slot->value.unsafeGetTensorImpl() != saved.unsafeGetTensorImpl();
+    const bool written = saved._version() != node.to_save_versions[k] && dirty.count(saved.unsafeGetTensorImpl()) == 0;
+    if (replaced || written) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+                "the forward of " + node.label() + " gave tensor " + std::to_string(k + 1) +
+                    " of save_for_backward new values after saving it: call save_for_backward after the last "
+                    "assignment to the tensors it saves (or save a copy, torch_clone)");
+    }
+  }
+}
+
 // Ends the forward of a node: grad mode restored, forward handles freed, context released.
 void end_forward(ftc_function_ctx ctx, FunctionNode &node) {
   for (auto h : node.forward_handles) ftc::delete_tensor(h);
@@ -219,10 +247,28 @@ void end_forward(ftc_function_ctx ctx, FunctionNode &node) {
   node.in_forward = false;
   node.inputs.clear();
   node.to_save.clear();
+  node.to_save_handles.clear();
+  node.to_save_versions.clear();
+  forwards_in_progress.erase(std::remove(forwards_in_progress.begin(), forwards_in_progress.end(), &node),
+                             forwards_in_progress.end());
   CtxTable::instance().release(ctx);
 }
 
 }  // namespace
+
+void ftc::check_not_saved_for_backward(const at::Tensor &t) {
+  for (const FunctionNode *node : forwards_in_progress) {
+    for (const auto &saved : node->to_save) {
+      if (saved.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+                  "the left-hand side was saved for backward by the forward of " + node->label() +
+                      " (save_for_backward), so = would give it new values that backward would not see: call "
+                      "save_for_backward after the last assignment to the tensors it saves (or save a copy, "
+                      "torch_clone)");
+      }
+    }
+  }
+}
 
 
 extern "C" {
@@ -264,6 +310,7 @@ int ftc_function_begin(int64_t id, const ftc_tensor *inputs, int n_inputs, ftc_f
     node->inputs = std::move(tensors);
     node->forward_mode = std::make_unique<at::AutoGradMode>(false);
     for (size_t i = 0; i < node->forward_handles.size(); ++i) forward_inputs[i] = node->forward_handles[i];
+    forwards_in_progress.push_back(node.get());
     *ctx = CtxTable::instance().acquire(std::move(node));
   });
 }
@@ -289,6 +336,7 @@ int ftc_function_finish(ftc_function_ctx ctx, ftc_tensor *outputs, int n_outputs
     } end{ctx, *node};
     if (n_outputs < 1) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "a custom function needs at least one output");
     if (outputs == nullptr) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "outputs array pointer is null");
+    check_saved_unchanged(*node);
     const auto n_out = static_cast<size_t>(n_outputs);
     // Dirty inputs: the output is the input tensor itself.
     for (const auto &[in, out] : node->dirty) {
@@ -349,6 +397,9 @@ int ftc_ctx_save_for_backward(ftc_function_ctx ctx, const ftc_tensor *tensors, i
   return ftc::guard([&] {
     FunctionNode &node = forward_node(ctx, "save_for_backward");
     auto ts = ftc::tensors_of(tensors, n, "tensor to save");
+    node.to_save_handles.assign(tensors, tensors + n);
+    node.to_save_versions.clear();
+    for (const auto &t : ts) node.to_save_versions.push_back(t._version());
     node.to_save = std::move(ts);
   });
 }

@@ -306,6 +306,10 @@ void expose_memory(TensorTable::Slot &slot);
 // Whether a pointer into t's memory was handed out (through any tensor over the same storage).
 bool memory_exposed(const at::Tensor &t);
 
+// `=` into t: an error when t was saved for backward by a custom function whose forward runs on
+// this thread (backward would keep the old values) (function.cpp).
+void check_not_saved_for_backward(const at::Tensor &t);
+
 // Result `index` (0-based) of a model or a Python function (`source` says which, for the shape
 // error) written into an output tensor as `=` does: into its memory (an aliased Fortran array
 // receives it), carrying the graph when one was recorded. The shapes must match.

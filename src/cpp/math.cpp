@@ -183,7 +183,7 @@ void assign_into(TensorTable::Slot &slot, const at::Tensor &rhs) {
   }
   if (slot.life.is_parameter()) {
     if (carries_history) parameter_takes_history();
-  } else if (is_shared(l) && parts_from_others(l, carries_history)) {
+  } else if (is_shared(l) && (check_not_saved_for_backward(l), parts_from_others(l, carries_history))) {
     at::NoGradGuard no_grad;
     l = part_from_others(slot);  // (a leaf requiring grad gets here only to take rhs's history below)
   }

@@ -241,6 +241,21 @@ contains
     outputs(1) = inputs(1) * inputs(1)
   end subroutine square_forward
 
+  ! ---- saves a tensor, then gives it new values: an error when forward returns
+  subroutine resave_forward(ctx, inputs, outputs, stat, errmsg)
+    type(torch_function_ctx), intent(inout) :: ctx
+    type(torch_tensor), intent(in) :: inputs(:)
+    type(torch_tensor), intent(inout) :: outputs(:)
+    integer, intent(inout) :: stat
+    character(len=*), intent(inout) :: errmsg
+    type(torch_tensor) :: e
+    e = inputs(1) * 2.0_real64
+    call ctx%save_for_backward([e])
+    e = inputs(1) * 3.0_real64
+    outputs(1) = inputs(1) * e
+    call torch_delete(e)
+  end subroutine resave_forward
+
   ! A backward made of differentiable operations: usable under create_graph when declared.
   subroutine square_backward(ctx, grad_outputs, grad_inputs, stat, errmsg)
     type(torch_function_ctx), intent(inout) :: ctx
@@ -584,7 +599,7 @@ contains
   subroutine callback_errors()
     real(real64), target :: x(3)
     type(torch_tensor) :: tx, outs(1), loss, g
-    type(torch_function) :: cube
+    type(torch_function) :: cube, resave
     type(torch_function_ctx) :: dead
     real(real64), allocatable :: dead_args(:)
     integer :: stat, before
@@ -622,6 +637,15 @@ contains
     dead_args = dead%real_args()
     call torch_catch_end(stat, msg)
     call check(stat /= 0, "ctx: real_args of a context that is not live is an error: " // trim(msg))
+    ! A tensor given new values by = after save_for_backward (backward would get the old values,
+    ! or the new ones, depending on whether = wrote in place): an error naming the function.
+    call torch_function_define(resave, "resave", resave_forward, square_backward)
+    before = int(ftorch_live_handles())
+    call torch_function_apply(resave, [tx], outs, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_CALLBACK .and. index(msg, "'resave'") > 0 .and. &
+               index(msg, "the left-hand side was saved for backward") > 0, &
+               "save_for_backward: a saved tensor given new values before forward returns is an error: " // trim(msg))
+    call check(int(ftorch_live_handles()) == before, "save_for_backward: ... and leaks no handle")
   end subroutine callback_errors
 
   subroutine wrong_gradients()
