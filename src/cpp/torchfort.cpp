@@ -420,7 +420,8 @@ double graph_loss_and_gradients(Pack &p, const std::vector<at::Tensor> &inputs, 
   }
   bool replayed = false;
   const std::vector<at::Tensor> results = p.train_graph.run(
-      args, p.device, /*mode=*/1,
+      // (the key: training, and how the arguments divide into inputs, labels and extra arguments)
+      args, p.device, /*mode=*/1 + 2 * (n_in + 1024 * n_labels),
       [&](const std::vector<at::Tensor> &a, bool capturing) {
         at::Tensor loss = loss_of(p, {a.begin(), a.begin() + n_in}, {a.begin() + n_in, a.begin() + n_in + n_labels},
                                   {a.begin() + n_in + n_labels, a.end()});
@@ -458,16 +459,30 @@ double train_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, const std:
   const bool graphs = uses_graphs(p);
   // (a captured backward adds into the gradients it found: they stay, zeroed in place)
   if (cycle_start) p.opt->zero_grad(/*set_to_none=*/!graphs);
+  // Buffers the forward updates (BatchNorm's running statistics): put back if the step fails (a loss
+  // that is not finite, say), so that the model is as it was.
+  std::vector<at::Tensor> buffers, buffers_before;
+  for (const auto &b : p.module.buffers()) {
+    buffers.push_back(b);
+    buffers_before.push_back(b.clone());
+  }
   // Data-parallel: gradients and the loss averaged over the ranks (a failure here reaches them all).
-  const double value = ftc::reduced_step(*p.optim, [&] {
-    if (graphs) return graph_loss_and_gradients(p, inputs_in, labels_in, extra_in, cycle_start);
-    at::Tensor loss = loss_of(p, on_device(inputs_in, p.device), on_device(labels_in, p.device),
-                              on_device(extra_in, p.device));
-    const double value = loss.item<double>();
-    require_finite(p, value);
-    loss.backward();
-    return value;
-  });
+  double value = 0;
+  try {
+    value = ftc::reduced_step(*p.optim, [&] {
+      if (graphs) return graph_loss_and_gradients(p, inputs_in, labels_in, extra_in, cycle_start);
+      at::Tensor loss = loss_of(p, on_device(inputs_in, p.device), on_device(labels_in, p.device),
+                                on_device(extra_in, p.device));
+      const double value = loss.item<double>();
+      require_finite(p, value);
+      loss.backward();
+      return value;
+    });
+  } catch (...) {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(buffers_before[i]);  // (in place: a graph reads them)
+    throw;
+  }
   if ((p.step_train_current + 1) % accumulate == 0) {
     ftc::before_update(*p.optim);
     if (p.cfg.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(p.params, p.cfg.max_grad_norm);
@@ -546,7 +561,10 @@ std::vector<at::Tensor> forward_tensors(torch::jit::Module &module, std::vector<
   return out;
 }
 
-void copy_state(torch::jit::Module &to, const torch::jit::Module &from, const std::string &file) {
+// Every parameter and buffer of `to` paired with its value in `from` (names and shapes checked;
+// nothing changes).
+std::vector<std::pair<at::Tensor, at::Tensor>> state_pairs(const torch::jit::Module &to,
+                                                           const torch::jit::Module &from, const std::string &file) {
   std::unordered_map<std::string, at::Tensor> source;
   for (const auto &p : from.named_parameters()) source[p.name] = p.value;
   for (const auto &b : from.named_buffers()) source[b.name] = b.value;
@@ -563,8 +581,16 @@ void copy_state(torch::jit::Module &to, const torch::jit::Module &from, const st
   for (const auto &p : to.named_parameters()) match(p.name, p.value);
   for (const auto &b : to.named_buffers()) match(b.name, b.value);
   if (count != source.size()) usage(file + " holds more parameters and buffers than the model: it holds another model");
+  return pairs;
+}
+
+void copy_pairs(const std::vector<std::pair<at::Tensor, at::Tensor>> &pairs) {
   torch::NoGradGuard no_grad;
-  for (auto &[dst, src] : pairs) dst.copy_(src);
+  for (const auto &[dst, src] : pairs) at::Tensor(dst).copy_(src);
+}
+
+void copy_state(torch::jit::Module &to, const torch::jit::Module &from, const std::string &file) {
+  copy_pairs(state_pairs(to, from, file));
 }
 
 void save_state(const Pack &p, const std::string &path) {
@@ -811,13 +837,26 @@ torchfort_result_t torchfort_load_checkpoint(const char *name, const char *check
     if (!fs::is_directory(dir)) usage("the checkpoint directory " + dir.string() + " does not exist");
     for (const char *f : {"state.pt", "model.pt", "optimizer.pt"}) require_file(dir / f);
     if (p.schedule) require_file(dir / "lr.pt");
-    // Read everything first; the model's values change only once every file has been read.
+    // Read and check everything first; the model changes only once every file has been read (a
+    // file that fails leaves it as it was).
     torch::jit::Module loaded = load_script((dir / "model.pt").string(), p.device, "the checkpoint's model");
     const StepCounts counts = load_state((dir / "state.pt").string());
-    copy_state(p.module, loaded, (dir / "model.pt").string());
-    ftc::load_optimizer_state(*p.opt, (dir / "optimizer.pt").string(), p.device);
-    if (p.schedule) p.schedule->load((dir / "lr.pt").string());
-    load_grads(p.params, dir / "grads.pt");  // (gradients accumulated within the cycle)
+    const auto pairs = state_pairs(p.module, loaded, (dir / "model.pt").string());
+    const std::string optimizer_file = (dir / "optimizer.pt").string();
+    {
+      // (the optimizer's state read into a copy of it over copies of the parameters first: a load
+      // that fails clears the state it was loading into)
+      std::vector<at::Tensor> copies;
+      for (const auto &q : p.params) copies.push_back(q.detach().clone().requires_grad_(q.requires_grad()));
+      ftc::load_optimizer_state(*make_optim(p.cfg.optimizer, copies, p.cfg.filename)->opt, optimizer_file, p.device);
+    }
+    std::optional<Schedule::State> schedule;
+    if (p.schedule) schedule = p.schedule->read((dir / "lr.pt").string());
+    const auto grads = read_grads(p.params, dir / "grads.pt");  // (gradients accumulated within the cycle)
+    copy_pairs(pairs);
+    ftc::load_optimizer_state(*p.opt, optimizer_file, p.device);
+    if (schedule) p.schedule->apply(*schedule);
+    assign_grads(p.params, grads);
     // The captured backward adds into the gradients it found, which load_grads replaced.
     p.train_graph.reset();
     p.inference_graph.reset();

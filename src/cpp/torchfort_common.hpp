@@ -150,19 +150,28 @@ class Schedule {
     archive.write("lrs", c10::IValue(rates()));
     archive.save_to(path);
   }
-  void load(const std::string &path) {
+  // lr.pt read and checked (nothing changes), then applied.
+  struct State {
+    unsigned count = 0;
+    std::vector<double> lrs;
+  };
+  State read(const std::string &path) const {
     torch::serialize::InputArchive archive;
     archive.load_from(path);
     c10::IValue count, lrs;
     if (!archive.try_read("step_count", count) || !archive.try_read("lrs", lrs))
       usage(path + " is not a learning-rate schedule's state (step_count and lrs missing)");
-    std::vector<double> values = lrs.toDoubleVector();
-    if (values.size() != opt_.param_groups().size())
-      usage(path + " holds " + std::to_string(values.size()) + " rates for an optimizer of " +
+    State state{static_cast<unsigned>(count.toInt()), lrs.toDoubleVector()};
+    if (state.lrs.size() != opt_.param_groups().size())
+      usage(path + " holds " + std::to_string(state.lrs.size()) + " rates for an optimizer of " +
             std::to_string(opt_.param_groups().size()) + " parameter groups");
-    count_ = static_cast<unsigned>(count.toInt());
-    for (size_t i = 0; i < values.size(); ++i) opt_.param_groups()[i].options().set_lr(values[i]);
+    return state;
   }
+  void apply(const State &state) {
+    count_ = state.count;
+    for (size_t i = 0; i < state.lrs.size(); ++i) opt_.param_groups()[i].options().set_lr(state.lrs[i]);
+  }
+  void load(const std::string &path) { apply(read(path)); }
 
  private:
   std::vector<double> rates() const {
@@ -246,19 +255,28 @@ inline void save_grads(const std::vector<at::Tensor> &params, const std::string 
   archive.save_to(file);
 }
 
-inline void load_grads(std::vector<at::Tensor> &params, const fs::path &file) {
-  if (!fs::exists(file)) return;
+// grads.pt read and checked (nothing changes; none when the file is missing: nullopt), then given to
+// the parameters.
+inline std::optional<std::vector<at::Tensor>> read_grads(const std::vector<at::Tensor> &params, const fs::path &file) {
+  if (!fs::exists(file)) return std::nullopt;
   torch::serialize::InputArchive archive;
   archive.load_from(file.string());
+  std::vector<at::Tensor> grads(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor g;
     if (archive.try_read("g" + std::to_string(i), g)) {
       if (g.sizes() != params[i].sizes()) usage(file.string() + " holds gradients of another network");
-      params[i].mutable_grad() = g.to(params[i].device(), params[i].scalar_type());
-    } else {
-      params[i].mutable_grad() = at::Tensor();
+      grads[i] = g.to(params[i].device(), params[i].scalar_type());
     }
   }
+  return grads;
+}
+inline void assign_grads(std::vector<at::Tensor> &params, const std::optional<std::vector<at::Tensor>> &grads) {
+  if (!grads) return;
+  for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = (*grads)[i];
+}
+inline void load_grads(std::vector<at::Tensor> &params, const fs::path &file) {
+  assign_grads(params, read_grads(params, file));
 }
 
 // The parameters and buffers of `from` into the same-named ones of `to`, after checking that every
