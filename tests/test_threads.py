@@ -15,8 +15,29 @@ from conftest import COMPILERS, IN_CI, TESTS, assert_all_passed, require_compile
 FLANG_OPENMP_PACKAGE = "libomp-19-dev"
 
 
+_package: list = []
+
+
+def compiled_package(tmp_path_factory):
+    """A small .pt2 with a dynamic batch (x(nb, 5) -> y(nb, 3)), exported once per session."""
+    if not _package:
+        import sys
+
+        import torch
+
+        sys.path.insert(0, str(TESTS))
+        import ftorch
+
+        torch.manual_seed(0)
+        path = tmp_path_factory.mktemp("threads_pt2") / "mlp.pt2"
+        model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        assert ftorch.export(model, ["4,5"], pt2=path, dynamic_batch=True, check=False).ok
+        _package.append(path)
+    return _package[0]
+
+
 @pytest.mark.parametrize("compiler", COMPILERS)
-def test_threads(installed, data_dir, tmp_path, compiler):
+def test_threads(installed, data_dir, tmp_path, tmp_path_factory, compiler):
     fc = require_compiler(compiler)
     build = tmp_path / "build"
     configure = run(["cmake", "-S", TESTS / "projects" / "threads", "-B", build, "-G", "Ninja",
@@ -31,7 +52,10 @@ def test_threads(installed, data_dir, tmp_path, compiler):
     run(["cmake", "--build", build], env=tool_env())
     env = dict(os.environ, OMP_NUM_THREADS="4", OMP_DYNAMIC="false")
     env.pop("OMP_THREAD_LIMIT", None)
-    proc = run([build / "test_threads", data_dir], env=env, check=False, timeout=600)
+    proc = run([build / "test_threads", data_dir, compiled_package(tmp_path_factory)], env=env, check=False,
+               timeout=600)
     assert_all_passed(proc)
+    # Standard error is the program's own after threads captured it at once (case g).
+    assert "standard error after the compiled loads" in proc.stderr, proc.stderr[-3000:]
     # Handles made on one thread and freed on another are no leak (case g).
     assert "grew from step to step" not in proc.stderr, proc.stderr

@@ -976,3 +976,37 @@ def test_graph_steps_refuse_arguments_divided_otherwise(installed, tmp_path, mon
                                             None) == 0, (step, lib.ftc_last_error())
     rc = lib.torchfort_train_multiarg(b"split", tensor_list(x, y), empty, ctypes.byref(loss), empty, None)
     assert rc != 0 and "forward failed: Expected at most 2 argument(s)" in lib.ftc_last_error().decode()
+
+
+class _TwoOutputs(torch.nn.Module):
+    def forward(self, x):
+        return 2 * x, x.sum(dim=1)
+
+
+def test_inference_with_a_wrong_second_output_writes_nothing(installed, tmp_path):
+    """torchfort_inference_multiarg with the second output array of the wrong size: an error, and the
+    first output array keeps its values (every output is checked before any is written)."""
+    import ctypes
+
+    lib = _ctypes_lib()
+    torch.jit.script(_TwoOutputs()).save(str(tmp_path / "two.pt"))
+    config = tmp_path / "two.yaml"
+    config.write_text(_to_yaml({"model": {"type": "torchscript",
+                                          "parameters": {"filename": f'"{tmp_path}/two.pt"'}}}))
+    assert lib.torchfort_create_model(b"two_out", str(config).encode(), -1) == 0, lib.ftc_last_error()
+    x, _ = _data(torch.float32)
+    first, second = torch.full_like(x, -7.0), torch.zeros(5)
+
+    def tensor_list(*tensors):
+        handle = ctypes.c_void_p()
+        assert lib.torchfort_tensor_list_create(ctypes.byref(handle)) == 0
+        for t in tensors:
+            assert lib.torchfort_tensor_list_add_tensor(handle, _ptr(t), ctypes.c_size_t(t.dim()), _shape(t), -1) == 0
+        return handle
+
+    rc = lib.torchfort_inference_multiarg(b"two_out", tensor_list(x), tensor_list(first, second), None)
+    assert rc != 0 and "output 2" in lib.ftc_last_error().decode()
+    assert torch.equal(first, torch.full_like(x, -7.0))
+    right = torch.zeros(6)
+    assert lib.torchfort_inference_multiarg(b"two_out", tensor_list(x), tensor_list(first, right), None) == 0
+    assert torch.equal(first, 2 * x) and torch.allclose(right, x.sum(dim=1))

@@ -2,6 +2,10 @@
 // of time. They run forward only; model.cpp routes a model handle here when it holds one.
 #include "compiled.hpp"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
@@ -55,9 +59,12 @@ constexpr const char *kModelPrefix = "data/aotinductor/";
 // when nothing failed (warnings are kept). Output of other threads during that time is captured too.
 class StderrCapture {
  public:
-  // Captures nothing when not active (finish then gives "").
+  // Captures nothing when not active (finish then gives ""). One capture at a time in the process
+  // (nested ones on one thread end in the reverse order they began): two threads' captures ending
+  // in the order they began would leave file descriptor 2 on the first one's deleted file.
   explicit StderrCapture(bool active = true) {
     if (!active) return;
+    lock_ = std::unique_lock<std::recursive_mutex>(capture_mutex());
     std::fflush(stderr);
     file_ = std::tmpfile();
     if (file_ == nullptr) return;
@@ -75,7 +82,10 @@ class StderrCapture {
 
   std::string finish() {
     std::string text;
-    if (saved_ < 0) return text;
+    if (saved_ < 0) {
+      if (lock_.owns_lock()) lock_.unlock();
+      return text;
+    }
     std::fflush(stderr);
     dup2(saved_, 2);
     close(saved_);
@@ -86,10 +96,16 @@ class StderrCapture {
     while ((n = std::fread(buf, 1, sizeof buf, file_)) > 0) text.append(buf, n);
     std::fclose(file_);
     file_ = nullptr;
+    lock_.unlock();
     return text;
   }
 
  private:
+  static std::recursive_mutex &capture_mutex() {
+    static std::recursive_mutex m;
+    return m;
+  }
+  std::unique_lock<std::recursive_mutex> lock_;
   std::FILE *file_ = nullptr;
   int saved_ = -1;
 };
@@ -184,19 +200,37 @@ std::string model_name(const std::string &file, const std::vector<std::string> &
   fail(FTC_ERR_IO, "'" + file + "' holds several compiled models (" + list + ") and none is named 'model'");
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+// CPUID leaf 7 (subleaf `sub`) register `reg` (0 EAX .. 3 EDX), bit `bit`.
+bool cpuid7_bit(unsigned sub, int reg, int bit) {
+  unsigned r[4] = {0, 0, 0, 0};
+  if (__get_cpuid_count(7, sub, &r[0], &r[1], &r[2], &r[3]) == 0) return false;
+  return ((r[reg] >> bit) & 1u) != 0;
+}
+#endif
+
 // The instruction sets the package's code was compiled for that this CPU lacks (running it would
-// crash with an illegal instruction). Names we do not know are not checked.
+// crash with an illegal instruction). Names we do not know are not checked. torch records AMX_TILE
+// for code it compiled with AMX (tile, bf16 and int8) and AVX512-BF16 too.
 std::string missing_cpu_features(const std::string &isa) {
+  std::string missing;
+#if defined(__x86_64__) || defined(__i386__)
+  const bool avx512_bf16 = cpuid7_bit(1, 0, 5);
+  const bool amx = cpuid7_bit(0, 3, 22) && cpuid7_bit(0, 3, 24) && cpuid7_bit(0, 3, 25);  // bf16, tile, int8
   std::istringstream words(isa);
-  std::string word, missing;
+  std::string word;
   while (words >> word) {
     bool present = true;
     if (word == "AVX2") present = __builtin_cpu_supports("avx2");
     else if (word == "AVX512") present = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
     else if (word == "AVX512_VNNI") present = __builtin_cpu_supports("avx512vnni");
-    else if (word == "AVX512_BF16") present = __builtin_cpu_supports("avx512bf16");
+    else if (word == "AVX512_BF16") present = avx512_bf16;
+    else if (word == "AMX_TILE") present = amx && avx512_bf16;
     if (!present) missing += (missing.empty() ? "" : " ") + word;
   }
+#else
+  static_cast<void>(isa);  // (torch records x86 instruction sets only)
+#endif
   return missing;
 }
 

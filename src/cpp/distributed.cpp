@@ -87,6 +87,7 @@ int ftc_comm_collective_count(ftc_comm c, int64_t *count) {
 
 int ftc_allreduce(ftc_comm c, ftc_tensor t, int op) {
   return ftc::guard([&] {
+    ftc::take_temporaries({t});  // (released even when the communicator is bad)
     auto &comm = *ftc::comm_of(c);
     at::Tensor x;
     int dtype = 0;
@@ -121,6 +122,7 @@ int ftc_allreduce(ftc_comm c, ftc_tensor t, int op) {
 
 int ftc_broadcast(ftc_comm c, ftc_tensor t, int root) {
   return ftc::guard([&] {
+    ftc::take_temporaries({t});  // (released even when the communicator is bad)
     auto &comm = *ftc::comm_of(c);
     at::Tensor x;
     int dtype = 0;
@@ -143,6 +145,7 @@ int ftc_broadcast(ftc_comm c, ftc_tensor t, int root) {
 
 int ftc_allgather(ftc_comm c, ftc_tensor *out, ftc_tensor in) {
   return ftc::guard([&] {
+    ftc::take_temporaries({in});  // (released even when the communicator is bad)
     auto &comm = *ftc::comm_of(c);
     at::Tensor x;
     int dtype = 0;

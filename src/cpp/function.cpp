@@ -395,6 +395,7 @@ int ftc_function_finish(ftc_function_ctx ctx, ftc_tensor *outputs, int n_outputs
 
 int ftc_ctx_save_for_backward(ftc_function_ctx ctx, const ftc_tensor *tensors, int n) {
   return ftc::guard([&] {
+    if (tensors != nullptr && n > 0) ftc::take_temporaries(tensors, n);  // (released even outside a forward)
     FunctionNode &node = forward_node(ctx, "save_for_backward");
     auto ts = ftc::tensors_of(tensors, n, "tensor to save");
     node.to_save_handles.assign(tensors, tensors + n);

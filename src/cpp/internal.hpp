@@ -314,6 +314,9 @@ void check_not_saved_for_backward(const at::Tensor &t);
 // error) written into an output tensor as `=` does: into its memory (an aliased Fortran array
 // receives it), carrying the graph when one was recorded. The shapes must match.
 void store_result(ftc_tensor out, int index, const at::Tensor &result, const char *source);
+// The results written into outputs[0..n) as store_result does, every one checked (shape, a lossless
+// dtype) before any is written: a failure leaves every output as it was.
+void store_results(const ftc_tensor *outputs, const std::vector<at::Tensor> &results, const char *source);
 
 // A training step's arguments, resolved and checked (train.cpp); its parts are shared by the
 // eager step and its CUDA-graph form (graph_step.cpp).

@@ -20,12 +20,17 @@ std::string checked_filename(const char *filename) {
 }
 
 // A model result that is not a tensor is an error naming it.
-void store_output(ftc_tensor out, int index, const c10::IValue &value) {
-  if (!value.isTensor()) {
-    ftc::fail(FTC_ERR_INVALID_ARGUMENT, "model output " + std::to_string(index + 1) + " is a " +
-                                            value.tagKind() + ", not a Tensor");
+// The model's results written into the outputs (every one checked before any is written).
+void store_outputs(const ftc_tensor *outputs, const std::vector<c10::IValue> &items) {
+  std::vector<at::Tensor> tensors;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].isTensor()) {
+      ftc::fail(FTC_ERR_INVALID_ARGUMENT, "model output " + std::to_string(i + 1) + " is a " + items[i].tagKind() +
+                                              ", not a Tensor");
+    }
+    tensors.push_back(items[i].toTensor());
   }
-  ftc::store_result(out, index, value.toTensor(), "the model returned");
+  ftc::store_results(outputs, tensors, "the model returned");
 }
 
 // The tensors of a call's arguments (a compiled model takes tensors only).
@@ -154,7 +159,7 @@ void forward_into(ftc::Model &model, std::vector<c10::IValue> args, const ftc_te
                   int requires_grad) {
   const auto items = result_items(ftc::forward_here(model, std::move(args), requires_grad));
   check_result_count(items.size(), n_outputs);
-  for (int i = 0; i < n_outputs; ++i) store_output(outputs[i], i, items[static_cast<size_t>(i)]);
+  store_outputs(outputs, items);
 }
 
 // forward(args...) of model m, its results written into the outputs (see ftc_model_forward).
@@ -190,14 +195,12 @@ void shared_forward_into(ftc::Model &model, ftc_model m, const ftc_tensor *outpu
     return resolve();
   }, requires_grad));
   check_result_count(items.size(), n_outputs);
-  for (int i = 0; i < n_outputs; ++i) store_output(outputs[i], i, items[static_cast<size_t>(i)]);
+  store_outputs(outputs, items);
 }
 
 void store_results(const std::vector<at::Tensor> &results, const ftc_tensor *outputs, int n_outputs) {
   check_result_count(results.size(), n_outputs);
-  for (int i = 0; i < n_outputs; ++i) {
-    ftc::store_result(outputs[i], i, results[static_cast<size_t>(i)], "the model returned");
-  }
+  ftc::store_results(outputs, results, "the model returned");
 }
 
 // Named parameter `index` (0-based, parameters() order), or an error naming the valid range.
@@ -259,14 +262,30 @@ void forward_failed(const std::exception &e, const std::vector<c10::IValue> &arg
   fail(status, msg);
 }
 
-void store_result(ftc_tensor out, int index, const at::Tensor &result, const char *source) {
+namespace {
+// Output `index` can receive result: its shape, and values its dtype keeps.
+TensorTable::Slot &checked_output(ftc_tensor out, int index, const at::Tensor &result, const char *source) {
   auto &slot = tensor_slot(out, "output tensor", index + 1);
   if (slot.value.sizes() != result.sizes()) {
     fail(FTC_ERR_INVALID_ARGUMENT, "output tensor " + std::to_string(index + 1) + " has shape " +
                                        shape_string(slot.value.sizes()) + " but " + source + " shape " +
                                        shape_string(result.sizes()));
   }
-  assign_into(slot, result);
+  if (result.scalar_type() != slot.value.scalar_type()) {
+    const std::string into = "output tensor " + std::to_string(index + 1);
+    check_lossless(result, slot.value.scalar_type(), into.c_str());
+  }
+  return slot;
+}
+}  // namespace
+
+void store_result(ftc_tensor out, int index, const at::Tensor &result, const char *source) {
+  assign_into(checked_output(out, index, result, source), result);
+}
+
+void store_results(const ftc_tensor *outputs, const std::vector<at::Tensor> &results, const char *source) {
+  for (size_t i = 0; i < results.size(); ++i) checked_output(outputs[i], static_cast<int>(i), results[i], source);
+  for (size_t i = 0; i < results.size(); ++i) store_result(outputs[i], static_cast<int>(i), results[i], source);
 }
 
 std::atomic<bool> &jit_optimize() {

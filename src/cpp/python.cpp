@@ -406,7 +406,9 @@ int ftc_pymodule_call_grouped(ftc_pymodule m, const char *name, ftc_arglist args
                                                 std::to_string(n_outputs) + " output tensors were given");
       }
       const std::string source = std::string(name) + "() returned";
-      for (int i = 0; i < n_outputs; ++i) ftc::store_result(outputs[i], i, *tensors[static_cast<size_t>(i)], source.c_str());
+      std::vector<at::Tensor> values;
+      for (const at::Tensor *t : tensors) values.push_back(*t);
+      ftc::store_results(outputs, values, source.c_str());
     }
     if (results != nullptr) ftc::set_results(results, std::move(r.items));
   });

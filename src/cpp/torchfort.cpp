@@ -531,8 +531,9 @@ void inference_lists(Pack &p, const std::vector<at::Tensor> &inputs_in, std::vec
     // are an error, as for every FTorch copy into an array)
     const std::string into = "output array " + std::to_string(i + 1);
     if (r.scalar_type() != outputs[i].scalar_type()) ftc::check_lossless(r, outputs[i].scalar_type(), into.c_str());
-    outputs[i].copy_(r.reshape(outputs[i].sizes()));
   }
+  // (every output checked before any is written: a failure leaves the arrays as they were)
+  for (size_t i = 0; i < results.size(); ++i) outputs[i].copy_(results[i].reshape(outputs[i].sizes()));
   ++p.step_inference;
 }
 

@@ -171,6 +171,13 @@ contains
     call torch_model_forward(model, [one(1), one(1)], out1, stat=stat, errmsg=msg)
     call check(stat /= 0 .and. index(msg, "returned 2 tensors but 1 output") > 0, &
                "one output tensor for two results: " // trim(msg))
+    ! The second output of the wrong shape: an error before anything is written (the first output's
+    ! array keeps its values).
+    y2 = -7
+    msg = ""
+    call torch_model_forward(model, [one(1), one(1)], [out1(1), out2(1)], stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. index(msg, "output tensor 2") > 0 .and. all(y2 == -7), &
+               "a second output of the wrong shape leaves the first one untouched: " // trim(msg))
     call torch_delete(in2)
     call torch_delete(out2)
     call torch_delete(other)

@@ -636,8 +636,19 @@ contains
     call torch_delete(t)
     block
       type(torch_comm) :: none
+      type(torch_tensor) :: gathered
+      integer :: live
       call torch_barrier(none, stat=stat, errmsg=msg)
       call check(stat == FTORCH_ERR_NULL_HANDLE .and. index(msg, "communicator") > 0, "unconstructed communicator")
+      ! An expression's temporary given to a collective whose communicator is bad: released all the same.
+      call torch_tensor_from_array(t, v, torch_kCPU)
+      live = int(ftorch_live_handles())
+      call torch_allreduce(none, t * 2.0_real64, stat=stat)
+      call torch_broadcast(none, t * 2.0_real64, root=0, stat=stat)
+      call torch_allgather(none, gathered, t * 2.0_real64, stat=stat)
+      call check(stat == FTORCH_ERR_NULL_HANDLE .and. int(ftorch_live_handles()) == live, &
+                 "a collective with an unconstructed communicator releases its temporary argument")
+      call torch_delete(t)
     end block
   end subroutine collectives
 

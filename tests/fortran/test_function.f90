@@ -646,6 +646,10 @@ contains
                index(msg, "the left-hand side was saved for backward") > 0, &
                "save_for_backward: a saved tensor given new values before forward returns is an error: " // trim(msg))
     call check(int(ftorch_live_handles()) == before, "save_for_backward: ... and leaks no handle")
+    ! Outside a forward (a context that is not live): an error, and the expression's temporary released.
+    call dead%save_for_backward([tx * 2.0_real64], stat=stat, errmsg=msg)
+    call check(stat /= 0 .and. int(ftorch_live_handles()) == before, &
+               "save_for_backward outside a forward: an error that releases its temporary")
   end subroutine callback_errors
 
   subroutine wrong_gradients()

@@ -9,7 +9,10 @@
 !>  c. grad-mode scopes belong to the thread that opens them;
 !>  d. the last error, stat/errmsg and catch scopes belong to the calling thread;
 !>  e. a handle created on one thread and deleted on another: the live-handle count stays exact;
-!>  f. threads registering gradient hooks (their own procedures, new to FTorch) at the same time.
+!>  f. threads registering gradient hooks (their own procedures, new to FTorch) at the same time;
+!>  g. threads loading a compiled .pt2 package (optional argument 2) and running their first
+!>     forward at the same time: each briefly sends standard error to a file, and standard error
+!>     is the program's own again afterwards (tests/test_threads.py looks for the line printed then).
 !> Not allowed: using one tensor, optimizer or model from several threads at once where one of
 !> them writes to it (training a shared model, backward through shared parameters, assigning to
 !> a shared tensor): LibTorch does not lock tensors.
@@ -77,7 +80,7 @@ contains
 end module thread_hooks
 
 program test_threads
-  use, intrinsic :: iso_fortran_env, only: real64
+  use, intrinsic :: iso_fortran_env, only: real32, real64, error_unit
   use, intrinsic :: iso_c_binding, only: c_int64_t
   use omp_lib, only: omp_get_thread_num, omp_get_num_threads
   use ftorch
@@ -109,6 +112,7 @@ program test_threads
   call concurrent_checkpoints()
   call concurrent_hook_registration()
   call steps_made_on_a_worker()
+  call compiled_loads_across_threads()
   call check(ftorch_live_handles() == live_start, &
              "after every thread deleted its objects the live-handle count is back to its starting value")
   call data_sharing_clauses()  ! last: it leaves tensors alive on purpose
@@ -462,6 +466,45 @@ contains
     call check(.not. any(grad_par) .and. .not. any(grad_ser), &
                "forward without requires_grad records no graph on any thread")
   end subroutine shared_model_inference
+
+  ! g. Compiled packages loaded and run for the first time on several threads at once.
+  subroutine compiled_loads_across_threads()
+    character(len=4096) :: file
+    integer :: id, ok(0:NT - 1)
+    if (command_argument_count() < 2) return
+    call get_command_argument(2, file)
+    ok = 0
+    !$omp parallel num_threads(NT) default(shared) private(id)
+    id = omp_get_thread_num()
+    call compiled_forward(trim(file), 2 + id, ok(id))
+    !$omp end parallel
+    call check(all(ok == 1), "threads loading a .pt2 and running their first forward at the same time")
+    write (error_unit, '(a)') "standard error after the compiled loads"
+    flush (error_unit)
+  end subroutine compiled_loads_across_threads
+
+  ! One load and one forward of a package mapping x(nb, 5) to y(nb, 3); ok = 1 when both worked.
+  subroutine compiled_forward(file, nb, ok)
+    character(len=*), intent(in) :: file
+    integer, intent(in) :: nb
+    integer, intent(out) :: ok
+    type(torch_model) :: m
+    type(torch_tensor) :: tin(1), tout(1)
+    real(real32), target :: x(nb, 5), y(nb, 3)
+    integer :: stat
+    x = 0.5
+    y = -1
+    ok = 0
+    call torch_model_load(m, file, torch_kCPU, stat=stat)
+    if (stat /= 0) return
+    call torch_tensor_from_array(tin(1), x, torch_kCPU)
+    call torch_tensor_from_array(tout(1), y, torch_kCPU)
+    call torch_model_forward(m, tin, tout, stat=stat)
+    if (stat == 0 .and. all(y /= -1)) ok = 1
+    call torch_delete(tin)
+    call torch_delete(tout)
+    call torch_delete(m)
+  end subroutine compiled_forward
 
   ! c. Grad-mode scopes belong to the thread that opens them.
   subroutine grad_mode_scopes_per_thread()
