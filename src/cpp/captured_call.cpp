@@ -78,7 +78,14 @@ void join(const c10::cuda::CUDAStream &from, const c10::cuda::CUDAStream &to) {
 std::unique_ptr<at::cuda::CUDAGraph> capture_graph(const std::function<void()> &body, const std::string &what,
                                                    std::string &error) {
   auto graph = std::make_unique<at::cuda::CUDAGraph>();
-  graph->capture_begin();
+  try {
+    graph->capture_begin();
+  } catch (const std::exception &e) {
+    // (the allocator may hold the graph already: kept, as below)
+    static_cast<void>(graph.release());
+    error = what + " cannot be captured as a CUDA graph: " + e.what();
+    fail(FTC_ERR_TORCH, error);
+  }
   auto abandon = [&](const std::string &reason) {
     try {
       graph->capture_end();
