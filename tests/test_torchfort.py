@@ -307,14 +307,20 @@ int main(int argc, char **argv) {
 """
 
 
-def test_c_program_through_torchfort_h(installed, torchfort_dir, tmp_path):
+def _compile_c(tmp_path, source: str) -> Path:
+    """tmp_path/main from a C program over torchfort.h and libftorch_c (skipped without a C compiler)."""
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler")
-    (tmp_path / "main.c").write_text(C_PROGRAM)
+    (tmp_path / "main.c").write_text(source)
     libdir = helper("--libdir")
     run([cc, "-std=c99", "-Wall", "-Wextra", "-Werror", tmp_path / "main.c", f"-I{helper('--includedir')}",
          f"-L{libdir}", "-lftorch_c", f"-Wl,-rpath,{libdir}", "-o", tmp_path / "main"])
+    return tmp_path / "main"
+
+
+def test_c_program_through_torchfort_h(installed, torchfort_dir, tmp_path):
+    _compile_c(tmp_path, C_PROGRAM)
     proc = run([tmp_path / "main", torchfort_dir])
     # (TorchFort's progress lines, report_frequency 4, are on the same output)
     values = [float(v) for v in proc.stdout.split("\n") if v.strip() and not v.startswith("TORCHFORT::")]
@@ -747,13 +753,7 @@ def test_torchfort_models_train_on_the_gpu(installed, torchfort_dir, tmp_path, g
     1e-10 (cuBLAS and the CPU's BLAS order the sums of the 4- to 16-long dot products differently, a
     few ulps per step, through 8 steps of Adam or SGD); float32 1e-5 (those ulps are float32's,
     6e-8, through the same 8 steps; the CPU run itself is within 2e-6 of PyTorch)."""
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    (tmp_path / "main.c").write_text(DEVICE_C_PROGRAM)
-    libdir = helper("--libdir")
-    run([cc, "-std=c99", "-Wall", "-Wextra", "-Werror", tmp_path / "main.c", f"-I{helper('--includedir')}",
-         f"-L{libdir}", "-lftorch_c", f"-Wl,-rpath,{libdir}", "-o", tmp_path / "main"])
+    _compile_c(tmp_path, DEVICE_C_PROGRAM)
     for name, cfg in CONFIGS.items():
         if name == "adam_dropout":
             continue
@@ -792,8 +792,7 @@ def test_cuda_graph_steps_equal_eager_steps(installed, tmp_path, monkeypatch, de
         pytest.skip("no CUDA device")
     if device < 0:
         monkeypatch.setenv("FTORCH_CUDA_GRAPHS", "eager")
-    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
-    lib.ftc_last_error.restype = ctypes.c_char_p
+    lib = _ctypes_lib()
     cfg = {"model": {"type": "mlp", "parameters": {"layer_sizes": [4, 16, 3]}}, "loss": {"type": "mse"},
            "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2"},
                          "general": {"grad_accumulation_steps": 2, "max_grad_norm": 0.5}}}
@@ -805,19 +804,17 @@ def test_cuda_graph_steps_equal_eager_steps(installed, tmp_path, monkeypatch, de
         assert lib.torchfort_set_manual_seed(7) == 0
         assert lib.torchfort_create_model(names[graphs], str(config).encode(), device) == 0, lib.ftc_last_error()
     x0, y0 = _data(torch.float32)
-    shape = lambda t: (ctypes.c_int64 * t.dim())(*t.shape)  # noqa: E731
-    ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
 
     def train(name, x, y):
         loss = ctypes.c_float()
-        rc = lib.torchfort_train(name, ptr(x), ctypes.c_size_t(2), shape(x), ptr(y), ctypes.c_size_t(2), shape(y),
+        rc = lib.torchfort_train(name, _ptr(x), ctypes.c_size_t(2), _shape(x), _ptr(y), ctypes.c_size_t(2), _shape(y),
                                  ctypes.byref(loss), -1, None)
         return rc, loss.value
 
     def infer(name, x):
         out = torch.zeros(x.shape[0], 3)
-        assert lib.torchfort_inference(name, ptr(x), ctypes.c_size_t(2), shape(x), ptr(out), ctypes.c_size_t(2),
-                                       shape(out), -1, None) == 0
+        assert lib.torchfort_inference(name, _ptr(x), ctypes.c_size_t(2), _shape(x), _ptr(out), ctypes.c_size_t(2),
+                                       _shape(out), -1, None) == 0
         return out
 
     rtol = 0 if device < 0 else 1e-6
@@ -861,6 +858,17 @@ def _shape(t):
     import ctypes
 
     return (ctypes.c_int64 * t.dim())(*t.shape)
+
+
+def _tensor_list(lib, *tensors):
+    """A TorchFort tensor list over the tensors' memory (float32, C order)."""
+    import ctypes
+
+    handle = ctypes.c_void_p()
+    assert lib.torchfort_tensor_list_create(ctypes.byref(handle)) == 0
+    for t in tensors:
+        assert lib.torchfort_tensor_list_add_tensor(handle, _ptr(t), ctypes.c_size_t(t.dim()), _shape(t), -1) == 0
+    return handle
 
 
 class _BatchNormNet(torch.nn.Module):
@@ -963,18 +971,12 @@ def test_graph_steps_refuse_arguments_divided_otherwise(installed, tmp_path, mon
     x, y = _data(torch.float32)
     loss = ctypes.c_float()
 
-    def tensor_list(*tensors):
-        handle = ctypes.c_void_p()
-        assert lib.torchfort_tensor_list_create(ctypes.byref(handle)) == 0
-        for t in tensors:
-            assert lib.torchfort_tensor_list_add_tensor(handle, _ptr(t), ctypes.c_size_t(t.dim()), _shape(t), -1) == 0
-        return handle
-
-    empty = tensor_list()
+    empty = _tensor_list(lib)
     for step in range(5):
-        assert lib.torchfort_train_multiarg(b"split", tensor_list(x), tensor_list(y), ctypes.byref(loss), empty,
-                                            None) == 0, (step, lib.ftc_last_error())
-    rc = lib.torchfort_train_multiarg(b"split", tensor_list(x, y), empty, ctypes.byref(loss), empty, None)
+        inputs, labels = _tensor_list(lib, x), _tensor_list(lib, y)
+        assert lib.torchfort_train_multiarg(b"split", inputs, labels, ctypes.byref(loss), empty, None) == 0, \
+            (step, lib.ftc_last_error())
+    rc = lib.torchfort_train_multiarg(b"split", _tensor_list(lib, x, y), empty, ctypes.byref(loss), empty, None)
     assert rc != 0 and "forward failed: Expected at most 2 argument(s)" in lib.ftc_last_error().decode()
 
 
@@ -997,16 +999,9 @@ def test_inference_with_a_wrong_second_output_writes_nothing(installed, tmp_path
     x, _ = _data(torch.float32)
     first, second = torch.full_like(x, -7.0), torch.zeros(5)
 
-    def tensor_list(*tensors):
-        handle = ctypes.c_void_p()
-        assert lib.torchfort_tensor_list_create(ctypes.byref(handle)) == 0
-        for t in tensors:
-            assert lib.torchfort_tensor_list_add_tensor(handle, _ptr(t), ctypes.c_size_t(t.dim()), _shape(t), -1) == 0
-        return handle
-
-    rc = lib.torchfort_inference_multiarg(b"two_out", tensor_list(x), tensor_list(first, second), None)
+    rc = lib.torchfort_inference_multiarg(b"two_out", _tensor_list(lib, x), _tensor_list(lib, first, second), None)
     assert rc != 0 and "output 2" in lib.ftc_last_error().decode()
     assert torch.equal(first, torch.full_like(x, -7.0))
     right = torch.zeros(6)
-    assert lib.torchfort_inference_multiarg(b"two_out", tensor_list(x), tensor_list(first, right), None) == 0
+    assert lib.torchfort_inference_multiarg(b"two_out", _tensor_list(lib, x), _tensor_list(lib, first, right), None) == 0
     assert torch.equal(first, 2 * x) and torch.allclose(right, x.sum(dim=1))

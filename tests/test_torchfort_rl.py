@@ -16,9 +16,16 @@ import torch
 
 from conftest import COMPILERS, assert_all_passed, helper, run, tool_env
 from rl_reference import OffPolicy
-from test_torchfort import _to_yaml
+from test_torchfort import _ctypes_lib as _rl_lib, _ptr, _to_yaml
 
 SEED = 4321
+
+
+def _shape(t):
+    """(dim, extents) of a tensor as the RL calls take them (a scalar as one extent of 1)."""
+    import ctypes
+
+    return ctypes.c_size_t(t.dim()), (ctypes.c_int64 * max(t.dim(), 1))(*t.shape)
 
 
 def _actor(kind, **p):
@@ -635,26 +642,6 @@ def test_a_loss_that_is_not_finite_stops_before_changing_anything(installed, rl_
     assert lib.torchfort_rl_off_policy_predict(b"nan", ptr(s), ctypes.c_size_t(1), sh, ptr(after), ctypes.c_size_t(1),
                                                ah, -1, None) == 0
     assert torch.equal(before, after)
-
-
-def _rl_lib():
-    import ctypes
-
-    lib = ctypes.CDLL(str(Path(helper("--libdir")) / "libftorch_c.so"))
-    lib.ftc_last_error.restype = ctypes.c_char_p
-    return lib
-
-
-def _ptr(t):
-    import ctypes
-
-    return ctypes.c_void_p(t.data_ptr())
-
-
-def _shape(t):
-    import ctypes
-
-    return ctypes.c_size_t(t.dim()), (ctypes.c_int64 * max(t.dim(), 1))(*t.shape)
 
 
 def _push(lib, kind, name, s, a, r, dtype=-1):
