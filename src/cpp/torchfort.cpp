@@ -587,7 +587,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> state_pairs(const torch::jit::Mod
 
 void copy_pairs(const std::vector<std::pair<at::Tensor, at::Tensor>> &pairs) {
   torch::NoGradGuard no_grad;
-  for (const auto &[dst, src] : pairs) at::Tensor(dst).copy_(src);
+  for (const auto &[dst, src] : pairs) dst.copy_(src);
 }
 
 void copy_state(torch::jit::Module &to, const torch::jit::Module &from, const std::string &file) {
