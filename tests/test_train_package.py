@@ -521,6 +521,23 @@ def test_export_refuses_what_cannot_train(tmp_path):
     with pytest.raises(ftorch.UsageError, match="must end with .pt2"):
         ftorch.export(IntegerOutput(), ["3,4"], train_package=tmp_path / "bad.pt")
 
+    seen = torch.zeros(4)
+
+    class BufferChangesShape(torch.nn.Module):  # a buffer the forward assigns a value of another shape
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+            self.register_buffer("seen", seen)
+
+        def forward(self, x):
+            self.seen = x.detach().clone()
+            return self.fc(x)
+
+    with pytest.raises(ftorch.UsageError, match=r"assigns buffer seen \(shape \(4,\), float32 on cpu\) a value of "
+                                                r"shape \(3, 4\), float32 on cpu"):
+        ftorch.export(model := BufferChangesShape(), ["3,4"], train_package=tmp_path / "bad.pt2")
+    assert model.seen is seen and torch.equal(seen, torch.zeros(4))  # the caller's buffer, as it was
+
 
 def test_inspect_describes_a_training_package(model_dir):
     proc = run([sys.executable, "-m", "ftorch", "inspect", packaged(model_dir, "batch_norm") / "batch_norm.pt2"])

@@ -183,13 +183,15 @@ def _export(model, name, label, specs, given, ts_path, pt2_path, train_path, tra
     second = draw()
 
     # A forward in training mode updates buffers even without gradients (BatchNorm's running
-    # statistics): the files are written from the model's own buffers, and the caller gets them
-    # back, whatever the reference runs did to them.
-    kept = [(b, b.detach().clone()) for b in model.buffers()]
+    # statistics, in place, or a buffer the forward assigns anew): the files are written from the
+    # model's own buffers, and the caller gets them back, the same tensors with the same values,
+    # whatever the reference runs did to them.
+    kept = [(m, n, b, b.detach().clone()) for m in model.modules() for n, b in m._buffers.items() if b is not None]
 
     def restore_buffers() -> None:
         with torch.no_grad():
-            for b, value in kept:
+            for m, n, b, value in kept:
+                m._buffers[n] = b
                 b.copy_(value)
 
     def eager(mode: bool, args: list) -> list:

@@ -68,6 +68,35 @@ def _placeholders(graph) -> list:
     return [n for n in graph.nodes if n.op == "placeholder"]
 
 
+def _functional(model, name: str, pnames: list, ps: list, bnames: list, bs: list, inputs) -> list:
+    """The model's outputs (flattened) on parameters ps and buffers bs. A buffer the forward
+    assigns anew (``self.m = 0.9 * self.m + ...``, not in place) replaces its entry of bs: torch
+    writes the module's new tensor into the dict it was given, and the package keeps it as the
+    module would. The new tensor must keep the buffer's shape, dtype and device (FTorch's state)."""
+    import torch
+
+    from ._export_errors import UsageError
+    from ._export_values import _flatten_outputs, dtype_name
+
+    state = dict(zip(pnames, ps)) | dict(zip(bnames, bs))
+    outs = _flatten_outputs(torch.func.functional_call(model, state, tuple(inputs)), name)
+    for k, n in enumerate(bnames):
+        new = state[n]
+        if new is bs[k]:
+            continue
+        old = bs[k]
+        if not isinstance(new, torch.Tensor) or new.shape != old.shape or new.dtype != old.dtype or \
+                new.device != old.device:
+            what = (f"shape {tuple(new.shape)}, {dtype_name(new.dtype)} on {new.device}"
+                    if isinstance(new, torch.Tensor) else type(new).__name__)
+            raise UsageError(f"the forward of {name} assigns buffer {n} (shape {tuple(old.shape)}, "
+                             f"{dtype_name(old.dtype)} on {old.device}) a value of {what}: a training package "
+                             "keeps each buffer's shape, dtype and device; convert the new value, or update the "
+                             "buffer in place")
+        bs[k] = new.detach()
+    return outs
+
+
 def _set_outputs(graph, values) -> None:
     out = next(n for n in graph.nodes if n.op == "output")
     out.args = (tuple(values),)
@@ -278,11 +307,12 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
 
     def run(ps, bs, inputs, training: bool) -> list:
         model.train(training)
-        state = dict(zip(pnames, ps)) | dict(zip(bnames, bs))
-        return _flatten_outputs(torch.func.functional_call(model, state, tuple(inputs)), name)
+        return _functional(model, name, pnames, ps, bnames, bs, inputs)
 
     try:
         outs = run(params, [b.clone() for b in buffers], xs, True)
+    except UsageError:
+        raise
     except Exception as exc:
         raise ExportError(f"{label}: the training-mode forward fails on the example inputs: {_error_text(exc)}"
                           f"{_user_frame(exc, None)}") from None
@@ -562,15 +592,13 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
         model.train(True)
         try:
             with torch.enable_grad():
-                state = dict(zip(pnames, ps)) | dict(zip(bnames, bs))
-                outs = _flatten_outputs(torch.func.functional_call(model, state, tuple(xs)), name)
+                outs = _functional(model, name, pnames, ps, bnames, bs, xs)
                 wrt = ps + [xs[i] for i in grad_inputs]
                 live = [k for k, o in enumerate(outs) if o.requires_grad]
                 grads = torch.autograd.grad([outs[k] for k in live], wrt, [gs[k] for k in live], allow_unused=True)
             model.eval()
             with torch.no_grad():
-                evals = _flatten_outputs(torch.func.functional_call(model, dict(zip(pnames, params)) |
-                                                                    dict(zip(bnames, buffers)), tuple(xs)), name)
+                evals = _functional(model, name, pnames, params, bnames, list(buffers), xs)
             eval_grads = None
             if meta.get("eval_backward"):  # the eval-mode gradients, on the buffers as they were
                 ps = [p.clone().requires_grad_(True) for p in params]
@@ -578,8 +606,7 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
                 for i in grad_inputs:
                     xs[i].requires_grad_(True)
                 with torch.enable_grad():
-                    state = dict(zip(pnames, ps)) | dict(zip(bnames, buffers))
-                    outs_e = _flatten_outputs(torch.func.functional_call(model, state, tuple(xs)), name)
+                    outs_e = _functional(model, name, pnames, ps, bnames, list(buffers), xs)
                     wrt_e = ps + [xs[i] for i in grad_inputs]
                     live = [k for k, o in enumerate(outs_e) if o.requires_grad]
                     eval_grads = torch.autograd.grad([outs_e[k] for k in live], wrt_e, [gs[k] for k in live],
@@ -600,9 +627,8 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
         # Output gradients: random, of the outputs' shapes on these inputs.
         with torch.no_grad():
             model.train(True)
-            shapes = [o.shape for o in _flatten_outputs(torch.func.functional_call(
-                model, dict(zip(pnames, params)) | dict(zip(bnames, [b.clone() for b in buffers])),
-                tuple(a.contiguous() for a in args)), name)]
+            shapes = [o.shape for o in _functional(model, name, pnames, params, bnames,
+                                                   [b.clone() for b in buffers], [a.contiguous() for a in args])]
             model.train(was_training)
         gs = [torch.randn(s, generator=gen, dtype=torch.float64).to(dtype=params[0].dtype if params else torch.float32,
                                                                       device=args[0].device) for s in shapes]
@@ -655,9 +681,8 @@ def check(model, name: str, path: Path, written: dict, example: list, second: li
                 model.eval()
                 try:
                     with torch.no_grad():
-                        ref = _flatten_outputs(torch.func.functional_call(
-                            model, dict(zip(pnames, moved)) | dict(zip(bnames, buffers)),
-                            tuple(a.contiguous() for a in args)), name)
+                        ref = _functional(model, name, pnames, moved, bnames, list(buffers),
+                                          [a.contiguous() for a in args])
                 finally:
                     model.train(was)
                 fc.runs.append(RunCheck(f"{label} (inference, other parameters)",
