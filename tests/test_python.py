@@ -104,3 +104,39 @@ def test_torch_mismatch_in_the_embedded_interpreter_is_explained():
     with pytest.raises(ImportError, match="imports torch from"):
         _embed.check_torch(torch.__version__, "/somewhere/else/torch")
     _embed.check_torch(torch.__version__, os.path.dirname(torch.__file__))
+
+
+def test_a_pythonhome_without_a_standard_library_is_a_clear_error(cmake_consumer, data_dir):
+    """Python stops the whole program when it cannot start (PYTHONHOME set, by a module system, for
+    another Python): FTorch refuses to start it instead, through stat and errmsg."""
+    bdir = cmake_consumer(COMPILERS[0])
+    env = dict(os.environ, PYTHONHOME="/nonexistent")
+    proc = run([bdir / "error_stop", data_dir, "python_exception"], env=env, check=False)
+    out = proc.stdout + proc.stderr
+    assert 0 < proc.returncode < 128
+    assert "[torch_pymodule_load]" in out and "PYTHONHOME=/nonexistent has no /nonexistent/lib/python" in out, out
+    assert "Fatal Python error" not in out
+
+
+def test_file_modules_never_replace_a_module_of_that_name(tmp_path):
+    """A file module is registered in sys.modules under its file's name (pickling its classes works)
+    unless the name is taken: a standard-library module (random.py must not replace torch's
+    random) or an earlier load of a file of that name (its classes stay picklable)."""
+    import pickle
+    import random
+
+    from ftorch import _embed
+
+    (tmp_path / "random.py").write_text("VALUE = 1\n")
+    mine = _embed.load(str(tmp_path / "random.py"))
+    assert sys.modules["random"] is random and mine.VALUE == 1 and mine.__name__ != "random"
+    (tmp_path / "trainer_x1.py").write_text("class Model:\n    pass\n")
+    first = _embed.load(str(tmp_path / "trainer_x1.py"))
+    second = _embed.load(str(tmp_path / "trainer_x1.py"))
+    assert first.__name__ == "trainer_x1" and second.__name__ != "trainer_x1"
+    assert type(pickle.loads(pickle.dumps(first.Model()))) is first.Model
+    assert type(pickle.loads(pickle.dumps(second.Model()))) is second.Model
+    (tmp_path / "broken_x1.py").write_text("raise RuntimeError('no')\n")
+    with pytest.raises(RuntimeError):
+        _embed.load(str(tmp_path / "broken_x1.py"))
+    assert "broken_x1" not in sys.modules

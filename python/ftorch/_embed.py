@@ -41,7 +41,15 @@ def load(name: str):
         directory = os.path.dirname(path)
         if directory not in sys.path:
             sys.path.insert(0, directory)
-        module_name = os.path.splitext(os.path.basename(path))[0]
+        # Registered in sys.modules (pickle and dataclasses look classes up there) under the file's
+        # name, unless that name is taken: by a module already imported (a file random.py must not
+        # replace the standard library's for torch) or by an earlier load of a file of that name
+        # (whose classes must stay picklable); then under a name of its own.
+        module_name = stem = os.path.splitext(os.path.basename(path))[0]
+        n = 1
+        while module_name in sys.modules:
+            n += 1
+            module_name = f"_ftorch_file_{n}_{stem}"
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
             raise ImportError(f"cannot load {path} as a Python module")
@@ -50,7 +58,8 @@ def load(name: str):
         try:
             spec.loader.exec_module(module)
         except BaseException:
-            sys.modules.pop(module_name, None)
+            if sys.modules.get(module_name) is module:
+                del sys.modules[module_name]
             raise
         return module
     return importlib.import_module(name)

@@ -217,6 +217,10 @@ const ftc_bridge &bridge() {
         rt.ready.store(true, std::memory_order_release);
       } catch (const Error &e) {
         rt.error = e.what();
+      } catch (const std::exception &e) {
+        rt.error = std::string("starting the embedded interpreter failed: ") + e.what();
+      } catch (...) {
+        rt.error = "starting the embedded interpreter failed (unknown exception)";
       }
     }
     if (!rt.ready.load(std::memory_order_relaxed)) fail(FTC_ERR_PYTHON, rt.error);
@@ -298,7 +302,30 @@ class Arguments {
       group.integer = n_grouped;
       values_.push_back(group);
     }
+    try {
+      add(list);
+    } catch (...) {  // the tensors handed to DLPack so far are freed: the destructor will not run
+      release();
+      throw;
+    }
+  }
+  ~Arguments() {
+    if (owned_) release();
+  }
+  Arguments(const Arguments &) = delete;
+  Arguments &operator=(const Arguments &) = delete;
+  // The bridge takes every tensor, whatever happens in the call.
+  const ftc_bridge_value *hand_over() {
+    owned_ = false;
+    return values_.data();
+  }
+  int64_t size() const { return static_cast<int64_t>(values_.size()); }
+
+ private:
+  void add(const ArgList &list) {
+    int64_t position = 0;
     for (const auto &item : list) {
+      ++position;
       ftc_bridge_value v{};
       v.kind = item.kind;
       switch (item.kind) {
@@ -312,7 +339,13 @@ class Arguments {
                         static_cast<int32_t>(t.scalar_type()), static_cast<int32_t>(t.dim()), t.sizes().data(),
                         t.strides().data(), t.storage_offset()};
           } else {
-            v.dlpack = at::toDLPack(t);
+            try {
+              // DLPack carries memory, not the lazy conjugate and negative bits: resolved first.
+              v.dlpack = at::toDLPack(t.resolve_conj().resolve_neg());
+            } catch (const c10::Error &e) {
+              fail(FTC_ERR_INVALID_ARGUMENT, "argument " + std::to_string(position) +
+                                                 " cannot be passed to Python: " + e.what_without_backtrace());
+            }
           }
           break;
         }
@@ -326,23 +359,13 @@ class Arguments {
       values_.push_back(v);
     }
   }
-  ~Arguments() {
-    if (owned_) {
-      for (const auto &v : values_) {
-        if (v.kind == FTC_ARG_TENSOR) dlpack_delete(v.dlpack);
-      }
+  void release() {
+    for (const auto &v : values_) {
+      if (v.kind == FTC_ARG_TENSOR && v.dlpack != nullptr) dlpack_delete(v.dlpack);
     }
+    values_.clear();
   }
-  Arguments(const Arguments &) = delete;
-  Arguments &operator=(const Arguments &) = delete;
-  // The bridge takes every tensor, whatever happens in the call.
-  const ftc_bridge_value *hand_over() {
-    owned_ = false;
-    return values_.data();
-  }
-  int64_t size() const { return static_cast<int64_t>(values_.size()); }
 
- private:
   c10::SmallVector<ftc_bridge_value, 8> values_;  // (no allocation for a call of up to 8 arguments)
   bool owned_ = true;
 };

@@ -7,9 +7,11 @@
 #include <Python.h>
 
 #include <dlfcn.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -285,7 +287,13 @@ int from_python(PyObject *item, Py_ssize_t index, const char *function, ftc_brid
     }
     Ref detached(PyObject_CallMethod(item, "detach", nullptr));
     if (!detached) return python_failure(where());
-    Ref cap(PyObject_CallFunctionObjArgs(state.to_dlpack, detached.get(), nullptr));
+    // DLPack carries memory, not torch's lazy conjugate and negative bits (z.conj().imag): the
+    // values they stand for are made real first (no copy where neither is set).
+    Ref conj_resolved(PyObject_CallMethod(detached.get(), "resolve_conj", nullptr));
+    if (!conj_resolved) return python_failure(where());
+    Ref resolved(PyObject_CallMethod(conj_resolved.get(), "resolve_neg", nullptr));
+    if (!resolved) return python_failure(where());
+    Ref cap(PyObject_CallFunctionObjArgs(state.to_dlpack, resolved.get(), nullptr));
     if (!cap) return python_failure(where());
     void *p = PyCapsule_GetPointer(cap.get(), kCapsuleName);
     if (p == nullptr) return python_failure(where());
@@ -310,6 +318,22 @@ int bridge_initialize(const char *program, const char *site_dir, const char *tor
     if (set_name != nullptr && program != nullptr && program[0] != '\0') {
       static wchar_t *name = Py_DecodeLocale(program, nullptr);  // must outlive the interpreter
       if (name != nullptr) set_name(name);
+    }
+    // Python stops the whole program when it cannot start (no standard library where PYTHONHOME
+    // points, a module system's setting for another Python): that case is refused here instead.
+    const char *home = std::getenv("PYTHONHOME");
+    if (home != nullptr && home[0] != '\0') {
+      std::string prefix(home);
+      prefix = prefix.substr(0, prefix.find(':'));  // PYTHONHOME=prefix:exec_prefix
+      const std::string lib = prefix + "/lib/python" + std::to_string(PY_MAJOR_VERSION) + "." +
+                              std::to_string(PY_MINOR_VERSION) + "/encodings";
+      struct stat info {};
+      if (stat(lib.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+        return fail("PYTHONHOME=" + std::string(home) + " has no " + lib + ": Python " +
+                    std::to_string(PY_MAJOR_VERSION) + "." + std::to_string(PY_MINOR_VERSION) +
+                    " would stop the program at start-up. Unset PYTHONHOME, or point it at the Python that "
+                    "FTorch was installed with (its prefix)");
+      }
     }
     Py_InitializeEx(0);  // 0: leave the program's signal handlers alone
     if (Py_IsInitialized() == 0) return fail("Py_InitializeEx failed");

@@ -37,6 +37,8 @@ program test_python
   call torch_tensor_from_array(c, cv, torch_kCPU)
   call torch_pymodule_call(py, "add", [a, b], [c])
   call check_close(cv, [11d0, 22d0, 33d0], 0d0, "tensors in, result written into the output array")
+  call torch_pymodule_call(py, "negated_view", [a], [c])
+  call check_close(cv, -av, 0d0, "a result with torch's negative bit (z.conj().imag) arrives negated")
 
   ! Every argument kind goes in, and comes back (echo returns its arguments).
   call torch_arglist_add(args, a)
@@ -217,6 +219,18 @@ program test_python
   call torch_pymodule_call(py2, "count", torch_arglist(), results)
   call torch_arglist_get(results, 1, i32)
   call check(i == 2 .and. i32 == 1, "two loads of a file keep separate state")
+  ! Inside a catch scope, without stat: an argument that cannot be passed stops the call before
+  ! Python runs (count would have counted).
+  block
+    type(torch_tensor) :: unconstructed
+    call torch_catch_begin()
+    call torch_pymodule_call(py, "count", [unconstructed], [c])
+    call torch_catch_end(stat, errmsg)
+    call check(stat /= 0, "an unconstructed argument fails inside a catch scope: " // trim(errmsg))
+    call torch_pymodule_call(py, "count", torch_arglist(), results)
+    call torch_arglist_get(results, 1, i)
+    call check(i == 3, "... and Python never ran for it")
+  end block
   call torch_pymodule_load(math, "math")
   call torch_arglist_clear(args)
   call torch_arglist_add(args, 16d0)

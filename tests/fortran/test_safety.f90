@@ -163,8 +163,29 @@ contains
     call torch_tensor_from_array(t, big(:, 2:3), torch_kCPU)
     call torch_tensor_to_array(t, got)
     call check(all(got == big(:, 2:3)), "a contiguous section is wrapped")
+    ! A section of one element is contiguous (gfortran 12 says otherwise for it): wrapped, aliased.
+    msg = ""
+    call torch_tensor_from_array(t, big(3:3, 2:2), torch_kCPU, stat=stat, errmsg=msg)
+    call check(stat == 0, "a one-element section big(3:3, 2:2) is wrapped: " // trim(msg))
+    if (stat == 0) then
+      t = 99.0_real64
+      call check(big(3, 2) == 99.0_real64 .and. big(2, 2) == 12.0_real64 .and. big(4, 2) == 14.0_real64, &
+                 "the tensor over a one-element section writes that element of the array only")
+    end if
+    call null_pointer_is_refused()
     call torch_delete(t)
   end subroutine non_contiguous_arrays
+
+  subroutine null_pointer_is_refused()
+    real(real32), pointer :: p(:, :) => null()
+    type(torch_tensor) :: t
+    integer :: stat
+    character(len=512) :: msg
+    msg = ""
+    call torch_tensor_from_array(t, p, torch_kCPU, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "data_in is not associated") > 0 .and. &
+               .not. c_associated(t%p), "a null pointer is refused by torch_tensor_from_array: " // trim(msg))
+  end subroutine null_pointer_is_refused
 
   subroutine lossy_conversions()
     real(real64), target :: fv(3)

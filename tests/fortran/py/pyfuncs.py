@@ -50,6 +50,11 @@ def dtypes():
     return torch.tensor([1.0, -1.0]) > 0, torch.ones(2, dtype=torch.bfloat16), torch.ones(2, dtype=torch.complex64)
 
 
+def negated_view(x):
+    """-x as torch's lazily negated view of a complex tensor's imaginary part (the negative bit)."""
+    return torch.complex(x, x).conj().imag
+
+
 def count():
     global calls
     calls += 1
