@@ -34,6 +34,7 @@ struct StateOwner {
   ThreadState *state = nullptr;
   ~StateOwner() {
     if (state == nullptr) return;
+    release_held(*state);
     auto &r = registry();
     {
       std::lock_guard<std::mutex> lock(r.mutex);
@@ -136,7 +137,7 @@ void step_grew(ThreadState &ts) noexcept {
 }
 
 int64_t live_handle_count() noexcept {
-  thread_state();  // register this thread, so that the sum below includes it
+  release_held(thread_state());  // (and register this thread, so that the sum below includes it)
   auto &r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   int64_t total = r.retired;
@@ -151,6 +152,19 @@ void release_consumed(ThreadState &ts, size_t from) noexcept {
     list.pop_back();
     TensorTable::instance().release(h);
   }
+}
+
+void hold_rhs(ThreadState &ts, void *h) noexcept {
+  ts.held_rhs = h;
+  count_handles(ts, -1);  // the program no longer holds it: not a live handle while kept
+}
+
+void release_held(ThreadState &ts) noexcept {
+  void *h = ts.held_rhs;
+  ts.held_rhs = nullptr;
+  if (h == nullptr) return;
+  count_handles(ts, 1);  // (the release counts it off)
+  TensorTable::instance().release(h);
 }
 
 void bad_handle(const void *handle, const char *kind, const char *what) {

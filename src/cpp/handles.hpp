@@ -242,6 +242,12 @@ using SchedulerTable = HandleTable<std::shared_ptr<Scheduler>>;
 // released when the call that read them returns: release_consumed(ts, mark) frees those after
 // `mark` (calls nest: an LBFGS closure runs Fortran code that calls back into the C API).
 void release_consumed(ThreadState &ts, size_t from) noexcept;
+// Keep temporary h, which the element `=` just read, for the thread's next C call (ThreadState::
+// held_rhs; nothing else may be held): not counted among the live handles meanwhile.
+void hold_rhs(ThreadState &ts, void *h) noexcept;
+// Release the temporary the last element `=` kept for a next element: every C call but that `=`
+// does it first (guard), as do the live-handle count and thread exit.
+void release_held(ThreadState &ts) noexcept;
 
 // ---------------------------------------------------------------------------- access
 

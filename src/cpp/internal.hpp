@@ -229,6 +229,7 @@ int guard(Body &&body) noexcept {
   size_t mark = 0;
   try {
     ts = &thread_state();
+    if (ts->held_rhs != nullptr) release_held(*ts);
     mark = ts->consumed.size();
     require_runtime();
     body();

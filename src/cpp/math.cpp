@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "internal.hpp"
@@ -306,10 +307,12 @@ bool can_take_over(const TensorTable::Slot &left, const TensorTable::Slot &right
 }
 
 // `*lhs = rhs` with Fortran's value semantics (see ftc_tensor_assign); value_before, when given,
-// is the value rhs had before the statement began (overlapping array assignment). A template on
-// the stamping, so that the hot element `=` carries no test for the others.
+// is the value rhs had before the statement began (overlapping array assignment); read_again: rhs
+// is a temporary an earlier element of the same statement read (and may have taken over), so it is
+// copied like a named tensor. A template on the stamping, so that the hot element `=` carries no
+// test for the others.
 template <Stamping stamping>
-void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_before) {
+void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_before, bool read_again = false) {
   auto &table = TensorTable::instance();
   // The right-hand side first: a temporary is scheduled for release whatever fails next.
   TensorTable::Slot *right = nullptr;
@@ -337,11 +340,11 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
     // Unconstructed (or stale: a compiler finalized it just before assigning) lhs: it becomes
     // the value; a temporary is taken over without copying. `r = torch_result(expr)` makes r a
     // result, released by the first call that reads it.
-    const bool take = value_before != nullptr || right->life.taken_by_unconstructed();
+    const bool take = value_before != nullptr || (!read_again && right->life.taken_by_unconstructed());
     *lhs = new_tensor_handle(take ? value : value.clone(), right->life.adopted());
     return;
   }
-  if (value_before == nullptr && can_take_over(*left, *right)) {
+  if (value_before == nullptr && !read_again && can_take_over(*left, *right)) {
     left->value = right->value;  // the expression's handle lets go of it when the statement ends
   } else {
     assign_into(*left, value);
@@ -358,7 +361,28 @@ int ftc_tensor_assign(ftc_tensor *lhs, ftc_tensor rhs) {
 }
 
 int ftc_tensor_assign_element(ftc_tensor *lhs, ftc_tensor rhs) {
-  return ftc::guard([&] { ftc::assign_handle<ftc::Stamping::check>(lhs, rhs, nullptr); });
+  // gfortran assigns a scalar expression to an array of tensors (`ts = x + 1`) by calling the
+  // elemental `=` once per element with the one result: a temporary this `=` reads is kept until
+  // the thread's next C call, and read again (copied) if that call is the next element's `=`.
+  ftc::ThreadState *state = ftc::existing_thread_state();
+  void *held = nullptr;
+  if (state != nullptr) std::swap(held, state->held_rhs);  // (guard would release it first)
+  return ftc::guard([&] {
+    auto &ts = ftc::thread_state();
+    const bool again = held != nullptr && held == static_cast<void *>(rhs);
+    if (again) {
+      ftc::count_handles(ts, 1);  // live again while this call reads it
+    } else if (held != nullptr) {
+      ts.held_rhs = held;
+      ftc::release_held(ts);
+    }
+    const size_t mark = ts.consumed.size();
+    ftc::assign_handle<ftc::Stamping::check>(lhs, rhs, nullptr, again);
+    if (ts.consumed.size() > mark && ts.consumed.back() == static_cast<void *>(rhs)) {
+      ts.consumed.pop_back();
+      ftc::hold_rhs(ts, rhs);
+    }
+  });
 }
 
 int ftc_tensor_assign_many(ftc_tensor *lhs, const ftc_tensor *rhs, int64_t n) {

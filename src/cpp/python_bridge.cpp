@@ -127,12 +127,16 @@ int fail(const std::string &message) {
 }
 
 void capsule_destructor(PyObject *capsule) {
-  // A capsule nobody consumed still owns its tensor.
+  // A capsule nobody consumed still owns its tensor. The exception that made it unconsumed (a
+  // failed _from_dlpack) is pending: it is kept for the caller's message.
+  PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+  PyErr_Fetch(&type, &value, &tb);
   if (PyCapsule_IsValid(capsule, kCapsuleName)) {
     void *p = PyCapsule_GetPointer(capsule, kCapsuleName);
     if (p != nullptr && state.dlpack_delete != nullptr) state.dlpack_delete(p);
   }
   PyErr_Clear();
+  PyErr_Restore(type, value, tb);
 }
 
 PyObject *import_attr(const char *module, const char *name) {
@@ -272,7 +276,12 @@ int from_python(PyObject *item, Py_ssize_t index, const char *function, ftc_brid
     v.real = PyFloat_AsDouble(item);
   } else if (PyUnicode_Check(item)) {
     v.kind = FTC_ARG_STRING;
-    text = utf8(item);
+    Ref bytes(PyUnicode_AsUTF8String(item));  // (a string UTF-8 cannot hold is an error, not a stand-in)
+    if (!bytes) return python_failure(where());
+    char *data = nullptr;
+    Py_ssize_t n = 0;
+    if (PyBytes_AsStringAndSize(bytes.get(), &data, &n) != 0) return python_failure(where());
+    text.assign(data, static_cast<size_t>(n));
     v.text = text.data();
     v.length = static_cast<int64_t>(text.size());
   } else {
@@ -325,12 +334,14 @@ int bridge_initialize(const char *program, const char *site_dir, const char *tor
     if (home != nullptr && home[0] != '\0') {
       std::string prefix(home);
       prefix = prefix.substr(0, prefix.find(':'));  // PYTHONHOME=prefix:exec_prefix
-      const std::string lib = prefix + "/lib/python" + std::to_string(PY_MAJOR_VERSION) + "." +
-                              std::to_string(PY_MINOR_VERSION) + "/encodings";
+      // The version of the libpython loaded (this bridge serves several): "3.12.1 (main, ...".
+      std::string version(Py_GetVersion());
+      const size_t first_dot = version.find('.');
+      version = version.substr(0, version.find_first_not_of("0123456789", first_dot + 1));
+      const std::string lib = prefix + "/lib/python" + version + "/encodings";
       struct stat info {};
       if (stat(lib.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
-        return fail("PYTHONHOME=" + std::string(home) + " has no " + lib + ": Python " +
-                    std::to_string(PY_MAJOR_VERSION) + "." + std::to_string(PY_MINOR_VERSION) +
+        return fail("PYTHONHOME=" + std::string(home) + " has no " + lib + ": Python " + version +
                     " would stop the program at start-up. Unset PYTHONHOME, or point it at the Python that "
                     "FTorch was installed with (its prefix)");
       }

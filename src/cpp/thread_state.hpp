@@ -74,6 +74,7 @@ struct ThreadState {
   int64_t growth_steps = 0;       // steps since the count last fell at which it had grown
   int64_t warn_growth_steps = 0;  // growth_steps that print the step warning (0: no sample taken yet)
   std::vector<void *> consumed;   // temporaries read by the calls in progress, released as they return
+  void *held_rhs = nullptr;       // a temporary the last element `=` read, kept to its next call (math.cpp)
   std::string last_error;         // message of this thread's last failed call
   FreeSlots free[kMaxTables];     // per table: slots this thread freed, reused first
   CatchScopes catch_scopes;       // open catch scopes (runtime.cpp), innermost last

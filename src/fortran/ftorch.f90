@@ -1,8 +1,8 @@
 !> Umbrella module: `use ftorch` gives the whole FTorch interface. It only re-exports.
 module ftorch
   use ftorch_types, only: ftorch_int, torch_kInt8, torch_kInt16, torch_kInt32, torch_kInt64, &
-                          torch_kFloat32, torch_kFloat64, torch_kBool, torch_kBFloat16, torch_kNone, torch_kMean, &
-                          torch_kSum
+                          torch_kFloat32, torch_kFloat64, torch_kBool, torch_kBFloat16, torch_kUInt8, torch_kFloat16, &
+                          torch_kNone, torch_kMean, torch_kSum
   use ftorch_devices, only: torch_kCPU, torch_kCUDA, torch_kHIP, torch_kXPU, torch_kMPS
   use ftorch_errors, only: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, &
                            FTORCH_ERR_DEVICE, FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, &
@@ -70,7 +70,7 @@ module ftorch
   implicit none
   private
   public :: ftorch_int, torch_kInt8, torch_kInt16, torch_kInt32, torch_kInt64, torch_kFloat32, torch_kFloat64, &
-            torch_kBool, torch_kBFloat16, torch_kNone, torch_kMean, torch_kSum
+            torch_kBool, torch_kBFloat16, torch_kUInt8, torch_kFloat16, torch_kNone, torch_kMean, torch_kSum
   public :: torch_kCPU, torch_kCUDA, torch_kHIP, torch_kXPU, torch_kMPS
   public :: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, FTORCH_ERR_DEVICE, &
             FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, FTORCH_ERR_INTERNAL, FTORCH_ERR_CALLBACK, &

@@ -4,7 +4,6 @@ program test_errors
   use, intrinsic :: iso_c_binding, only: c_int64_t
   use, intrinsic :: iso_fortran_env, only: int8, real32, real64
   use ftorch
-  use ftorch_types, only: torch_kFloat16, torch_kUInt8
   use testing, only: check, summary, read_values, data_path
   implicit none
 

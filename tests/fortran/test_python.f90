@@ -187,6 +187,9 @@ program test_python
   call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(errmsg, "shape") > 0, "output shape mismatch")
   call torch_pymodule_call(py, "a_dict", torch_arglist(), results, stat=stat, errmsg=errmsg)
   call check(stat == FTORCH_ERR_PYTHON .and. index(errmsg, "is a dict") > 0, "an unsupported result type is an error")
+  call torch_pymodule_call(py, "lone_surrogate", torch_arglist(), results, stat=stat, errmsg=errmsg)
+  call check(stat == FTORCH_ERR_PYTHON .and. index(errmsg, "UnicodeEncodeError") > 0, &
+             "a string result UTF-8 cannot hold is an error, not a stand-in")
 
   ! Exceptions become stat/errmsg with type, message and traceback; the module stays usable.
   call torch_arglist_clear(args)

@@ -18,6 +18,7 @@ program test_safety
   call non_contiguous_arrays()
   call lossy_conversions()
   call sourced_allocation_of_an_expression()
+  call scalar_expression_into_an_array_of_tensors()
   if (index(compiler_version(), "flang") > 0) call expressions_live_to_the_end_of_the_statement()
   if (index(compiler_version(), "GCC") > 0) call expressions_are_read_once()
   call check(ftorch_live_handles() == base, "every handle made by this program was freed")
@@ -356,6 +357,38 @@ contains
     call torch_delete(b)
     call torch_delete(c)
   end subroutine expressions_are_read_once
+
+  !> `ts = x + 1` with ts an array of tensors: Fortran gives every element the value (gfortran calls
+  !> the elemental `=` once per element with the one result), each element its own tensor.
+  subroutine scalar_expression_into_an_array_of_tensors()
+    real(real64), target :: xv(3)
+    type(torch_tensor) :: x, ts(3)
+    integer(c_int64_t) :: before
+    integer :: i, stat
+    character(len=512) :: msg
+    xv = [1.0_real64, 2.0_real64, 3.0_real64]
+    call torch_tensor_from_array(x, xv, torch_kCPU)
+    before = ftorch_live_handles()
+    msg = ""
+    call torch_catch_begin()
+    ts = x + 1.0_real64  ! unconstructed elements
+    call torch_catch_end(stat, msg)
+    call check(stat == 0, "ts = x + 1 into unconstructed tensors: " // trim(msg))
+    if (stat /= 0) return
+    do i = 1, 3
+      call check(all(values_of(ts(i)) == xv + 1.0_real64), "ts = x + 1 gives every element the value")
+    end do
+    ts(1) = 0.0_real64
+    call check(all(values_of(ts(2)) == xv + 1.0_real64) .and. all(values_of(ts(3)) == xv + 1.0_real64), &
+               "... each its own tensor (a write to ts(1) leaves the others alone)")
+    ts = x * 2.0_real64  ! constructed elements
+    ts(3) = -1.0_real64
+    call check(all(values_of(ts(1)) == 2 * xv) .and. all(values_of(ts(2)) == 2 * xv) .and. &
+               all(values_of(ts(3)) == -1.0_real64), "ts = x * 2 into constructed tensors, each its own")
+    call check(ftorch_live_handles() == before + 3, "the expressions were freed")
+    call torch_delete(ts)
+    call torch_delete(x)
+  end subroutine scalar_expression_into_an_array_of_tensors
 
   subroutine read_twice(x, b, c)
     type(torch_tensor), intent(in) :: x

@@ -55,6 +55,10 @@ def negated_view(x):
     return torch.complex(x, x).conj().imag
 
 
+def lone_surrogate():
+    return "\ud800"
+
+
 def count():
     global calls
     calls += 1
