@@ -45,11 +45,14 @@ contains
     s = trim(adjustl(text)) // c_null_char
   end function c_string
 
-  !> A Fortran copy of the NUL-terminated string at `p` ("" for a null pointer).
-  function f_string(p) result(s)
+  !> A Fortran copy of the NUL-terminated string at `p` ("" for a null pointer). A subroutine: the
+  !> caller of a function with a deferred-length result keeps its length in a static variable
+  !> (gfortran), which threads calling at once overwrite.
+  subroutine f_string(p, s)
     !> C pointer to a NUL-terminated string owned by the C side (not freed here), or null.
     type(c_ptr), intent(in) :: p
-    character(len=:), allocatable :: s
+    !> The copy.
+    character(len=:), allocatable, intent(out) :: s
     character(kind=c_char), pointer :: chars(:)
     integer :: n, i
     if (.not. c_associated(p)) then
@@ -65,5 +68,5 @@ contains
     do i = 1, n
       s(i:i) = chars(i)
     end do
-  end function f_string
+  end subroutine f_string
 end module ftorch_interop
