@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -26,7 +27,7 @@ thread_local std::string last_error;
 // name, which calls change holding the GIL).
 struct State {
   bool started_here = false;      // we called Py_Initialize (and finalize at exit)
-  bool finalized = false;
+  std::atomic<bool> finalized{false};  // (read by any thread, set at exit)
   PyThreadState *main_state = nullptr;
   std::thread::id init_thread;
   void (*dlpack_delete)(void *) = nullptr;
@@ -450,14 +451,14 @@ int64_t group_size(const ftc_bridge_value &v, int64_t at, int64_t n_args) {
 
 int bridge_call(void *module, const char *function, const ftc_bridge_value *args, int64_t n_args,
                 ftc_bridge_sink sink, void *ctx) {
-  Gil gil;
-  if (state.finalized) {
+  if (state.finalized) {  // (before taking the GIL, which a finalized interpreter no longer has)
     // Arguments handed over must still be freed.
     for (int64_t i = 0; i < n_args; ++i) {
-      if (args[i].kind == FTC_ARG_TENSOR) state.dlpack_delete(args[i].dlpack);
+      if (args[i].kind == FTC_ARG_TENSOR && args[i].dlpack != nullptr) state.dlpack_delete(args[i].dlpack);
     }
     return fail("the Python interpreter has been finalized");
   }
+  Gil gil;
   // Every tensor argument is handed to a capsule (which frees it if the call never takes it).
   // Positional arguments: the values, where a FTC_BRIDGE_LIST value makes the next n one list;
   // built in place in the call's tuple (no intermediate list).
