@@ -114,8 +114,13 @@ def test_a_pythonhome_without_a_standard_library_is_a_clear_error(cmake_consumer
     proc = run([bdir / "error_stop", data_dir, "python_exception"], env=env, check=False)
     out = proc.stdout + proc.stderr
     assert 0 < proc.returncode < 128
-    assert "[torch_pymodule_load]" in out and "PYTHONHOME=/nonexistent has no /nonexistent/lib/python" in out, out
+    assert "[torch_pymodule_load]" in out and "PYTHONHOME=/nonexistent has no standard library of Python 3." in out, out
     assert "Fatal Python error" not in out
+    # The Python FTorch runs on, named by PYTHONHOME (its standard library's prefix): it starts.
+    env = dict(os.environ, PYTHONHOME=sys.base_prefix)
+    proc = run([bdir / "error_stop", data_dir, "python_exception"], env=env, check=False)
+    out = proc.stdout + proc.stderr
+    assert "[torch_pymodule_call]" in out and "ValueError: boom" in out, out
 
 
 def test_file_modules_never_replace_a_module_of_that_name(tmp_path):
@@ -130,6 +135,9 @@ def test_file_modules_never_replace_a_module_of_that_name(tmp_path):
     (tmp_path / "random.py").write_text("VALUE = 1\n")
     mine = _embed.load(str(tmp_path / "random.py"))
     assert sys.modules["random"] is random and mine.VALUE == 1 and mine.__name__ != "random"
+    (tmp_path / "tabnanny.py").write_text("VALUE = 2\n")  # a standard module not imported (yet)
+    assert "tabnanny" not in sys.modules
+    assert _embed.load(str(tmp_path / "tabnanny.py")).__name__ != "tabnanny" and "tabnanny" not in sys.modules
     (tmp_path / "trainer_x1.py").write_text("class Model:\n    pass\n")
     first = _embed.load(str(tmp_path / "trainer_x1.py"))
     second = _embed.load(str(tmp_path / "trainer_x1.py"))

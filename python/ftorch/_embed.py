@@ -42,12 +42,13 @@ def load(name: str):
         if directory not in sys.path:
             sys.path.insert(0, directory)
         # Registered in sys.modules (pickle and dataclasses look classes up there) under the file's
-        # name, unless that name is taken: by a module already imported (a file random.py must not
-        # replace the standard library's for torch) or by an earlier load of a file of that name
-        # (whose classes must stay picklable); then under a name of its own.
+        # name, unless that name is taken: by a module already imported or of the standard library
+        # (a file random.py must not replace the standard library's for torch) or by an earlier load
+        # of a file of that name (whose classes must stay picklable); then under a name of its own.
         module_name = stem = os.path.splitext(os.path.basename(path))[0]
+        taken = set(getattr(sys, "stdlib_module_names", ()))  # (Python 3.10+: also those not imported yet)
         n = 1
-        while module_name in sys.modules:
+        while module_name in sys.modules or module_name in taken:
             n += 1
             module_name = f"_ftorch_file_{n}_{stem}"
         spec = importlib.util.spec_from_file_location(module_name, path)

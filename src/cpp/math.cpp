@@ -340,7 +340,10 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
     // Unconstructed (or stale: a compiler finalized it just before assigning) lhs: it becomes
     // the value; a temporary is taken over without copying. `r = torch_result(expr)` makes r a
     // result, released by the first call that reads it.
-    const bool take = value_before != nullptr || (!read_again && right->life.taken_by_unconstructed());
+    // (Not a tensor another handle holds too: an earlier element of the same statement took it,
+    // flang's `ts = x + 1` or `ts = spread(x + 1, 1, 3)`, or an operation returned its input.)
+    const bool take = value_before != nullptr ||
+                      (!read_again && right->life.taken_by_unconstructed() && right->value.use_count() == 1);
     *lhs = new_tensor_handle(take ? value : value.clone(), right->life.adopted());
     return;
   }

@@ -339,12 +339,23 @@ int bridge_initialize(const char *program, const char *site_dir, const char *tor
       std::string version(Py_GetVersion());
       const size_t first_dot = version.find('.');
       version = version.substr(0, version.find_first_not_of("0123456789", first_dot + 1));
-      const std::string lib = prefix + "/lib/python" + version + "/encodings";
-      struct stat info {};
-      if (stat(lib.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
-        return fail("PYTHONHOME=" + std::string(home) + " has no " + lib + ": Python " + version +
-                    " would stop the program at start-up. Unset PYTHONHOME, or point it at the Python that "
-                    "FTorch was installed with (its prefix)");
+      // Where Python looks for its standard library: lib/ or lib64/ (PLATLIBDIR), as a folder or
+      // a zip file (python312.zip).
+      std::string zipped = version;
+      zipped.erase(std::remove(zipped.begin(), zipped.end(), '.'), zipped.end());
+      bool found = false;
+      for (const char *lib : {"/lib", "/lib64"}) {
+        struct stat info {};
+        const std::string folder = prefix + lib + "/python" + version + "/encodings";
+        const std::string zip = prefix + lib + "/python" + zipped + ".zip";
+        found = found || (stat(folder.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) ||
+                (stat(zip.c_str(), &info) == 0 && S_ISREG(info.st_mode));
+      }
+      if (!found) {
+        return fail("PYTHONHOME=" + std::string(home) + " has no standard library of Python " + version + " (no " +
+                    prefix + "/lib/python" + version + "/encodings, nor lib64/ or a python" + zipped +
+                    ".zip there): Python would stop the program at start-up. Unset PYTHONHOME, or point it at "
+                    "the Python that FTorch was installed with (its prefix)");
       }
     }
     Py_InitializeEx(0);  // 0: leave the program's signal handlers alone

@@ -362,7 +362,7 @@ contains
   !> the elemental `=` once per element with the one result), each element its own tensor.
   subroutine scalar_expression_into_an_array_of_tensors()
     real(real64), target :: xv(3)
-    type(torch_tensor) :: x, ts(3)
+    type(torch_tensor) :: x, ts(3), us(2)
     integer(c_int64_t) :: before
     integer :: i, stat
     character(len=512) :: msg
@@ -378,9 +378,17 @@ contains
     do i = 1, 3
       call check(all(values_of(ts(i)) == xv + 1.0_real64), "ts = x + 1 gives every element the value")
     end do
+    call torch_tensor_set_requires_grad(ts(1), .true.)
+    call check(.not. ts(2)%requires_grad() .and. .not. ts(3)%requires_grad(), &
+               "... each its own tensor (requires_grad set on ts(1) only)")
     ts(1) = 0.0_real64
     call check(all(values_of(ts(2)) == xv + 1.0_real64) .and. all(values_of(ts(3)) == xv + 1.0_real64), &
                "... each its own tensor (a write to ts(1) leaves the others alone)")
+    us = spread(x - 1.0_real64, 1, 2)
+    call torch_tensor_set_requires_grad(us(1), .true.)
+    call check(.not. us(2)%requires_grad() .and. all(values_of(us(2)) == xv - 1.0_real64), &
+               "us = spread(x - 1, 1, 2): each element its own tensor")
+    call torch_delete(us)
     ts = x * 2.0_real64  ! constructed elements
     ts(3) = -1.0_real64
     call check(all(values_of(ts(1)) == 2 * xv) .and. all(values_of(ts(2)) == 2 * xv) .and. &
