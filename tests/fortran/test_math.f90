@@ -86,6 +86,14 @@ program test_math
   call record("matmul", torch_matmul(ta, torch_transpose(tb, 1, 2)))
   call record("matmul_vec", torch_matmul(ta, tc))
   call record("sum", torch_sum(ta))
+  block  ! a 0-d result into a scalar; a one-element tensor of rank 1 is refused by its shape
+    real(real64) :: total
+    integer :: stat
+    call torch_tensor_to_array(torch_sum(ta), total)
+    call check(abs(total - sum(a)) <= 1e-12_real64 * abs(sum(a)), "torch_tensor_to_array of a 0-d tensor into a scalar")
+    call torch_tensor_to_array(torch_reshape(torch_sum(ta), [1]), total, stat=stat)
+    call check(stat /= 0, "... a one-element tensor of rank 1 into a scalar: refused (shape)")
+  end block
   call record("mean", torch_mean(ta))
   call record("sum_dim1", torch_sum(ta, dim=1))
   call record("mean_dim2_keep", torch_mean(ta, dim=2, keepdim=.true.))
