@@ -8,7 +8,7 @@ module ftorch
                            FTORCH_ERR_DEVICE, FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, &
                            FTORCH_ERR_INTERNAL, FTORCH_ERR_CALLBACK, FTORCH_ERR_DISTRIBUTED, FTORCH_ERR_PYTHON, &
                            FTORCH_ERR_SHAPE, torch_catch_begin, &
-                           torch_catch_end
+                           torch_catch_end, ftorch_last_error
   use ftorch_runtime, only: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, &
                             ftorch_check_runtime, torch_device_available, ftorch_live_handles, torch_manual_seed
   use ftorch_callbacks, only: ftorch_callbacks_registered
@@ -75,7 +75,7 @@ module ftorch
   public :: FTORCH_OK, FTORCH_ERR_INVALID_ARGUMENT, FTORCH_ERR_NULL_HANDLE, FTORCH_ERR_DTYPE, FTORCH_ERR_DEVICE, &
             FTORCH_ERR_IO, FTORCH_ERR_TORCH, FTORCH_ERR_VERSION, FTORCH_ERR_INTERNAL, FTORCH_ERR_CALLBACK, &
             FTORCH_ERR_DISTRIBUTED, FTORCH_ERR_PYTHON, FTORCH_ERR_SHAPE, torch_catch_begin, &
-            torch_catch_end
+            torch_catch_end, ftorch_last_error
   public :: ftorch_version, ftorch_torch_version, ftorch_runtime_torch_version, ftorch_check_runtime, &
             torch_device_available, ftorch_live_handles, ftorch_callbacks_registered, torch_manual_seed
   public :: torch_tensor, torch_tensor_from_array, torch_tensor_from_blob, torch_tensor_empty, torch_tensor_zeros, &

@@ -142,7 +142,6 @@ program test_lifetime
   use, intrinsic :: iso_c_binding, only: c_int64_t, c_associated
   use, intrinsic :: iso_fortran_env, only: int32, int64, real64
   use ftorch
-  use ftorch_errors, only: ftorch_last_error
   use lifetime_helpers
   use only_type_scope, only: grow_history_only_type => grow_history, &
                              copy_into_unallocated_only_type => copy_into_unallocated, &
