@@ -116,6 +116,10 @@ program test_errors
   call expect(FTORCH_ERR_DTYPE, "torch_tensor_empty", "unsupported dtype 5", "float16 dtype")
   call torch_tensor_empty(two(1), 1, [3_c_int64_t], torch_kUInt8, torch_kCPU, stat=stat, errmsg=msg)
   call expect(FTORCH_ERR_DTYPE, "torch_tensor_empty", "unsupported dtype 0", "uint8 dtype")
+  call torch_tensor_zeros(two(1), 1, [3_c_int64_t], torch_kBool, torch_kCPU, stat=stat, errmsg=msg)
+  call expect(FTORCH_ERR_DTYPE, "torch_tensor_zeros", "unsupported dtype 11", "bool dtype (get_dtype only)")
+  call torch_tensor_ones(two(1), 1, [3_c_int64_t], torch_kBFloat16, torch_kCPU, stat=stat, errmsg=msg)
+  call expect(FTORCH_ERR_DTYPE, "torch_tensor_ones", "unsupported dtype 15", "bfloat16 dtype (get_dtype only)")
   call torch_tensor_empty(two(1), 2, [3_c_int64_t], torch_kFloat64, torch_kCPU, stat=stat, errmsg=msg)
   call expect(FTORCH_ERR_INVALID_ARGUMENT, "torch_tensor_empty", "ndims = 2 but size(tensor_shape) = 1", &
               "ndims differs from the shape's size")
