@@ -132,6 +132,16 @@ def test_file_modules_never_replace_a_module_of_that_name(tmp_path):
 
     from ftorch import _embed
 
+    path, modules = list(sys.path), dict(sys.modules)
+    try:
+        _loads_under_names_of_their_own(tmp_path, _embed, pickle, random)
+    finally:  # (this process spawns others later: tmp_path must not stay first on their sys.path)
+        sys.path[:] = path
+        for name in set(sys.modules) - set(modules):
+            del sys.modules[name]
+
+
+def _loads_under_names_of_their_own(tmp_path, _embed, pickle, random):
     (tmp_path / "random.py").write_text("VALUE = 1\n")
     mine = _embed.load(str(tmp_path / "random.py"))
     assert sys.modules["random"] is random and mine.VALUE == 1 and mine.__name__ != "random"
