@@ -307,12 +307,10 @@ bool can_take_over(const TensorTable::Slot &left, const TensorTable::Slot &right
 }
 
 // `*lhs = rhs` with Fortran's value semantics (see ftc_tensor_assign); value_before, when given,
-// is the value rhs had before the statement began (overlapping array assignment); read_again: rhs
-// is a temporary an earlier element of the same statement read (and may have taken over), so it is
-// copied like a named tensor. A template on the stamping, so that the hot element `=` carries no
-// test for the others.
+// is the value rhs had before the statement began (overlapping array assignment). A template on
+// the stamping, so that the hot element `=` carries no test for the others.
 template <Stamping stamping>
-void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_before, bool read_again = false) {
+void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_before) {
   auto &table = TensorTable::instance();
   // The right-hand side first: a temporary is scheduled for release whatever fails next.
   TensorTable::Slot *right = nullptr;
@@ -343,11 +341,11 @@ void assign_handle(ftc_tensor *lhs, ftc_tensor rhs, const at::Tensor *value_befo
     // (Not a tensor another handle holds too: an earlier element of the same statement took it,
     // flang's `ts = x + 1` or `ts = spread(x + 1, 1, 3)`, or an operation returned its input.)
     const bool take = value_before != nullptr ||
-                      (!read_again && right->life.taken_by_unconstructed() && right->value.use_count() == 1);
+                      (right->life.taken_by_unconstructed() && right->value.use_count() == 1);
     *lhs = new_tensor_handle(take ? value : value.clone(), right->life.adopted());
     return;
   }
-  if (value_before == nullptr && !read_again && can_take_over(*left, *right)) {
+  if (value_before == nullptr && can_take_over(*left, *right)) {
     left->value = right->value;  // the expression's handle lets go of it when the statement ends
   } else {
     assign_into(*left, value);
@@ -366,7 +364,8 @@ int ftc_tensor_assign(ftc_tensor *lhs, ftc_tensor rhs) {
 int ftc_tensor_assign_element(ftc_tensor *lhs, ftc_tensor rhs) {
   // gfortran assigns a scalar expression to an array of tensors (`ts = x + 1`) by calling the
   // elemental `=` once per element with the one result: a temporary this `=` reads is kept until
-  // the thread's next C call, and read again (copied) if that call is the next element's `=`.
+  // the thread's next C call, and read again if that call is the next element's `=` (an earlier
+  // element that took it over shares it: assign_handle then copies, as for any shared tensor).
   ftc::ThreadState *state = ftc::existing_thread_state();
   void *held = nullptr;
   if (state != nullptr) std::swap(held, state->held_rhs);  // (guard would release it first)
@@ -380,7 +379,7 @@ int ftc_tensor_assign_element(ftc_tensor *lhs, ftc_tensor rhs) {
       ftc::release_held(ts);
     }
     const size_t mark = ts.consumed.size();
-    ftc::assign_handle<ftc::Stamping::check>(lhs, rhs, nullptr, again);
+    ftc::assign_handle<ftc::Stamping::check>(lhs, rhs, nullptr);
     if (ts.consumed.size() > mark && ts.consumed.back() == static_cast<void *>(rhs)) {
       ts.consumed.pop_back();
       ftc::hold_rhs(ts, rhs);

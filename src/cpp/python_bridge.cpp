@@ -76,19 +76,24 @@ class Ref {
   PyObject *p_;
 };
 
-std::string utf8(PyObject *o) {
-  Ref bytes(o == nullptr ? nullptr : PyUnicode_AsUTF8String(o));
-  if (!bytes) {
-    PyErr_Clear();
-    return "<unprintable>";
-  }
+// A Python string as UTF-8 into out; false (the Python error pending) when UTF-8 cannot hold it.
+bool utf8_into(PyObject *o, std::string &out) {
+  Ref bytes(PyUnicode_AsUTF8String(o));
   char *data = nullptr;
   Py_ssize_t n = 0;
-  if (PyBytes_AsStringAndSize(bytes.get(), &data, &n) != 0) {
+  if (!bytes || PyBytes_AsStringAndSize(bytes.get(), &data, &n) != 0) return false;
+  out.assign(data, static_cast<size_t>(n));
+  return true;
+}
+
+// The same for messages: a stand-in when it cannot be converted.
+std::string utf8(PyObject *o) {
+  std::string text;
+  if (o == nullptr || !utf8_into(o, text)) {
     PyErr_Clear();
     return "<unprintable>";
   }
-  return std::string(data, static_cast<size_t>(n));
+  return text;
 }
 
 // The pending Python exception as "Type: message" + traceback (it is cleared); returns 1.
@@ -277,12 +282,7 @@ int from_python(PyObject *item, Py_ssize_t index, const char *function, ftc_brid
     v.real = PyFloat_AsDouble(item);
   } else if (PyUnicode_Check(item)) {
     v.kind = FTC_ARG_STRING;
-    Ref bytes(PyUnicode_AsUTF8String(item));  // (a string UTF-8 cannot hold is an error, not a stand-in)
-    if (!bytes) return python_failure(where());
-    char *data = nullptr;
-    Py_ssize_t n = 0;
-    if (PyBytes_AsStringAndSize(bytes.get(), &data, &n) != 0) return python_failure(where());
-    text.assign(data, static_cast<size_t>(n));
+    if (!utf8_into(item, text)) return python_failure(where());  // (an error, not a stand-in)
     v.text = text.data();
     v.length = static_cast<int64_t>(text.size());
   } else {
