@@ -102,7 +102,7 @@ void require_shape(const at::Tensor &t, const Dims &shape, const char *what) {
 // or the statement ends, so that would dangle; a named one is marked exposed (`=` then always
 // writes into its memory, and into the memory of every tensor sharing it when the pointer is
 // into the memory itself).
-const at::Tensor &lasting_tensor(ftc_tensor h, const char *purpose, bool into_memory) {
+ftc::TensorTable::Slot &lasting_slot(ftc_tensor h, const char *purpose, bool into_memory) {
   auto &slot = ftc::tensor_slot(h);
   if (slot.life.is_expression()) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT, std::string("a pointer to the ") + purpose +
@@ -115,7 +115,10 @@ const at::Tensor &lasting_tensor(ftc_tensor h, const char *purpose, bool into_me
   } else {
     slot.life.expose();
   }
-  return slot.value;
+  return slot;
+}
+const at::Tensor &lasting_tensor(ftc_tensor h, const char *purpose, bool into_memory) {
+  return lasting_slot(h, purpose, into_memory).value;
 }
 
 // The address and shape of a tensor's memory for a no-copy view: this dtype and rank, laid out
@@ -373,18 +376,36 @@ int ftc_tensor_rank(ftc_tensor t, int *rank) {
   return ftc::guard([&] { ftc::out_arg(rank, "rank") = static_cast<int>(ftc::tensor_of(t).dim()); });
 }
 
+// The extents or strides a Fortran pointer (get_shape, get_stride) is pointed to: a copy kept in
+// the tensor's slot, never LibTorch's own description, which a write through the pointer (reusing
+// it to build another shape) would change under the tensor's memory. The copy is rewritten only
+// where it differs, so threads asking about one tensor write nothing; it moves only when the rank
+// outgrows it (after an `=` into the tensor, the documented end of an earlier pointer's validity).
+static const int64_t *described_copy(std::vector<int64_t> &copy, c10::IntArrayRef values) {
+  if (copy.size() < values.size()) {
+    copy.reserve(std::max<size_t>(values.size(), 8));
+    copy.resize(values.size());
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (copy[i] != values[i]) copy[i] = values[i];
+  }
+  return copy.data();
+}
+
 int ftc_tensor_shape(ftc_tensor t, const int64_t **sizes, int *ndims) {
   return ftc::guard([&] {
-    const auto &x = lasting_tensor(t, "shape", false);
-    ftc::out_arg(sizes, "sizes") = x.sizes().data();
+    auto &slot = lasting_slot(t, "shape", false);
+    const auto &x = slot.value;
+    ftc::out_arg(sizes, "sizes") = described_copy(slot.sizes_copy, x.sizes());
     ftc::out_arg(ndims, "ndims") = static_cast<int>(x.dim());
   });
 }
 
 int ftc_tensor_strides(ftc_tensor t, const int64_t **strides, int *ndims) {
   return ftc::guard([&] {
-    const auto &x = lasting_tensor(t, "strides", false);
-    ftc::out_arg(strides, "strides") = x.strides().data();
+    auto &slot = lasting_slot(t, "strides", false);
+    const auto &x = slot.value;
+    ftc::out_arg(strides, "strides") = described_copy(slot.strides_copy, x.strides());
     ftc::out_arg(ndims, "ndims") = static_cast<int>(x.dim());
   });
 }

@@ -13,6 +13,7 @@ program test_safety
   base = ftorch_live_handles()
   call assignment_into_shared_memory()
   call pointers_into_results()
+  call writes_through_shape_pointers()
   call parameters_stay_leaves()
   call overlapping_memory()
   call non_contiguous_arrays()
@@ -101,6 +102,29 @@ contains
                ftorch_live_handles() == before, "a data pointer into an operator's result is refused and freed")
     call torch_delete(a)
   end subroutine pointers_into_results
+
+  !> Reusing get_shape’s array to build another shape (a pointer Fortran lets one write through)
+  !> changes a copy, never the tensor: its extents, strides and values stay those of its memory.
+  subroutine writes_through_shape_pointers()
+    integer(c_int64_t), pointer :: sizes(:), strides(:)
+    type(torch_tensor) :: a, b
+    real(real64), allocatable :: v(:)
+    call torch_tensor_ones(a, 2, [2_c_int64_t, 3_c_int64_t], torch_kFloat64, torch_kCPU)
+    sizes => a%get_shape()
+    strides => a%get_stride()
+    sizes(2) = 1000
+    strides = 0
+    call check(all(a%get_shape() == [2, 3]) .and. all(a%get_stride() == [3, 1]), &
+               "writes through get_shape/get_stride pointers leave the tensor’s extents and strides")
+    call check(all(sizes == [2, 3]) .and. all(strides == [3, 1]), "the next get_shape/get_stride renews the copy")
+    sizes(1) = 4
+    b = torch_reshape(a, [3, 2])
+    v = values_of(b)
+    call check(size(v) == 6 .and. all(v == 1.0_real64) .and. all(b%get_shape() == [3, 2]), &
+               "operations on a tensor whose shape pointer was written see its real shape")
+    call torch_delete(a)
+    call torch_delete(b)
+  end subroutine writes_through_shape_pointers
 
   subroutine parameters_stay_leaves()
     type(torch_model) :: net
