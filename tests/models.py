@@ -73,6 +73,18 @@ class WithBuffer(torch.nn.Module):
         return self.fc(x) * self.scale.sum()
 
 
+class WithoutBuffer(torch.nn.Module):
+    """WithBuffer's parameters and no buffer: a checkpoint of WithBuffer holds a buffer this model
+    has not (checkpoint load must refuse it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
 class Batched(torch.nn.Module):
     """Acts on [batch, features] inputs: a Linear layer then a per-row sum appended as a column."""
 
@@ -195,6 +207,7 @@ def build_training(directory: Path) -> None:
     torch.jit.script(WithBuffer(2).double()).save(str(directory / "buffer2.pt"))
     torch.manual_seed(7)
     torch.jit.script(WithBuffer(3).double()).save(str(directory / "buffer3.pt"))
+    torch.jit.script(WithoutBuffer().double()).save(str(directory / "no_buffer.pt"))
 
 
 class MultiIO(torch.nn.Module):

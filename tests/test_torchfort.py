@@ -399,7 +399,8 @@ def test_configuration_errors_name_the_file_key_and_what_is_allowed(installed, t
 def test_distributed_model_equals_single_process_training(installed, tmp_path):
     """torchfort_create_distributed_model on 2 MPI ranks (torchfort_mpi.c compiled with the program's
     MPI through FTorch::torchfort_mpi): each rank trains on half the batch; losses and weights equal
-    one process on the whole batch; without torchfort_mpi.c the call says how to get it."""
+    one process on the whole batch; a step failing on one rank within an accumulation cycle leaves
+    no rank with its gradients; without torchfort_mpi.c the call says how to get it."""
     from test_distributed import assert_every_rank_passed, mpirun
 
     (tmp_path / "dist.yaml").write_text(_to_yaml({
@@ -407,6 +408,11 @@ def test_distributed_model_equals_single_process_training(installed, tmp_path):
         "loss": {"type": "mse"},
         "optimizer": {"type": "adam", "parameters": {"learning_rate": "1e-2"}, "general": {"max_grad_norm": 0.5}},
         "lr_scheduler": {"type": "step", "parameters": {"step_size": 2}},
+    }))
+    (tmp_path / "accum.yaml").write_text(_to_yaml({
+        "model": {"type": "mlp", "parameters": {"layer_sizes": [4, 8, 3]}},
+        "loss": {"type": "mse"},
+        "optimizer": {"type": "sgd", "parameters": {"learning_rate": "1e-2"}, "general": {"grad_accumulation_steps": 2}},
     }))
     bdir = _mpi_build(installed, tmp_path)
     assert_every_rank_passed(mpirun(2, bdir / "test_torchfort_distributed", tmp_path), 2)

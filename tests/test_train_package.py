@@ -538,6 +538,27 @@ def test_export_refuses_what_cannot_train(tmp_path):
         ftorch.export(model := BufferChangesShape(), ["3,4"], train_package=tmp_path / "bad.pt2")
     assert model.seen is seen and torch.equal(seen, torch.zeros(4))  # the caller's buffer, as it was
 
+    class EvalModeUpdates(torch.nn.Module):  # a running mean updated in eval mode too
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+            self.register_buffer("mean", torch.zeros(4))
+
+        def forward(self, x):
+            self.mean = 0.9 * self.mean + 0.1 * x.detach().mean(0)
+            return self.fc(x - self.mean)
+
+    class EvalModeCounts(EvalModeUpdates):  # in place, read by no output
+        def forward(self, x):
+            self.mean.add_(1.0)
+            return self.fc(x)
+
+    for cls in (EvalModeUpdates, EvalModeCounts):
+        with pytest.raises(ftorch.UsageError, match=r"the eval-mode forward of .* changes buffer mean: .*"
+                                                    r"\(under `if self.training:`\)"):
+            ftorch.export(model := cls(), ["3,4"], train_package=tmp_path / "bad.pt2")
+        assert torch.equal(model.mean, torch.zeros(4))
+
 
 def test_inspect_describes_a_training_package(model_dir):
     proc = run([sys.executable, "-m", "ftorch", "inspect", packaged(model_dir, "batch_norm") / "batch_norm.pt2"])

@@ -359,6 +359,18 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
                                  list(flat[n_p + n_b:]), training))
         return f
 
+    def changed_buffers(training: bool) -> list:
+        """The names of the buffers the forward in this mode changes (in place, or assigned anew)."""
+        given = [b.clone() for b in buffers]
+        versions = [b._version for b in given]  # (an in-place change advances it, with or without grad)
+        bs = list(given)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[] if dev.type == "cpu" else [dev]):
+                run(params, bs, xs, training)
+        finally:
+            model.train(was_training)
+        return [n for n, b, new, v in zip(bnames, given, bs, versions) if new is not b or b._version != v]
+
     gs = [torch.randn_like(o) for o in outs]
     mode = "symbolic" if dynamic_batch else "fake"
     try:
@@ -424,6 +436,15 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
             return (loss.detach(),)
 
     fw_gm, bw_gm, n_random = _split(joint_gm, n_p + n_b + n_x, n_o, n_b, n_grads)
+    # A forward without gradients in eval mode runs `infer`, which leaves the buffers as they are:
+    # the eval-mode forward must not change any (an update not under `if self.training:`). Then a
+    # training forward that changes one is never eval_same (its code has the update, which make_fx
+    # keeps even where no output reads it), and its forwards without gradients run `forward`.
+    eval_changes = changed_buffers(False)
+    if eval_changes:
+        raise UsageError(f"the eval-mode forward of {label} changes buffer {eval_changes[0]}: a training package "
+                         "runs eval-mode forwards without changing the model (as batch norm's eval mode does); "
+                         "update the buffer in training mode only (under `if self.training:`)")
     eval_same = train_gm.code == eval_gm.code and n_random == 0
 
     # Dynamic batch: dim 0 of every input; an output's (and its gradient's) dims that follow the

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -38,13 +39,19 @@ std::string directory_of(const std::string &file) {
   return slash == std::string::npos ? "." : (slash == 0 ? "/" : file.substr(0, slash));
 }
 
-// Every object given (not null) must be live, before any file is touched; a scheduler given with
-// an optimizer must be that optimizer's (a checkpoint pairs them: the schedule's rate is the
-// optimizer's).
+// Every object given (not null) must be live, before any file is touched; a scheduler comes with
+// its own optimizer (a checkpoint pairs them: the schedule's rate is the optimizer's).
 void require_objects(ftc_model m, ftc_optim o, ftc_scheduler s) {
   if (m != nullptr) ftc::model_of(m);
   if (o != nullptr) ftc::optim_of(o);
   if (s != nullptr) ftc::scheduler_of(s);
+  if (s != nullptr && o == nullptr) {
+    // (Its state without the optimizer's learning rate would resume a chained schedule, a cosine's
+    // say, from whatever rate the optimizer has now.)
+    ftc::fail(FTC_ERR_INVALID_ARGUMENT,
+              "a scheduler is saved and restored with the optimizer whose learning rate it sets: pass that "
+              "optimizer too");
+  }
   if (s != nullptr && o != nullptr && ftc::scheduler_of(s).optim.get() != &ftc::optim_of(o)) {
     ftc::fail(FTC_ERR_INVALID_ARGUMENT,
               "the scheduler drives another optimizer than the one given: a checkpoint keeps an optimizer with "
@@ -187,6 +194,22 @@ static std::shared_ptr<StagedCheckpoint> stage_checkpoint_of_rank(const char *fi
                                                   ftc::shape_string(p.value.sizes()) + " here");
         }
         st.copies.emplace_back(p.value, t);
+      }
+      // The buffers by name, both ways (checkpoints before their names were kept: those of this
+      // model must be there).
+      if (archive.try_read("model.buffers", value)) {
+        std::vector<std::string> saved_buffers, my_buffers;
+        for (const auto &n : value.toListRef()) saved_buffers.push_back(n.toStringRef());
+        for (const auto &b : module.named_buffers()) my_buffers.push_back(b.name);
+        std::sort(saved_buffers.begin(), saved_buffers.end());
+        std::sort(my_buffers.begin(), my_buffers.end());
+        std::vector<std::string> extra;
+        std::set_difference(saved_buffers.begin(), saved_buffers.end(), my_buffers.begin(), my_buffers.end(),
+                            std::back_inserter(extra));
+        if (!extra.empty()) {
+          ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the checkpoint is of a different model: it has buffer " + extra.front() +
+                                                  ", which this model has not");
+        }
       }
       for (const auto &b : module.named_buffers()) {
         at::Tensor t;

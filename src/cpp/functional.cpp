@@ -191,7 +191,9 @@ int ftc_gradcheck(ftc_segment_fn fn, void *data, const ftc_tensor *inputs, int n
     *numeric = 0;
     for (int q = 0; q < 4; ++q) where[q] = 0;
     for (auto i : checked) {
-      const at::Tensor x = xs[i].detach();
+      // (`.data`, as PyTorch's gradcheck: the same memory, not the version counter, so a graph recorded
+      // before the check that saved the input still runs its backward afterwards)
+      const at::Tensor x = xs[i].variable_data();
       for (int64_t e = 0; e < x.numel(); ++e) {
         at::Tensor xe = element(x, e);
         const double original = xe.item<double>();

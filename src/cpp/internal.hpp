@@ -57,21 +57,61 @@ struct Optim {
   std::optional<c10::weak_intrusive_ptr<c10::ivalue::Object>> trains;
 };
 
-// One training step's forward, loss and backward (body returns the local loss value), then, for a
-// data-parallel optimizer, the gradients and the loss averaged across ranks. A failure in body is
-// reported to the other ranks before it propagates. Returns the (global) loss.
+// The gradients of some optimizers' parameters as they are (an undefined one as undefined), to
+// put back: see reduced_step. Nothing is copied where no gradient is defined (a step that starts
+// with zero_grad, the first step of an accumulation cycle).
+class GradientsBefore {
+ public:
+  explicit GradientsBefore(const std::vector<Optim *> &optims) {
+    for (const Optim *o : optims) {
+      for (const auto &p : o->params) kept_.emplace_back(p, p.grad().defined() ? p.grad().clone() : at::Tensor());
+    }
+  }
+  void restore() noexcept {
+    try {
+      for (auto &[p, g] : kept_) p.mutable_grad() = g;
+    } catch (...) {
+      // (assigning a gradient allocates nothing: not reached)
+    }
+  }
+
+ private:
+  std::vector<std::pair<at::Tensor, at::Tensor>> kept_;
+};
+
+// One training step's forward, loss and backward (body returns the local loss value), then, for
+// data-parallel optimizers, the gradients averaged across ranks (the first optimizer's average
+// also carries the loss and every rank's failure). A failure in body is reported to the other
+// ranks before it propagates. On a failure anywhere every rank's gradients are put back as they
+// were before body: a healthy rank learns of another's failure in the average, after its own
+// backward, whose gradients would otherwise stay in an accumulation cycle (and count twice when
+// the step is retried). Returns the (global) loss.
 template <class Body>
-double reduced_step(Optim &opt, Body &&body) {
-  if (!opt.sync) return body();
-  const std::shared_ptr<GradientSync> sync = opt.sync;
+double reduced_step(const std::vector<Optim *> &optims, Body &&body) {
+  if (optims.empty() || !optims[0]->sync) return body();
+  GradientsBefore before(optims);
   double local = 0;
   try {
     local = body();
   } catch (...) {
-    sync->report_failure();
+    before.restore();
+    optims[0]->sync->report_failure();
     throw;
   }
-  return sync->reduce(local);
+  try {
+    const double global = optims[0]->sync->reduce(local);
+    for (size_t i = 1; i < optims.size(); ++i) {
+      if (optims[i]->sync) optims[i]->sync->reduce(0.0);
+    }
+    return global;
+  } catch (...) {
+    before.restore();
+    throw;
+  }
+}
+template <class Body>
+double reduced_step(Optim &opt, Body &&body) {
+  return reduced_step(std::vector<Optim *>{&opt}, std::forward<Body>(body));
 }
 
 // Tells the other ranks of a data-parallel optimizer o (any handle, or null) that this rank failed

@@ -312,9 +312,9 @@ int ftc_optim_step_closure(ftc_optim o, ftc_closure closure, void *context, doub
     // every rank's LBFGS takes the same decisions.
     auto evaluate = [&]() -> at::Tensor {
       at::Tensor l;
+      state.opt->zero_grad();  // (before reduced_step: no gradient to keep for a failure)
       const double value = ftc::reduced_step(state, [&] {
         at::AutoGradMode grad(true);
-        state.opt->zero_grad();
         ftc::CallbackHandles result;  // the closure's loss, freed if not taken
         result.handles.assign(1, nullptr);
         ftc::check_callback(closure(context, result.handles.data()), "the closure");

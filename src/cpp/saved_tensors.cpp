@@ -7,6 +7,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
+
 #include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
@@ -61,14 +64,29 @@ class FileHooks : public SavedVariableHooks {
     sizes_ = t.sizes().vec();
     dtype_ = t.scalar_type();
     device_ = t.device();
-    path_ = directory_ + "/ftorch-saved-" + std::to_string(::getpid()) + "-" + std::to_string(files_made.fetch_add(1)) +
-            ".bin";
-    std::ofstream out(path_, std::ios::binary | std::ios::trunc);
-    if (out) out.write(static_cast<const char *>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
-    if (!out) {
-      path_.clear();
+    // A new file of its own (mkstemp: created exclusively), never one another process made: ranks
+    // on several hosts, or in containers with the same process ids, may share the directory.
+    std::string name = directory_ + "/ftorch-saved-" + std::to_string(files_made.fetch_add(1)) + "-XXXXXX";
+    const int fd = ::mkstemp(name.data());
+    if (fd < 0) ftc::fail(FTC_ERR_IO, "cannot create a saved-tensor file in '" + directory_ + "' (file offload)");
+    const char *bytes = static_cast<const char *>(c.data_ptr());
+    size_t left = c.nbytes();
+    bool written = true;
+    while (left > 0 && written) {
+      const ssize_t n = ::write(fd, bytes, left);
+      if (n < 0 && errno == EINTR) continue;
+      written = n > 0;
+      if (written) {
+        bytes += n;
+        left -= static_cast<size_t>(n);
+      }
+    }
+    if (::close(fd) != 0) written = false;
+    if (!written) {
+      std::remove(name.c_str());  // (no partial file left behind)
       ftc::fail(FTC_ERR_IO, "cannot write a saved tensor to '" + directory_ + "' (file offload)");
     }
+    path_ = std::move(name);
     files_live.fetch_add(1);
   }
   at::Tensor call_unpack_hook() override {

@@ -381,10 +381,11 @@ int ftc_tensor_rank(ftc_tensor t, int *rank) {
 // it to build another shape) would change under the tensor's memory. The copy is rewritten only
 // where it differs, so threads asking about one tensor write nothing; it moves only when the rank
 // outgrows it (after an `=` into the tensor, the documented end of an earlier pointer's validity).
+// Never a null address, also for a 0-d tensor: Fortran's pointer is then associated, of size 0.
 static const int64_t *described_copy(std::vector<int64_t> &copy, c10::IntArrayRef values) {
-  if (copy.size() < values.size()) {
+  if (copy.empty() || copy.size() < values.size()) {
     copy.reserve(std::max<size_t>(values.size(), 8));
-    copy.resize(values.size());
+    copy.resize(std::max<size_t>(values.size(), 1));
   }
   for (size_t i = 0; i < values.size(); ++i) {
     if (copy[i] != values[i]) copy[i] = values[i];

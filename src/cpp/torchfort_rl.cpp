@@ -689,8 +689,8 @@ float train_critics(System &sys, const ReplayBuffer::Batch &b, const at::Tensor 
   }
   std::vector<ftc::Optim *> optims;
   for (Net &q : sys.critics) optims.push_back(q.optim.get());
+  at::Tensor first_error;
   const double total = averaged(optims, [&] {
-    at::Tensor first_error;
     for (Net &q : sys.critics) {
       const at::Tensor error = q_value(q, s, a) - y;
       if (&q == &sys.critics[0]) first_error = error;
@@ -698,12 +698,12 @@ float train_critics(System &sys, const ReplayBuffer::Batch &b, const at::Tensor 
       loss = loss.defined() ? loss + l : l;
     }
     const double value = finite_loss(loss, "critic loss", sys.train_steps, sys.alpha_optim ? "SAC's alpha" : "");
-    // Only a finite loss's errors become priorities: a NaN or infinite one would make every later
-    // batch of a prioritized buffer copies of one transition.
-    sys.buffer->update_priorities(b.where, first_error);
     loss.backward();
     return value;
   });
+  // Only the errors of a step that succeeded on every rank become priorities: a NaN or infinite
+  // loss's would make every later batch of a prioritized buffer copies of one transition.
+  sys.buffer->update_priorities(b.where, first_error);
   const float q_loss = static_cast<float>(total / static_cast<double>(sys.critics.size()));
   for (Net &q : sys.critics) update(sys, q);
   report(sys, "critic", sys.critics[0], q_loss);

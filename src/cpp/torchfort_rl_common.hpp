@@ -388,13 +388,10 @@ void together(Ranks *ranks, const std::string &what, Body &&body) {
 // body computes the losses of networks trained by optims and their gradients (returning the loss
 // reported); in a distributed system, the gradients of each are then averaged over the ranks, and
 // the loss returned is the mean over the ranks. A failure in body reaches the other ranks, which
-// are waiting in the first average.
+// are waiting in the first average, and no rank keeps the step's gradients (ftc::reduced_step).
 template <class Body>
 double averaged(const std::vector<ftc::Optim *> &optims, Body &&body) {
-  if (optims.empty() || !optims[0]->sync) return body();
-  const double loss = ftc::reduced_step(*optims[0], std::forward<Body>(body));
-  for (size_t i = 1; i < optims.size(); ++i) optims[i]->sync->reduce(0.0);
-  return loss;
+  return ftc::reduced_step(optims, std::forward<Body>(body));
 }
 
 // A load on every rank: load(checked) reads and checks everything and calls checked() before it

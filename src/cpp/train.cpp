@@ -117,10 +117,8 @@ double eager_train_step(TrainStep &step) {
   Optim &opt = *step.opt;
   // Data-parallel: gradients and the loss are averaged across ranks before clipping and the
   // update, and the (global) loss feeds the scheduler, so every rank takes the same step.
-  const double value = reduced_step(opt, [&] {
-    opt.opt->zero_grad();
-    return step_loss(step).item<double>();
-  });
+  opt.opt->zero_grad();  // (before reduced_step: no gradient to keep for a failure)
+  const double value = reduced_step(opt, [&] { return step_loss(step).item<double>(); });
   if (step.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(opt.params, step.max_grad_norm);
   opt.opt->step();
   after_update(opt);

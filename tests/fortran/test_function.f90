@@ -724,7 +724,7 @@ contains
   subroutine gradient_check()
     real(real64), target :: a(3), b(3), x(2, 3), w(2, 3), bias(2)
     real(real32), target :: a32(3)
-    type(torch_tensor) :: ta, tb, tx, tw, tbias, t32
+    type(torch_tensor) :: ta, tb, tx, tw, tbias, t32, squares, g
     type(torch_gradcheck_result) :: r
     integer :: stat
     character(len=512) :: msg
@@ -735,9 +735,17 @@ contains
     bias = [0.05_real64, -0.02_real64]
     call torch_tensor_from_array(ta, a, torch_kCPU, requires_grad=.true.)
     call torch_tensor_from_array(tb, b, torch_kCPU, requires_grad=.true.)
+    squares = ta * ta  ! (a graph that saved ta, recorded before the check)
     call check(torch_gradcheck(expression, [ta, tb], n_outputs=2, result=r), "gradcheck: an expression passes")
     call check(r%max_error < 1e-8_real64, "gradcheck: worst error small for a correct gradient")
     call check(all(a == [0.3_real64, -0.6_real64, 1.2_real64]), "gradcheck: inputs restored")
+    call torch_tensor_backward(torch_sum(squares), stat=stat, errmsg=msg)
+    call torch_tensor_get_gradient(g, ta)
+    call check(stat == 0, "gradcheck: a graph recorded before it that saved an input still backpropagates: " // trim(msg))
+    call check(all(tensor_values(g, 3) == 2 * a), "gradcheck: that graph’s gradient is unchanged")
+    call torch_delete(squares)
+    call torch_delete(g)
+    call ta%zero_grad()
     call torch_tensor_from_array(tx, x, torch_kCPU, requires_grad=.true.)
     call torch_tensor_from_array(tw, w, torch_kCPU, requires_grad=.true.)
     call torch_tensor_from_array(tbias, bias, torch_kCPU, requires_grad=.true.)

@@ -579,8 +579,8 @@ contains
     call check(ftorch_live_handles() == before, "the refused calls leave no handle behind")
   end subroutine unconstructed_tensors
 
-  ! A checkpoint whose parameters match but whose buffers do not is refused before anything of
-  ! the target model changes.
+  ! A checkpoint whose parameters match but whose buffers do not (either way) is refused before
+  ! anything of the target model changes.
   subroutine checkpoint_all_or_nothing()
     type(torch_model) :: m2, m3
     type(torch_tensor) :: w
@@ -597,6 +597,16 @@ contains
     call torch_tensor_to_array(w, after)
     call check(stat /= 0 .and. index(msg, "buffer scale") > 0 .and. all(after == before), &
                "a checkpoint with other buffers is refused and the parameters are untouched: " // trim(msg))
+    call torch_delete(w); call torch_delete(m3)
+    ! A buffer the model has not (the same parameters, no buffer): a different model too.
+    call torch_model_load(m3, data_path("no_buffer.pt"), torch_kCPU)
+    call torch_model_parameter(m3, "fc.weight", w)
+    call torch_tensor_to_array(w, before)
+    msg = ""
+    call torch_checkpoint_load(data_path("buffer2.ckpt"), model=m3, stat=stat, errmsg=msg)
+    call torch_tensor_to_array(w, after)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "it has buffer scale") > 0 .and. &
+               all(after == before), "a checkpoint with a buffer the model has not is refused: " // trim(msg))
     call torch_delete(w); call torch_delete(m2); call torch_delete(m3)
   end subroutine checkpoint_all_or_nothing
 

@@ -124,6 +124,14 @@ contains
                "operations on a tensor whose shape pointer was written see its real shape")
     call torch_delete(a)
     call torch_delete(b)
+    call torch_tensor_ones(b, 2, [2_c_int64_t, 2_c_int64_t], torch_kFloat64, torch_kCPU)
+    a = torch_sum(b)
+    call torch_delete(b)
+    sizes => a%get_shape()
+    strides => a%get_stride()
+    call check(associated(sizes) .and. associated(strides) .and. size(sizes) == 0 .and. size(strides) == 0, &
+               "a 0-d tensor’s shape and strides are associated pointers of size 0")
+    call torch_delete(a)
   end subroutine writes_through_shape_pointers
 
   subroutine parameters_stay_leaves()

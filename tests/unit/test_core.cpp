@@ -6,6 +6,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <new>
 #include <string>
@@ -15,6 +17,10 @@
 #include "internal.hpp"
 #include "compiled.hpp"  // after internal.hpp, which brings in LibTorch
 #include "rng_state.hpp"
+#include "saved_tensors.hpp"
+
+#include <stdlib.h>
+#include <unistd.h>
 
 namespace {
 
@@ -712,6 +718,11 @@ TEST(Checkpoint, ASchedulerIsCheckpointedWithItsOwnOptimizer) {
   EXPECT_EQ(ftc_checkpoint_load(file.c_str(), nullptr, b, sa, nullptr), FTC_ERR_INVALID_ARGUMENT);
   EXPECT_NE(last_error().find("the scheduler drives another optimizer"), std::string::npos) << last_error();
   EXPECT_EQ(ftc_checkpoint_load(file.c_str(), nullptr, a, sa, nullptr), FTC_OK) << last_error();
+  // Without its optimizer: the schedule would resume from whatever rate the optimizer has now.
+  EXPECT_EQ(ftc_checkpoint_load(file.c_str(), nullptr, nullptr, sa, nullptr), FTC_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("pass that optimizer too"), std::string::npos) << last_error();
+  EXPECT_EQ(ftc_checkpoint_save(file.c_str(), nullptr, nullptr, sa, 1), FTC_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("pass that optimizer too"), std::string::npos) << last_error();
   ftc_scheduler_delete(&sa);
   ftc_optim_delete(&a);
   ftc_optim_delete(&b);
@@ -873,4 +884,43 @@ TEST(Checkpoint, EachRankRestoresItsOwnGenerators) {
   ftc_comm_delete(&rank0);
   ftc_comm_delete(&rank1);
   std::remove(file.c_str());
+}
+
+// File offload writes only files it created itself: ranks on several hosts (or in containers, where
+// process ids repeat) may share the directory. Files named as another process with this process id
+// once named its files are left as they are, and the saved tensor comes back bitwise.
+TEST(SavedTensorFiles, NeverWriteAnotherProcesssFiles) {
+  char dir_template[] = "/tmp/ftorch-unit-offload-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const auto foreign = [&](int k) {
+    return dir + "/ftorch-saved-" + std::to_string(::getpid()) + "-" + std::to_string(k) + ".bin";
+  };
+  const auto read = [](const std::string &path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  for (int k = 0; k < 256; ++k) std::ofstream(foreign(k), std::ios::binary) << "another process's tensor " << k;
+  const int64_t files_before = ftc_saved_tensors_files();
+  ASSERT_EQ(ftc_saved_tensors_hooks_push(FTC_PACK_FILES, dir.c_str(), static_cast<int64_t>(dir.size()), 0, nullptr,
+                                         nullptr, nullptr, nullptr),
+            FTC_OK)
+      << last_error();
+  const at::Tensor t = at::arange(1000, at::kDouble);
+  std::vector<std::unique_ptr<torch::autograd::SavedVariableHooks>> hooks;
+  for (int i = 0; i < 4; ++i) {
+    hooks.push_back(ftc::saved_tensor_hooks_for(t));
+    ASSERT_TRUE(hooks.back());
+    hooks.back()->call_pack_hook(t);
+  }
+  ASSERT_EQ(ftc_saved_tensors_hooks_pop(), FTC_OK);
+  EXPECT_EQ(ftc_saved_tensors_files(), files_before + 4);
+  for (auto &h : hooks) EXPECT_TRUE(at::equal(h->call_unpack_hook(), t));
+  hooks.clear();
+  EXPECT_EQ(ftc_saved_tensors_files(), files_before);
+  for (int k = 0; k < 256; ++k) {
+    EXPECT_EQ(read(foreign(k)), "another process's tensor " + std::to_string(k)) << foreign(k);
+    std::remove(foreign(k).c_str());
+  }
+  EXPECT_EQ(::rmdir(dir.c_str()), 0) << "the offload's own files were all removed";
 }
