@@ -67,7 +67,20 @@ def mpi_data(tmp_path_factory) -> Path:
     torch.manual_seed(23)
     bn = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     torch.jit.script(bn.double()).save(str(d / "ddp_bn.pt"))
+    for buffer in ("a", "b"):  # the same parameters and buffer shapes; the buffer's name differs
+        torch.manual_seed(24)
+        torch.jit.script(NamedBuffer(buffer).double()).save(str(d / f"ddp_buffer_{buffer}.pt"))
     return d
+
+
+class NamedBuffer(torch.nn.Module):
+    def __init__(self, buffer: str):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+        self.register_buffer(buffer, torch.zeros(2))
+
+    def forward(self, x):
+        return self.fc(x)
 
 
 @pytest.fixture(scope="session")

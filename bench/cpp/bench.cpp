@@ -42,7 +42,9 @@ void model_case(const std::string &mode, const std::string &path, int batch, int
   std::vector<torch::Tensor> params;
   for (const auto &p : model.parameters()) params.push_back(p);
   torch::optim::Adam optim(params, torch::optim::AdamOptions(1e-4));
-  torch::jit::GraphOptimizerEnabledGuard optimize(false);  // as FTorch runs TorchScript
+  // (LibTorch's defaults, as a C++ user runs TorchScript: the profiling executor with its graph
+  // optimizations. FTorch runs without them by default, for bit-reproducible resumes: the
+  // ratio to this program is the cost of that default.)
   const int warm = std::max(10, iters / 10);
   Clock::time_point t0;
   for (int i = 1; i <= warm + iters; ++i) {

@@ -33,7 +33,7 @@ struct DataParallel final : GradientSync {
   std::shared_ptr<Comm> comm;
   std::shared_ptr<torch::jit::Module> module;  // keeps the parameters' owner alive
   std::vector<at::Tensor> params, buffers;
-  std::vector<std::string> names;
+  std::vector<std::string> names, buffer_names;
   std::vector<std::vector<size_t>> buckets;  // parameter indices, by c10d's bucket assignment
   std::vector<at::Tensor> flat;              // one flat buffer per bucket, made on first use
   std::vector<int64_t> offset;               // of each packed parameter in its bucket's buffer
@@ -288,7 +288,9 @@ struct DataParallel final : GradientSync {
         description += names[i] + shape_string(params[i].sizes()) + c10::toString(params[i].scalar_type()) + ";";
         values += params[i].numel();
       }
-      for (const auto &b : buffers) description += "buffer" + shape_string(b.sizes()) + c10::toString(b.scalar_type());
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        description += buffer_names[i] + shape_string(buffers[i].sizes()) + c10::toString(buffers[i].scalar_type()) + ";";
+      }
       mine = {status, static_cast<int64_t>(params.size()), static_cast<int64_t>(buffers.size()), values,
               digest_of(description), bucket_bytes, direct_bytes};
     }
@@ -369,7 +371,10 @@ int ftc_ddp_new(ftc_ddp *out, ftc_comm c, ftc_model m, ftc_optim o, int64_t buck
         ddp->names.push_back(p.name);
         ddp->params.push_back(p.value);
       }
-      for (const auto &b : ddp->module->named_buffers()) ddp->buffers.push_back(b.value);
+      for (const auto &b : ddp->module->named_buffers()) {
+        ddp->buffer_names.push_back(b.name);
+        ddp->buffers.push_back(b.value);
+      }
       if (optim) {
         if (optim->sync) ftc::fail(FTC_ERR_INVALID_ARGUMENT, "the optimizer is already data-parallel");
         for (size_t k = 0; k < optim->params.size(); ++k) {

@@ -685,6 +685,13 @@ contains
     call check(stat == FTORCH_ERR_DISTRIBUTED .and. index(msg, "differs across ranks") > 0 .and. &
                index(msg, "rank 1 has") > 0, "mismatched models: a clear error on every rank")
     call torch_delete(model)
+    ! the same counts, shapes and dtypes, a buffer of another name
+    call torch_model_load(model, data_path(merge("ddp_buffer_b.pt", "ddp_buffer_a.pt", rank == 1)), torch_kCPU, &
+                          is_training=.true.)
+    call torch_ddp_init(ddp, comm, model, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_DISTRIBUTED .and. index(msg, "differs across ranks") > 0, &
+               "models whose buffers differ in name only: a clear error on every rank")
+    call torch_delete(model)
 
     call torch_model_load(model, data_path("ddp_mlp.pt"), torch_kCPU, is_training=.true.)
     allocate(params(torch_model_parameter_count(model)))

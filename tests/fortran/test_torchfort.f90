@@ -102,6 +102,14 @@ program test_torchfort
   call check(torchfort_load_checkpoint("r2", trim(dir)//"/ckpt", st32, si32) == 0, &
              "load_checkpoint with default-integer counters")
   call check(st32 == 3 .and. si32 == 1, "default-integer counters")
+  ! torchfort_wandb_log: every kind of value with either kind of step (the hook is off for r2:
+  ! nothing is written, tests/test_torchfort.py checks the log of a model with it on).
+  call check(torchfort_wandb_log("r2", "m", 3_int64, 1_int32) == 0 .and. torchfort_wandb_log("r2", "m", 3_int32, 1_int32) == 0 &
+             .and. torchfort_wandb_log("r2", "m", 3_int64, 1.0_real32) == 0 &
+             .and. torchfort_wandb_log("r2", "m", 3_int32, 1.0_real32) == 0 &
+             .and. torchfort_wandb_log("r2", "m", 3_int64, 1.0_real64) == 0 &
+             .and. torchfort_wandb_log("r2", "m", 3_int32, 1.0_real64) == 0, &
+             "torchfort_wandb_log: int, float and double values with int64 or int32 steps")
   call check(torchfort_load_checkpoint("r2", trim(dir)//"/no_such_dir", st, si) == TORCHFORT_RESULT_INVALID_USAGE, &
              "a missing checkpoint directory is INVALID_USAGE")
   ! Counters beyond 32 bits (ckpt_big, written by tests/test_torchfort.py): the default-integer
