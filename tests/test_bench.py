@@ -119,6 +119,26 @@ def test_documented_instruction_counts_are_the_recorded_measurement():
         assert instructions.table_row(name, r) in table, name
 
 
+def test_documented_timings_are_the_recorded_measurement():
+    """The guide's table of timings is bench/results/latest.md (what bench/run.py measured last), and
+    the training-package table quotes bench/results/train_package.json, number for number."""
+    import re
+
+    guide = (REPO / "docs" / "guide" / "performance.md").read_text()
+    table = re.search(r"<!-- bench-table -->\n(.*?)<!-- /bench-table -->", guide, flags=re.S).group(1)
+    assert table.strip() == (REPO / "bench" / "results" / "latest.md").read_text().strip()
+    recorded = json.loads((REPO / "bench" / "results" / "train_package.json").read_text())
+    for name, row in recorded["rows"].items():
+        m = row["median_seconds"]
+        line = next(ln for ln in guide.splitlines() if ln.startswith(f"| {name} |") and "≤" in ln)
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        shown = [float(c.split()[0]) * (1e-3 if c.endswith("ms") else 1e-6) for c in cells[1:6]]
+        for value, key in zip(shown, ["package_fortran", "package_fortran_uncompiled_step", "torchscript_fortran",
+                                      "libtorch_cpp", "pytorch_python"]):
+            assert abs(value - m[key]) <= 0.005 * m[key], (name, key, value, m[key])
+        assert cells[6] == f"{row['package_over_cpp']:.2f}", (name, cells[6])
+
+
 def test_node_shared_benchmark_smoke_run(installed, tmp_path):
     """bench/node_shared.py --quick: 1 and 2 ranks through a node-shared model and with a model of
     their own; the table and the JSON are written."""

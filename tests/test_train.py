@@ -26,6 +26,7 @@ STEPS = 25
 #   m1, m2, m3) 2 exponential(gamma) 3 cosine(T_max, eta_min) 4 plateau(factor, patience,
 #   threshold, cooldown, min_lr) 5 linear(start, end, total); mode: 0 building blocks,
 #   1 torch_train_step with max_grad_norm 1, 2 clip norm 0.5, 3 clip value 0.05, 4 lr set at step 10,
+#   7 torch_train_step with an L1 loss summed, no clipping, 8 the same with MSE (no scheduler),
 #   5 as 1 with cuda_graph=.true. under FTORCH_CUDA_GRAPHS=eager: LibTorch's optimizer for the
 #   first step (it makes the optimizer's state), then the work a CUDA graph captures (FTorch's
 #   graph-safe update, clipping on the device), run uncaptured on the CPU, against torch.optim
@@ -55,6 +56,8 @@ CASES = {
     "set_lr": (0, [0.1, 0.9, 0, 0, 0], -1, [], 4),
     "train_step": (1, [0.01, 0.9, 0.999, 1e-8, 0, 0], 3, [10, 0.0], 1),
     "train_step_adamw": (2, [0.01, 0.9, 0.999, 1e-8, 0.01, 0], -1, [], 1),
+    "train_step_l1_sum": (1, [0.002, 0.9, 0.999, 1e-8, 0, 0], -1, [], 7),
+    "train_step_mse_sum": (2, [0.002, 0.9, 0.999, 1e-8, 0.01, 0], -1, [], 8),
     "graph_sgd": (0, [0.1, 0, 0, 0, 0], -1, [], 5),
     "graph_sgd_momentum_decay": (0, [0.05, 0.9, 0.01, 0.1, 0], 0, [5, 0.5], 5),
     "graph_sgd_nesterov": (0, [0.05, 0.9, 0, 0, 1], -1, [], 5),
@@ -136,7 +139,10 @@ def _python_run(data_dir, name):
             loss = opt.step(closure).item()
         else:
             opt.zero_grad()
-            out = F.mse_loss(model(x), y)
+            if mode == 7:
+                out = F.l1_loss(model(x), y, reduction="sum")
+            else:
+                out = F.mse_loss(model(x), y, reduction="sum" if mode == 8 else "mean")
             out.backward()
             loss = out.item()
             if mode in (1, 5):

@@ -22,14 +22,15 @@ from models import train_data, train_model
 from test_train import CASES, case_line, python_run, read_run
 
 # The cases run on a package: every optimizer (with and without options), every scheduler kind,
-# the one-call training step with clipping, the clipping calls, and the CUDA-graph step's update
+# the one-call training step (with clipping; with MSE and L1 summed, without), the clipping calls,
+# and the CUDA-graph step's update
 # (run uncaptured on the CPU).
 PACKAGE_CASES = ["sgd_nesterov", "adam", "adamw_amsgrad", "rmsprop_options", "adagrad_options", "lbfgs",
                  "multistep_lr", "exponential_lr", "linear_warmup", "plateau", "clip_norm", "clip_value",
-                 "train_step", "train_step_adamw", "graph_adam_options"]
+                 "train_step", "train_step_adamw", "train_step_l1_sum", "train_step_mse_sum", "graph_adam_options"]
 # torch_train_step with MSE and Adam/AdamW runs the package's compiled step (FTORCH_COMPILED_STEP=
 # require fails the step if it would not); the same cases again with the eager step (=0).
-COMPILED_STEP = {"train_step": "require", "train_step_adamw": "require"}
+COMPILED_STEP = {"train_step": "require", "train_step_adamw": "require", "train_step_mse_sum": "require"}
 
 
 @pytest.fixture(scope="module")

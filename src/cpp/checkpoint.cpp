@@ -59,15 +59,6 @@ void require_objects(ftc_model m, ftc_optim o, ftc_scheduler s) {
   }
 }
 
-// A temporary file name next to `file`, unique per host, process and thread.
-std::string temporary_name(const std::string &file) {
-  char host[256] = {0};
-  if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
-  std::ostringstream os;
-  os << file << ".tmp." << host << "." << ::getpid() << "." << std::hash<std::thread::id>{}(std::this_thread::get_id());
-  return os.str();
-}
-
 // A scheduler's settings (those of its kind), named as torch.optim.lr_scheduler names them: a
 // checkpoint keeps them, and resumes only into a scheduler with the same ones (a schedule resumed
 // with another T_max, milestones or mode would go on differently from the one saved).
@@ -114,6 +105,15 @@ std::string setting_text(double v) {
 }  // namespace
 
 namespace ftc {
+
+// A temporary file name next to `file`, unique per host, process and thread.
+std::string temporary_name(const std::string &file) {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  std::ostringstream os;
+  os << file << ".tmp." << host << "." << ::getpid() << "." << std::hash<std::thread::id>{}(std::this_thread::get_id());
+  return os.str();
+}
 
 // A checkpoint read and checked against the objects it is for, nothing changed yet.
 struct StagedCheckpoint {
@@ -416,7 +416,7 @@ void save_checkpoint(const char *filename, ftc_model m, ftc_optim o, ftc_schedul
   }
 
   // Write next to the target and rename over it: a crash leaves the previous file intact.
-  const std::string tmp = temporary_name(file);
+  const std::string tmp = ftc::temporary_name(file);
   try {
     archive.save_to(tmp);
   } catch (const c10::Error &e) {

@@ -197,6 +197,9 @@ double get_lr(const Optim &o);
 // The value of a checkpoint's "format" entry (checkpoint.cpp writes it; model.cpp refuses to load such a
 // file as a model; python/ftorch/_inspect.py recognizes it).
 constexpr const char *kCheckpointFormat = "ftorch-checkpoint-1";
+// A temporary file name next to `file`, unique per host, process and thread: a file is written
+// there and then renamed over `file` (checkpoint.cpp).
+std::string temporary_name(const std::string &file);
 void set_lr(Optim &o, double lr);
 
 }  // namespace ftc

@@ -524,7 +524,7 @@ void save_training_package(const Model &model, const std::string &file) {
     dict.insert(key, by_name.at(name).detach().cpu());  // (every name checked when loaded)
   }
   const bool package = file.size() >= 4 && file.compare(file.size() - 4, 4, ".pt2") == 0;
-  const std::string tmp = file + ".tmp";
+  const std::string tmp = temporary_name(file);
   try {
     if (!package) {
       const auto bytes = pickled(c10::IValue(dict));

@@ -13,6 +13,7 @@ module custom_functions
   logical :: value_errors_ok = .false.
   integer :: fail_backward = 0, fail_forward = 0, backward_calls = 0, pack_calls = 0, unpack_calls = 0
   integer :: bad_gradient = 0
+  integer :: expression_calls = 0, fail_expression_after = -1
   real(real64) :: hook_scale = 2.0_real64
   real(real64) :: trace_z(3) = 0, trace_gamma = 0.5_real64, trace_alpha = 0.1_real64, trace_delta = 2.0_real64
   type(torch_tensor) :: segment_weight
@@ -285,6 +286,12 @@ contains
     type(torch_tensor), intent(inout) :: outputs(:)
     integer, intent(inout) :: stat
     character(len=*), intent(inout) :: errmsg
+    expression_calls = expression_calls + 1
+    if (fail_expression_after >= 0 .and. expression_calls > fail_expression_after) then
+      stat = 1
+      errmsg = "the expression gave up"
+      return
+    end if
     outputs(1) = torch_sin(inputs(1)) * inputs(2) + inputs(1) ** 2
     outputs(2) = torch_tanh(inputs(2) * inputs(1))
   end subroutine expression
@@ -746,6 +753,15 @@ contains
     call torch_delete(squares)
     call torch_delete(g)
     call ta%zero_grad()
+    ! The function fails at its second call (the first perturbed evaluation): the input element it
+    ! had perturbed gets its value back.
+    expression_calls = 0
+    fail_expression_after = 1
+    msg = ""
+    call check(.not. torch_gradcheck(expression, [ta, tb], n_outputs=2, stat=stat, errmsg=msg) .and. stat /= 0 &
+               .and. index(msg, "the expression gave up") > 0, "gradcheck: a failing function is an error: " // trim(msg))
+    fail_expression_after = -1
+    call check(all(a == [0.3_real64, -0.6_real64, 1.2_real64]), "gradcheck: inputs restored when the function fails")
     call torch_tensor_from_array(tx, x, torch_kCPU, requires_grad=.true.)
     call torch_tensor_from_array(tw, w, torch_kCPU, requires_grad=.true.)
     call torch_tensor_from_array(tbias, bias, torch_kCPU, requires_grad=.true.)

@@ -199,6 +199,10 @@ contains
         else
           call torch_train_step(model, optim, [tx], ty, loss, max_grad_norm=1.0d0)
         end if
+      else if (run_mode == 7) then
+        call torch_train_step(model, optim, [tx], ty, loss, loss_type=torch_kL1Loss, reduction_type=torch_kSum)
+      else if (run_mode == 8) then
+        call torch_train_step(model, optim, [tx], ty, loss, reduction_type=torch_kSum)
       else
         if (kind == 5) then
           call torch_optim_step_closure(optim, mse_closure, loss)
@@ -640,6 +644,9 @@ contains
     call torch_tensor_from_array(free_w, w5, torch_kCPU, stat=stat, errmsg=msg)
     call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "is a parameter") > 0, &
                "a constructor refuses the handle of a model's parameter: " // trim(msg))
+    call torch_tensor_zeros(free_w, 1, [5_int64], torch_kFloat64, torch_kCPU, stat=stat, errmsg=msg)
+    call check(stat == FTORCH_ERR_INVALID_ARGUMENT .and. index(msg, "is a parameter") > 0, &
+               "torch_tensor_zeros refuses the handle of a model's parameter: " // trim(msg))
     call torch_delete(free_w)
     call torch_tensor_from_array(free_w, w5, torch_kCPU)
     call check(.true., "a deleted parameter handle may be made anew")
