@@ -132,10 +132,12 @@ def test_documented_timings_are_the_recorded_measurement():
         m = row["median_seconds"]
         line = next(ln for ln in guide.splitlines() if ln.startswith(f"| {name} |") and "≤" in ln)
         cells = [c.strip() for c in line.strip("|").split("|")]
-        shown = [float(c.split()[0]) * (1e-3 if c.endswith("ms") else 1e-6) for c in cells[1:6]]
-        for value, key in zip(shown, ["package_fortran", "package_fortran_uncompiled_step", "torchscript_fortran",
-                                      "libtorch_cpp", "pytorch_python"]):
-            assert abs(value - m[key]) <= 0.005 * m[key], (name, key, value, m[key])
+        for cell, key in zip(cells[1:6], ["package_fortran", "package_fortran_uncompiled_step", "torchscript_fortran",
+                                          "libtorch_cpp", "pytorch_python"]):
+            number, unit = cell.split()
+            digits = len(number.replace(".", "").lstrip("0"))  # significant digits shown
+            recorded_value = m[key] / {"ms": 1e-3, "µs": 1e-6}[unit]
+            assert float(f"{recorded_value:.{digits}g}") == float(number), (name, key, cell, m[key])
         assert cells[6] == f"{row['package_over_cpp']:.2f}", (name, cells[6])
 
 

@@ -554,7 +554,12 @@ def test_export_refuses_what_cannot_train(tmp_path):
             self.mean.add_(1.0)
             return self.fc(x)
 
-    for cls in (EvalModeUpdates, EvalModeCounts):
+    class EvalModeCountsThroughData(EvalModeUpdates):  # in place through .data (its own version counter)
+        def forward(self, x):
+            self.mean.data.add_(1.0)
+            return self.fc(x)
+
+    for cls in (EvalModeUpdates, EvalModeCounts, EvalModeCountsThroughData):
         with pytest.raises(ftorch.UsageError, match=r"the eval-mode forward of .* changes buffer mean: .*"
                                                     r"\(under `if self.training:`\)"):
             ftorch.export(model := cls(), ["3,4"], train_package=tmp_path / "bad.pt2")

@@ -97,6 +97,15 @@ def _functional(model, name: str, pnames: list, ps: list, bnames: list, bs: list
     return outs
 
 
+def _same_values(a, b) -> bool:
+    """Whether two tensors of one shape and dtype hold the same values, NaN where the other has NaN."""
+    import torch
+
+    if not (a.is_floating_point() or a.is_complex()):
+        return torch.equal(a, b)
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+
+
 def _set_outputs(graph, values) -> None:
     out = next(n for n in graph.nodes if n.op == "output")
     out.args = (tuple(values),)
@@ -367,9 +376,14 @@ def write(model, name: str, label: str, specs, example: list, dev, path: Path, d
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[] if dev.type == "cpu" else [dev]):
                 run(params, bs, xs, training)
+        except Exception as exc:
+            raise ExportError(f"{label}: the {'training' if training else 'eval'}-mode forward fails on the "
+                              f"example inputs: {_error_text(exc)}{_user_frame(exc, None)}") from None
         finally:
             model.train(was_training)
-        return [n for n, b, new, v in zip(bnames, given, bs, versions) if new is not b or b._version != v]
+        # (by value too: a change through `.data` advances another version counter)
+        return [n for n, b, new, v, old in zip(bnames, given, bs, versions, buffers)
+                if new is not b or b._version != v or not _same_values(b, old)]
 
     gs = [torch.randn_like(o) for o in outs]
     mode = "symbolic" if dynamic_batch else "fake"

@@ -413,6 +413,11 @@ bool is_pt2_archive(const std::string &file) {
 std::shared_ptr<CompiledModel> load_compiled(const std::string &file, const c10::Device &device,
                                              const std::string &wanted) {
   const std::string name = wanted.empty() ? model_name(file, archive_records(file, nullptr)) : wanted;
+  // torch's package readers are not safe for threads loading packages at once (seen under load: a
+  // metadata read beside another thread's load failed with "type must be string, but is null"):
+  // the metadata read and the load take turns across threads.
+  static std::mutex loading;
+  const std::lock_guard<std::mutex> one_load(loading);
   std::unordered_map<std::string, std::string> metadata;
   try {
     metadata = torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(file, name);

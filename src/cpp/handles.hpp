@@ -86,8 +86,9 @@ class HandleTable final : public TableFreeList {
     Lifetime life;      // the tensor rules' state (lifetime.hpp); named() for other kinds
     uint8_t stamp = 0;  // write stamp (bits 24-31 of the current handle)
     // Tensors: the copies of the sizes and strides that get_shape and get_stride point Fortran to
-    // (tensor.cpp described_copy). Kept when the slot is freed and reused: a pointer kept past
-    // its tensor reads memory that is still there, never freed memory.
+    // (tensor.cpp described_copy). Kept when the slot is freed and reused (a pointer kept past its
+    // tensor reads memory that is still there) unless a later tensor of the slot has more
+    // dimensions than the copy holds (8 at least).
     std::vector<int64_t> sizes_copy, strides_copy;
   };
 

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -86,15 +87,17 @@ class GradientsBefore {
 // were before body: a healthy rank learns of another's failure in the average, after its own
 // backward, whose gradients would otherwise stay in an accumulation cycle (and count twice when
 // the step is retried). Returns the (global) loss.
+// (Within an accumulation cycle the copy costs one gradient's memory per parameter for the step.)
 template <class Body>
 double reduced_step(const std::vector<Optim *> &optims, Body &&body) {
   if (optims.empty() || !optims[0]->sync) return body();
-  GradientsBefore before(optims);
+  std::optional<GradientsBefore> before;
   double local = 0;
   try {
+    before.emplace(optims);  // (out of memory here is this rank's failure too)
     local = body();
   } catch (...) {
-    before.restore();
+    if (before) before->restore();
     optims[0]->sync->report_failure();
     throw;
   }
@@ -105,7 +108,7 @@ double reduced_step(const std::vector<Optim *> &optims, Body &&body) {
     }
     return global;
   } catch (...) {
-    before.restore();
+    before->restore();
     throw;
   }
 }

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -382,7 +383,11 @@ int ftc_tensor_rank(ftc_tensor t, int *rank) {
 // where it differs, so threads asking about one tensor write nothing; it moves only when the rank
 // outgrows it (after an `=` into the tensor, the documented end of an earlier pointer's validity).
 // Never a null address, also for a 0-d tensor: Fortran's pointer is then associated, of size 0.
+// Threads may ask about one tensor at once (two readers): its copies are written under one of a
+// few locks, chosen by the slot (uncontended but for such threads).
 static const int64_t *described_copy(std::vector<int64_t> &copy, c10::IntArrayRef values) {
+  static std::mutex locks[16];
+  const std::lock_guard<std::mutex> lock(locks[(reinterpret_cast<uintptr_t>(&copy) / 64) % 16]);
   if (copy.empty() || copy.size() < values.size()) {
     copy.reserve(std::max<size_t>(values.size(), 8));
     copy.resize(std::max<size_t>(values.size(), 1));

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
@@ -543,7 +544,15 @@ void save_training_package(const Model &model, const std::string &file) {
       state.insert("buffers", buffers);
       const auto bytes = pickled(c10::IValue(state));
       caffe2::serialize::PyTorchStreamReader reader(p.file);
-      caffe2::serialize::PyTorchStreamWriter writer(tmp);
+      // Written through a function: a writer given a file name would name the archive's folder
+      // after the temporary file (its host and process); this one names it "archive", as torch's.
+      std::unique_ptr<std::FILE, int (*)(std::FILE *)> out(std::fopen(tmp.c_str(), "wb"), &std::fclose);
+      if (!out) fail(FTC_ERR_IO, "cannot write the package to '" + file + "'");
+      bool written = true;
+      caffe2::serialize::PyTorchStreamWriter writer([&](const void *bytes, size_t n) {
+        written = written && std::fwrite(bytes, 1, n, out.get()) == n;
+        return n;
+      });
       for (const auto &name : reader.getAllRecords()) {
         if (name == kStateRecord) {
           writer.writeRecord(name, bytes.data(), bytes.size());
@@ -567,6 +576,7 @@ void save_training_package(const Model &model, const std::string &file) {
         }
       }
       writer.writeEndOfFile();
+      if (std::fclose(out.release()) != 0 || !written) fail(FTC_ERR_IO, "cannot write the package to '" + file + "'");
     }
   } catch (const Error &) {
     std::remove(tmp.c_str());

@@ -80,7 +80,7 @@ contains
 end module thread_hooks
 
 program test_threads
-  use, intrinsic :: iso_fortran_env, only: real32, real64, error_unit
+  use, intrinsic :: iso_fortran_env, only: real32, real64, error_unit, output_unit
   use, intrinsic :: iso_c_binding, only: c_int64_t
   use omp_lib, only: omp_get_thread_num, omp_get_num_threads
   use ftorch
@@ -113,6 +113,7 @@ program test_threads
   call concurrent_hook_registration()
   call steps_made_on_a_worker()
   call compiled_loads_across_threads()
+  call package_shared_by_threads()
   call check(ftorch_live_handles() == live_start, &
              "after every thread deleted its objects the live-handle count is back to its starting value")
   call data_sharing_clauses()  ! last: it leaves tensors alive on purpose
@@ -483,6 +484,54 @@ contains
     flush (error_unit)
   end subroutine compiled_loads_across_threads
 
+  ! One package shared by every thread: forwards of several threads at once (each its own batch
+  ! size and values) give each thread what the same forward gives alone.
+  subroutine package_shared_by_threads()
+    character(len=4096) :: file
+    type(torch_model) :: m
+    real(real32) :: want(NT + 1, 3, 0:NT - 1), got(NT + 1, 3)
+    integer :: id, k, ok(0:NT - 1)
+    if (command_argument_count() < 2) return
+    call get_command_argument(2, file)
+    call torch_model_load(m, trim(file), torch_kCPU)
+    want = 0
+    do id = 0, NT - 1
+      call forward_of(m, id, want(:, :, id))
+    end do
+    ok = 1
+    !$omp parallel num_threads(NT) default(shared) private(id, k, got)
+    id = omp_get_thread_num()
+    do k = 1, 20
+      got = 0
+      call forward_of(m, id, got)
+      if (any(got /= want(:, :, id))) ok(id) = 0
+    end do
+    !$omp end parallel
+    call check(all(ok == 1), "threads sharing one .pt2 model: each forward gives what it gives alone")
+    call torch_delete(m)
+  end subroutine package_shared_by_threads
+
+  ! Thread id’s forward (2 + id rows of its own values) into y(1:2 + id, :).
+  subroutine forward_of(m, id, y)
+    type(torch_model), intent(in) :: m
+    integer, intent(in) :: id
+    real(real32), intent(inout) :: y(:, :)
+    type(torch_tensor) :: tin(1), tout(1)
+    real(real32), target :: x(2 + id, 5), out(2 + id, 3)
+    integer :: i, j
+    do j = 1, 5
+      do i = 1, 2 + id
+        x(i, j) = 0.1 * i - 0.05 * j + 0.3 * id
+      end do
+    end do
+    call torch_tensor_from_array(tin(1), x, torch_kCPU)
+    call torch_tensor_from_array(tout(1), out, torch_kCPU)
+    call torch_model_forward(m, tin, tout)
+    y(1:2 + id, :) = out
+    call torch_delete(tin)
+    call torch_delete(tout)
+  end subroutine forward_of
+
   ! One load and one forward of a package mapping x(nb, 5) to y(nb, 3); ok = 1 when both worked.
   subroutine compiled_forward(file, nb, ok)
     character(len=*), intent(in) :: file
@@ -492,15 +541,27 @@ contains
     type(torch_tensor) :: tin(1), tout(1)
     real(real32), target :: x(nb, 5), y(nb, 3)
     integer :: stat
+    character(len=1024) :: msg
     x = 0.5
     y = -1
     ok = 0
-    call torch_model_load(m, file, torch_kCPU, stat=stat)
-    if (stat /= 0) return
+    msg = ""
+    call torch_model_load(m, file, torch_kCPU, stat=stat, errmsg=msg)
+    if (stat /= 0) then
+      !$omp critical (compiled_forward_report)
+      write (output_unit, '(a,i0,a)') "  thread with batch ", nb, ": load failed: " // trim(msg)
+      !$omp end critical (compiled_forward_report)
+      return
+    end if
     call torch_tensor_from_array(tin(1), x, torch_kCPU)
     call torch_tensor_from_array(tout(1), y, torch_kCPU)
-    call torch_model_forward(m, tin, tout, stat=stat)
+    call torch_model_forward(m, tin, tout, stat=stat, errmsg=msg)
     if (stat == 0 .and. all(y /= -1)) ok = 1
+    if (ok == 0) then
+      !$omp critical (compiled_forward_report)
+      write (output_unit, '(a,i0,a,i0,a)') "  thread with batch ", nb, ": forward stat ", stat, ": " // trim(msg)
+      !$omp end critical (compiled_forward_report)
+    end if
     call torch_delete(tin)
     call torch_delete(tout)
     call torch_delete(m)
